@@ -1,0 +1,96 @@
+"""Tasks 2a and 2b: average gradients across workers by hand.
+
+After ``loss.backward()`` every worker holds the gradient of *its own* minibatch. Data-parallel
+SGD needs the gradient of the *global* batch, which (for equal per-worker batch sizes and a
+mean loss) is the element-wise mean of the workers' gradients:
+
+    g = (g_0 + g_1 + ... + g_{N-1}) / N
+
+Once every worker overwrites its ``.grad`` with ``g`` and takes the same optimizer step from the
+same parameters, the replicas stay identical without ever exchanging parameters.
+
+Two ways to compute the mean (both called once per step, after backward, by ``train_step``):
+
+* **2a, gather/scatter**: rank 0 collects every worker's gradient (``dist.gather``), averages,
+  and sends the mean back (``dist.scatter``). Simple, but rank 0's link carries
+  (N-1) gradients in and (N-1) out per step: it is the bottleneck.
+* **2b, all_reduce**: every rank calls ``dist.all_reduce(grad, op=SUM)``, after which every
+  rank holds the sum; divide by N. Gloo implements it as a ring in which each rank sends only
+  about 2(N-1)/N gradients' worth of bytes, whatever N is.
+
+Rules for both functions: skip parameters whose ``.grad`` is ``None`` (frozen or unused
+parameters); keep each gradient's dtype and shape; work in place on ``p.grad``; work for
+``world_size == 1``; use ``group`` (``None`` means the default process group) in every
+collective and for ``dist.get_rank(group)`` / ``dist.get_world_size(group)``.
+"""
+
+import torch
+import torch.distributed as dist
+
+
+def _grads(model):
+    """The gradients to synchronise, in a fixed order that is the same on every rank."""
+    return [p.grad for p in model.parameters() if p.grad is not None]
+
+
+def gather_scatter_average(model, group=None):
+    """Task 2a: average every gradient through rank 0 with ``gather`` then ``scatter``.
+
+    For each gradient ``grad`` (the same order on every rank):
+      1. rank 0 calls ``dist.gather(grad, gather_list=[N empty tensors], dst=0)``;
+         the other ranks call ``dist.gather(grad, dst=0)`` (no list);
+      2. rank 0 averages the N gathered tensors;
+      3. rank 0 calls ``dist.scatter(grad, scatter_list=[mean] * N, src=0)``; the others call
+         ``dist.scatter(grad, src=0)``, which overwrites their ``grad`` with the mean in place.
+
+    Use only ``gather`` and ``scatter`` here (the autograder checks which collectives ran).
+
+    Args:
+        model: the model whose ``p.grad`` tensors to average in place.
+        group: the process group (``None``: the default one). ``dst`` / ``src`` are global
+            ranks: with a sub-group, use ``dist.get_global_rank(group, 0)``.
+
+    Hint: ``torch.stack(tensors).mean(0)`` or a running sum divided by N.
+    """
+    ### BEGIN SOLUTION
+    world_size = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    root = 0 if group is None else dist.get_global_rank(group, 0)
+    for grad in _grads(model):
+        if rank == 0:
+            gathered = [torch.empty_like(grad) for _ in range(world_size)]
+            dist.gather(grad, gather_list=gathered, dst=root, group=group)
+            mean = torch.stack(gathered).sum(0).div_(world_size)
+            dist.scatter(grad, scatter_list=[mean] * world_size, src=root, group=group)
+        else:
+            dist.gather(grad, dst=root, group=group)
+            dist.scatter(grad, src=root, group=group)
+    ### END SOLUTION
+
+
+def allreduce_average(model, group=None, comm_log=None):
+    """Task 2b: average every gradient with ``dist.all_reduce(grad, op=SUM)`` then ``/ N``.
+
+    For each gradient ``grad`` (the same order on every rank):
+      1. if ``comm_log`` is given, call ``comm_log.record("all_reduce", grad)`` *before* the
+         collective (Task 4 uses this to predict the traffic of each step);
+      2. ``dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=group)``: every rank now holds the sum;
+      3. divide in place by the world size.
+
+    Use only ``all_reduce`` here (the autograder checks which collectives ran).
+
+    Args:
+        model: the model whose ``p.grad`` tensors to average in place.
+        group: the process group (``None``: the default one).
+        comm_log: an optional ``student_src.profiling.CommLog``.
+
+    Why not ``ReduceOp.AVG``? Gloo does not support it; SUM then divide works everywhere.
+    """
+    ### BEGIN SOLUTION
+    world_size = dist.get_world_size(group)
+    for grad in _grads(model):
+        if comm_log is not None:
+            comm_log.record("all_reduce", grad)
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=group)
+        grad.div_(world_size)
+    ### END SOLUTION
