@@ -1,0 +1,272 @@
+"""An emulated N-node cluster on one Linux machine, like CloudLab's 4 nodes on 10.10.1.x.
+
+    sudo python -m student_src.kit.cluster up --nodes 4 --rate 1gbit --delay 0.2ms
+    sudo python -m student_src.kit.cluster status
+    sudo python -m student_src.kit.cluster run -- python -m student_src.run_glue --task 2b ...
+    sudo python -m student_src.kit.cluster down
+
+Each node is a network namespace with its own ``eth0`` (10.10.1.1, .2, ...) and loopback,
+joined by a bridge; links are shaped with tc (see ``cluster_net.py`` for the layout).
+``run`` starts rank i inside node i with ``--master_ip 10.10.1.1 --master_port P
+--world_size N --local_rank i`` appended -- exactly the course's multi-node command -- prefixes
+every line of output with the node, reads each node's own ``eth0`` byte counters (as ``dstat -n``
+would on a real node), and ends every rank if one fails, on Ctrl-C, or at ``--timeout``.
+If no cluster is up, ``run`` brings one up for the run and takes it down afterwards.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+from student_src.kit import cluster_net as net
+from student_src.kit.cluster_net import ClusterSpec
+from student_src.kit.errors import KitError
+
+
+# ---------------------------------------------------------------------------------------------
+# up / down / status
+# ---------------------------------------------------------------------------------------------
+def up(nodes: int, rate: Optional[str] = None, delay: Optional[str] = None,
+       prefix: str = net.DEFAULT_PREFIX) -> ClusterSpec:
+    """Bring up ``nodes`` namespaces; on any failure (or Ctrl-C) remove what was made."""
+    net.require_privileges()
+    if not isinstance(nodes, int) or not 1 <= nodes <= net.MAX_NODES:
+        raise KitError(f"--nodes must be between 1 and {net.MAX_NODES} "
+                       f"(one address each in {net.SUBNET}.0/24), got {nodes}")
+    if rate:
+        net.parse_rate(rate)
+    if delay:
+        net.parse_delay(delay)
+    existing = net.load_spec(prefix)
+    if existing:
+        raise KitError(f"a cluster is already up ({existing.nodes} nodes, prefix {prefix!r}); "
+                       "run `python -m student_src.kit.cluster down` first")
+    spec = ClusterSpec(nodes=nodes, rate=rate, delay=delay, prefix=prefix)
+    try:
+        return net.create(spec)
+    except BaseException:
+        net.destroy(prefix)
+        raise
+
+
+def down(prefix: str = net.DEFAULT_PREFIX) -> list[str]:
+    """Remove the cluster. Safe to run when nothing is up."""
+    net.require_privileges()
+    return net.destroy(prefix)
+
+
+def status(prefix: str = net.DEFAULT_PREFIX) -> str:
+    net.require_privileges()
+    spec = net.load_spec(prefix)
+    if spec is None:
+        return "no emulated cluster is up"
+    lines = [f"{spec.nodes} nodes, rate={spec.rate or 'unlimited'} delay={spec.delay or '0'} "
+             f"qdisc={spec.qdisc}  (namespaces {spec.node_ns(0)}..{spec.node_ns(spec.nodes - 1)}, "
+             f"bridge {spec.bridge_ns})"]
+    for i in range(spec.nodes):
+        try:
+            tx, rx = net.link_bytes(spec.node_ns(i))
+            lines.append(f"  node{i}  {spec.address(i):<12} eth0 sent {tx:>14,} B  recv {rx:>14,} B")
+        except (KitError, ValueError, KeyError, IndexError) as e:
+            lines.append(f"  node{i}  {spec.address(i):<12} (broken: {e})")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------------------------
+def free_port_in(ns: str) -> int:
+    """A free TCP port on node 0 (ports are per namespace, so we ask inside it)."""
+    code = "import socket; s=socket.socket(); s.bind(('10.10.1.1', 0)); print(s.getsockname()[1])"
+    return int(net.sh(sys.executable, "-c", code, ns=ns).stdout.strip())
+
+
+def _pump(proc: subprocess.Popen, tag: str, lock: threading.Lock) -> None:
+    for line in proc.stdout:
+        with lock:
+            sys.stdout.write(f"{tag} {line}" if line.endswith("\n") else f"{tag} {line}\n")
+            sys.stdout.flush()
+
+
+def _kill_all(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    """SIGTERM every rank's process group, then SIGKILL what is left after ``grace`` seconds."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(5)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
+        rate: Optional[str] = None, delay: Optional[str] = None, append_args: bool = True,
+        traffic_json: Optional[str] = None, prefix: str = net.DEFAULT_PREFIX) -> dict:
+    """Run ``command`` as rank i in node i; return {"returncodes", "traffic", "seconds"}.
+
+    Uses the cluster that is up (``nodes`` may be fewer than its size), or brings up a temporary
+    one of ``nodes`` nodes (with ``rate``/``delay``) and removes it afterwards.
+    """
+    net.require_privileges()
+    if not command:
+        raise KitError("nothing to run: put the command after `--`, e.g. "
+                       "cluster run -- python run_glue.py --task 2b")
+    spec = net.load_spec(prefix)
+    temporary = spec is None
+    if temporary:
+        spec = up(nodes or 4, rate, delay, prefix)
+    elif rate or delay:
+        raise KitError("a cluster is already up; its shaping is fixed (`down`, then `up` with new --rate/--delay)")
+    n = nodes or spec.nodes
+    procs: list[subprocess.Popen] = []
+    pumps: list[threading.Thread] = []
+    lock = threading.Lock()
+    result = {"nodes": n, "command": command, "returncodes": [None] * n, "traffic": []}
+    old_term = signal.getsignal(signal.SIGTERM)
+    try:
+        if n < 1 or n > spec.nodes:
+            raise KitError(f"--nodes {n}: the cluster that is up has {spec.nodes} nodes")
+        signal.signal(signal.SIGTERM, _raise_interrupt)   # `kill` cleans up like Ctrl-C
+        port = free_port_in(spec.node_ns(0))
+        before = [net.link_bytes(spec.node_ns(i)) for i in range(n)]
+        t0 = time.monotonic()
+        for i in range(n):
+            extra = ["--master_ip", spec.address(0), "--master_port", str(port),
+                     "--world_size", str(n), "--local_rank", str(i)] if append_args else []
+            # gloo binds to the address its hostname resolves to (127.0.0.1 here, as on many
+            # machines): point it at the node's eth0, as students do with GLOO_SOCKET_IFNAME.
+            env = dict(os.environ, DPK_NODE=str(i), DPK_NODE_IP=spec.address(i),
+                       GLOO_SOCKET_IFNAME="eth0", TP_SOCKET_IFNAME="eth0",
+                       PYTHONUNBUFFERED="1")
+            p = subprocess.Popen(["ip", "netns", "exec", spec.node_ns(i), *command, *extra],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 bufsize=1, env=env, start_new_session=True)
+            procs.append(p)
+            th = threading.Thread(target=_pump, args=(p, f"[node{i}]", lock), daemon=True)
+            th.start()
+            pumps.append(th)
+        deadline = t0 + timeout
+        failed = None
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                failed = f"rank {bad[0]} (node{bad[0]}) exited with code {codes[bad[0]]}; stopping the others"
+                break
+            if all(c == 0 for c in codes):
+                break
+            if time.monotonic() > deadline:
+                failed = f"--timeout {timeout:g}s reached; stopping all ranks"
+                break
+            time.sleep(0.2)
+        if failed:
+            with lock:
+                print(f"[cluster] {failed}", file=sys.stderr, flush=True)
+            _kill_all(procs)
+        result["seconds"] = time.monotonic() - t0
+        after = [net.link_bytes(spec.node_ns(i)) for i in range(n)]
+        for i in range(n):
+            sent, recv = after[i][0] - before[i][0], after[i][1] - before[i][1]
+            result["traffic"].append({"node": i, "address": spec.address(i), "interface": "eth0",
+                                      "bytes_sent": sent, "bytes_recv": recv})
+    except KeyboardInterrupt:
+        with lock:
+            print("[cluster] interrupted: stopping all ranks", file=sys.stderr, flush=True)
+        _kill_all(procs)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        _kill_all(procs)
+        for th in pumps:
+            th.join(5)
+        result["returncodes"] = [p.returncode for p in procs] + [None] * (n - len(procs))
+        if temporary:
+            net.destroy(prefix)
+    if traffic_json:
+        with open(traffic_json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+def traffic_table(result: dict) -> str:
+    lines = [f"{'node':<6} {'address':<12} {'sent bytes':>15} {'recv bytes':>15}"]
+    for t in result["traffic"]:
+        lines.append(f"node{t['node']:<2} {t['address']:<12} {t['bytes_sent']:>15,} {t['bytes_recv']:>15,}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m student_src.kit.cluster",
+                                description="An emulated multi-node cluster (Linux, root).")
+    p.add_argument("--prefix", default=net.DEFAULT_PREFIX, help=argparse.SUPPRESS)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    u = sub.add_parser("up", help="create the nodes")
+    u.add_argument("--nodes", type=int, default=4)
+    u.add_argument("--rate", help="link rate in tc units, e.g. 1gbit, 10gbit (default: unshaped)")
+    u.add_argument("--delay", help="one-way delay per link direction, e.g. 0.2ms (needs netem)")
+    sub.add_parser("down", help="remove the nodes (safe to repeat)")
+    sub.add_parser("status", help="show the nodes and their byte counters")
+    r = sub.add_parser("run", help="run a command as rank i in node i: run [opts] -- CMD ...")
+    r.add_argument("--nodes", type=int, help="how many ranks/nodes (default: all nodes that are up, or 4)")
+    r.add_argument("--timeout", type=float, default=1800, help="seconds before all ranks are stopped")
+    r.add_argument("--rate", help="for a temporary cluster (when none is up)")
+    r.add_argument("--delay", help="for a temporary cluster (when none is up)")
+    r.add_argument("--no_append", action="store_true",
+                   help="do not append --master_ip/--master_port/--world_size/--local_rank "
+                        "(the command reads $DPK_NODE instead)")
+    r.add_argument("--traffic_json", help="write each node's eth0 bytes (and return codes) here")
+    r.add_argument("command", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.cmd == "up":
+            spec = up(args.nodes, args.rate, args.delay, args.prefix)
+            note = " (this kernel has no netem: rate only, no delay)" if spec.qdisc == "tbf" else ""
+            print(f"cluster up: {spec.nodes} nodes {spec.address(0)}..{spec.address(spec.nodes - 1)}"
+                  f", qdisc {spec.qdisc}{note}")
+        elif args.cmd == "down":
+            removed = down(args.prefix)
+            print(f"cluster down: removed {len(removed)} namespaces" if removed else "no cluster was up")
+        elif args.cmd == "status":
+            print(status(args.prefix))
+        else:
+            cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+            res = run(cmd, args.nodes, args.timeout, args.rate, args.delay, not args.no_append,
+                      args.traffic_json, args.prefix)
+            print(traffic_table(res))
+            return 0 if all(c == 0 for c in res["returncodes"]) else 1
+        return 0
+    except KitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
