@@ -1,0 +1,230 @@
+"""Command-line flags and the run configuration.
+
+The flags keep the names of the original Hugging Face ``run_glue.py`` that the assignment
+started from (``--model_name_or_path``, ``--per_gpu_train_batch_size``, ...), plus the
+course's multi-node contract (``--master_ip --master_port --world_size --local_rank``) and a
+few kit additions (``--task``, ``--global_batch_size``, ``--spawn``, ``--timing_iters``...).
+
+``--config FILE.json`` reads defaults from a JSON object whose keys are flag names without
+dashes; flags given on the command line win over the file.
+"""
+
+import argparse
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from .errors import KitError
+
+TASKS = ("1", "2a", "2b", "3", "5")
+TASK_TITLES = {
+    "1": "single node",
+    "2a": "gather/scatter",
+    "2b": "all_reduce",
+    "3": "DistributedDataParallel",
+    "5": "bucketed overlap (advanced)",
+}
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run needs; ``vars(args)`` of the parser below, validated."""
+
+    task: str = "1"
+    model_type: str = "bert"
+    model_name_or_path: str = "minilm"
+    task_name: str = "RTE"
+    do_train: bool = True
+    do_eval: bool = True
+    data_dir: str = "data/glue_data/RTE"
+    max_seq_length: int = 128
+    global_batch_size: int | None = 64
+    per_device_train_batch_size: int | None = None
+    per_device_eval_batch_size: int = 64
+    learning_rate: float = 2e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    num_train_epochs: float = 3.0
+    max_steps: int = -1
+    logging_steps: int = 10
+    seed: int = 42
+    dropout: float | None = None
+    output_dir: str | None = None
+    overwrite_output_dir: bool = False
+    overwrite_cache: bool = False
+    num_threads: int | None = None
+    no_progress: bool = False
+    timing_iters: int | None = None
+    # distributed (see student_src/kit/dist.py)
+    master_ip: str | None = None
+    master_port: int | None = None
+    world_size: int | None = None
+    local_rank: int = -1
+    spawn: bool = False
+    backend: str | None = None
+    init_method: str | None = None
+    dist_timeout: float = 60.0
+    no_cuda: bool = False
+    # Task 4 traffic measurement (student_src/kit/traffic.py)
+    measure_traffic: bool = False
+    traffic_interface: str | None = None
+    traffic_csv: str | None = None
+    # Task 5 and compression
+    bucket_cap_mb: float = 25.0
+    grad_compression: str = "none"
+    config: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m student_src.run_glue",
+        description="Fine-tune a BERT-family model on a GLUE task: Task 1 on one node, "
+        "Tasks 2a/2b/3/5 data-parallel (--spawn for local ranks, or the multi-node flags).",
+    )
+    g = p.add_argument_group("task")
+    g.add_argument("--task", choices=TASKS, help="which assignment task to run (default 1)")
+    g.add_argument("--config", help="JSON file of flag values; command-line flags win")
+
+    g = p.add_argument_group("model and data (the original run_glue.py flags)")
+    g.add_argument("--model_type", help="kept for compatibility with run_glue.py (bert)")
+    g.add_argument("--model_name_or_path", help="tiny, minilm (default, offline), a HF name such as bert-base-cased, or a folder")
+    g.add_argument("--task_name", help="GLUE task (default RTE)")
+    g.add_argument("--do_train", action="store_true", default=None, help="train (default when neither --do_train nor --do_eval)")
+    g.add_argument("--do_eval", action="store_true", default=None, help="evaluate on dev after every epoch")
+    g.add_argument("--data_dir", help="folder with train.tsv / dev.tsv (default data/glue_data/RTE; `make data` creates it)")
+    g.add_argument("--max_seq_length", type=int, help="pad / truncate every pair to this many tokens (default 128)")
+    g.add_argument("--overwrite_cache", action="store_true", default=None, help="re-tokenise even if cached features exist")
+
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--global_batch_size", type=int, help="total batch over all workers (default 64); per-worker = global / world_size")
+    g.add_argument("--per_device_train_batch_size", "--per_gpu_train_batch_size", type=int,
+                   help="per-worker batch size; overrides --global_batch_size")
+    g.add_argument("--per_device_eval_batch_size", "--per_gpu_eval_batch_size", type=int)
+    g.add_argument("--learning_rate", type=float, help="AdamW learning rate (default 2e-5)")
+    g.add_argument("--weight_decay", type=float)
+    g.add_argument("--warmup_steps", type=int, help="linear warm-up steps (default 0)")
+    g.add_argument("--max_grad_norm", type=float, help="gradient clipping norm, after the sync (default 1.0; 0 = off)")
+    g.add_argument("--num_train_epochs", type=float, help="epochs (default 3)")
+    g.add_argument("--max_steps", type=int, help="stop after this many steps (overrides epochs)")
+    g.add_argument("--seed", type=int, help="seed for data order and initialisation (default 42)")
+    g.add_argument("--dropout", type=float, help="override all dropout probabilities (0 = runs comparable step by step)")
+
+    g = p.add_argument_group("output")
+    g.add_argument("--output_dir", help="write metrics.json (and plots) here")
+    g.add_argument("--overwrite_output_dir", action="store_true", default=None)
+    g.add_argument("--logging_steps", type=int, help="print the loss every N steps (the first five always)")
+    g.add_argument("--no_progress", action="store_true", default=None, help="no progress bar")
+    g.add_argument("--timing_iters", type=int, help="timing protocol: run N iterations, drop the first, report the mean (the assignment uses 40)")
+    g.add_argument("--num_threads", type=int, help="torch threads per process (default: cores / local ranks)")
+
+    g = p.add_argument_group("distributed (Tasks 2a, 2b, 3, 5)")
+    g.add_argument("--master_ip", help="rank 0's IP address (multi-node)")
+    g.add_argument("--master_port", type=int, help="a free TCP port on the master, above 1023")
+    g.add_argument("--world_size", type=int, help="number of workers")
+    g.add_argument("--local_rank", type=int, help="this process's (global) rank, as the course's run commands use it")
+    g.add_argument("--spawn", action="store_true", default=None, help="start --world_size local ranks on this machine")
+    g.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl with CUDA, gloo otherwise")
+    g.add_argument("--init_method", help="tcp://IP:PORT or file:///shared/path (instead of --master_ip/--master_port)")
+    g.add_argument("--dist_timeout", type=float, help="seconds to wait for all ranks to join (default 60)")
+    g.add_argument("--no_cuda", action="store_true", default=None, help="stay on the CPU even if CUDA is there")
+
+    g = p.add_argument_group("Task 4 traffic, Task 5 buckets")
+    g.add_argument("--measure_traffic", action="store_true", default=None, help="measure NIC bytes during training and compare with the expected traffic")
+    g.add_argument("--traffic_interface", help="network interface to measure (default: loopback for local ranks, the master's NIC otherwise)")
+    g.add_argument("--traffic_csv", help="also sample the interface every second into this CSV (like dstat)")
+    g.add_argument("--bucket_cap_mb", type=float, help="Task 5 bucket size in MB (default 25)")
+    g.add_argument("--grad_compression", choices=("none", "fp16", "bf16"), help="Task 3/5: all-reduce gradients in half precision")
+    return p
+
+
+def _load_json(path: str) -> dict:
+    try:
+        values = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise KitError(f"--config {path}: file not found") from None
+    except json.JSONDecodeError as exc:
+        raise KitError(f"--config {path}: not valid JSON ({exc})") from None
+    if not isinstance(values, dict):
+        raise KitError(f"--config {path}: expected a JSON object of flag values")
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise KitError(f"--config {path}: unknown keys {unknown}; use flag names without dashes")
+    return values
+
+
+def parse_config(argv=None, defaults: dict | None = None) -> TrainConfig:
+    """Parse flags (and ``--config``) into a validated ``TrainConfig``.
+
+    ``defaults`` lets a caller (an exported ``task2a/run_glue.py``) change defaults, such as
+    the task, while the command line still wins.
+    """
+    args = build_parser().parse_args(argv)
+    values = dict(defaults or {})
+    if args.config:
+        values.update(_load_json(args.config))
+    values.update({k: v for k, v in vars(args).items() if v is not None})
+    if args.do_train is None and args.do_eval is None and "do_train" not in (defaults or {}):
+        values.setdefault("do_train", True)
+        values.setdefault("do_eval", True)
+    else:
+        values["do_train"] = bool(values.get("do_train"))
+        values["do_eval"] = bool(values.get("do_eval"))
+    cfg = TrainConfig(**values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Catch inconsistent flags before anything starts, each with a one-line fix."""
+    cfg.task = str(cfg.task)
+    if cfg.task not in TASKS:
+        raise KitError(f"unknown --task {cfg.task!r}; choose one of {', '.join(TASKS)}")
+    if cfg.world_size is not None and cfg.world_size < 1:
+        raise KitError(f"--world_size must be at least 1, got {cfg.world_size}")
+    if cfg.spawn and cfg.local_rank >= 0:
+        raise KitError("--spawn starts every rank itself: drop --local_rank (it is for one process per node)")
+    if cfg.spawn and cfg.world_size is None:
+        raise KitError("--spawn needs --world_size N (the number of local ranks to start)")
+    if cfg.local_rank < -1:
+        raise KitError(f"--local_rank must be >= 0, got {cfg.local_rank}")
+    if cfg.world_size is not None and cfg.local_rank >= cfg.world_size:
+        raise KitError(f"--local_rank {cfg.local_rank} is outside the world: ranks are 0..{cfg.world_size - 1} for --world_size {cfg.world_size}")
+    if cfg.master_ip and cfg.local_rank < 0 and "RANK" not in os.environ:
+        raise KitError("--master_ip needs --local_rank R (this process's rank) and --world_size N")
+    if cfg.master_ip and cfg.master_port is None:
+        raise KitError("--master_ip needs --master_port (a free port above 1023 on the master)")
+    if cfg.master_port is not None and not 0 < cfg.master_port < 65536:
+        raise KitError(f"--master_port must be in 1..65535, got {cfg.master_port}")
+    if cfg.task == "1" and (cfg.world_size or 1) > 1:
+        raise KitError("Task 1 is single-node; use --task 2a, 2b, 3 or 5 with --world_size > 1")
+    for name in ("max_seq_length", "per_device_eval_batch_size"):
+        if getattr(cfg, name) < 1:
+            raise KitError(f"--{name} must be positive")
+    if cfg.per_device_train_batch_size is not None and cfg.per_device_train_batch_size < 1:
+        raise KitError("--per_device_train_batch_size must be positive")
+    if cfg.global_batch_size is not None and cfg.global_batch_size < 1:
+        raise KitError("--global_batch_size must be positive")
+    if cfg.timing_iters is not None and cfg.timing_iters < 2:
+        raise KitError("--timing_iters needs at least 2 iterations (the first is dropped)")
+    if cfg.dist_timeout <= 0:
+        raise KitError("--dist_timeout must be positive")
+    if not cfg.do_train and not cfg.do_eval:
+        raise KitError("nothing to do: pass --do_train and/or --do_eval")
+
+
+def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:
+    """The per-worker batch size and a sentence saying where it comes from."""
+    if cfg.per_device_train_batch_size is not None:
+        b = cfg.per_device_train_batch_size
+        return b, f"per-worker batch {b} (--per_device_train_batch_size), global batch {b * world_size}"
+    g = cfg.global_batch_size or 64
+    if g % world_size:
+        raise KitError(f"--global_batch_size {g} is not divisible by --world_size {world_size}; "
+                       "pick a multiple or pass --per_device_train_batch_size")
+    return g // world_size, f"global batch {g} (--global_batch_size) = {world_size} worker(s) x {g // world_size}"

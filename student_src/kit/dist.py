@@ -1,0 +1,219 @@
+"""Process groups: one function for every way a run can start.
+
+``init_distributed(cfg)`` recognises, in this order:
+
+* ``spawn``   local ranks started by ``student_src.kit.launch``; the launcher's parent process
+              owns the rendezvous store, so there is no port race between picking and binding;
+* ``tcp``     the course's multi-node contract ``--master_ip IP --master_port P --world_size N
+              --local_rank R`` (R is this process's *global* rank), or ``--init_method tcp://``;
+* ``env``     ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``);
+* ``file``    ``--init_method file:///shared/path`` (one node, or a shared file system);
+* ``single``  no flags: a one-rank group, so Tasks 2a/2b/3 also run (trivially) on one process.
+
+For ``tcp`` the kit builds the rendezvous store itself instead of letting
+``init_process_group`` do it, so that the failures students hit most get a one-line answer:
+a master that cannot be reached (named host:port, within ``--dist_timeout``), a port already
+in use, ranks started with different ``--world_size``, a rank that never shows up.
+"""
+
+import datetime
+import ipaddress
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .errors import KitError
+
+# Collectives may wait much longer than rendezvous: a slow rank may still be tokenising or
+# evaluating. A genuinely stuck collective still fails after this many seconds.
+MIN_COLLECTIVE_TIMEOUT_S = 300.0
+
+
+@dataclass
+class DistContext:
+    """Who this process is in the run, and where its tensors live."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str = "gloo"
+    device: torch.device = torch.device("cpu")
+    mode: str = "single"
+    master: str = ""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def resolve_mode(cfg) -> str:
+    """Which way in this run takes (see the module docstring)."""
+    if cfg.spawn:
+        return "spawn"
+    if cfg.master_ip or (cfg.init_method or "").startswith("tcp://"):
+        return "tcp"
+    if (cfg.init_method or "").startswith("file://"):
+        return "file"
+    if cfg.init_method:
+        raise KitError(f"--init_method {cfg.init_method!r}: use tcp://IP:PORT or file:///path")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return "env"
+    if (cfg.world_size or 1) > 1:
+        raise KitError(
+            f"--world_size {cfg.world_size} needs a way to start the ranks: --spawn (all on this machine), "
+            "--master_ip/--master_port/--local_rank (one process per node), or torchrun"
+        )
+    return "single"
+
+
+def pick_device(cfg, local_rank: int) -> tuple[torch.device, str]:
+    """CUDA device and nccl when CUDA is there (and not --no_cuda), else CPU and gloo."""
+    use_cuda = torch.cuda.is_available() and not cfg.no_cuda
+    backend = cfg.backend or ("nccl" if use_cuda else "gloo")
+    if backend == "nccl" and not use_cuda:
+        raise KitError("--backend nccl needs a CUDA GPU; drop --backend (gloo is the CPU default)")
+    if use_cuda:
+        return torch.device("cuda", local_rank % torch.cuda.device_count()), backend
+    return torch.device("cpu"), backend
+
+
+def interface_towards(ip: str) -> str | None:
+    """The local network interface on the same subnet as ``ip`` (None if unknown).
+
+    Gloo picks its interface by resolving the host name, which on CloudLab (and inside network
+    namespaces) often lands on the wrong network; ``GLOO_SOCKET_IFNAME`` fixes that, and this
+    finds the right value for it.
+    """
+    try:
+        import psutil
+        target = ipaddress.ip_address(ip)
+    except (ImportError, ValueError):
+        return None
+    if target.is_loopback:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if not a.netmask or a.family.name not in ("AF_INET", "AF_INET6"):
+                continue
+            try:
+                net = ipaddress.ip_network(f"{a.address.split('%')[0]}/{a.netmask}", strict=False)
+            except ValueError:
+                continue
+            if target in net:
+                return name
+    return None
+
+
+def _timeout(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+def connect_store(host: str, port: int, rank: int, world_size: int, timeout_s: float, is_master: bool):
+    """Open (rank 0: serve) the rendezvous store, with errors that say what to check."""
+    try:
+        return dist.TCPStore(host, port, world_size, is_master, _timeout(timeout_s), wait_for_workers=False)
+    except dist.DistNetworkError as exc:
+        text = str(exc)
+        if is_master and ("EADDRINUSE" in text or "address already in use" in text.lower()):
+            raise KitError(f"port {port} is already in use on the master; pick another --master_port (above 1023)") from None
+        if is_master:
+            raise KitError(f"rank 0 cannot listen on {host}:{port}: is --master_ip an address of this machine? ({text.splitlines()[0]})") from None
+        raise KitError(
+            f"cannot reach the master at {host}:{port} within {timeout_s:g} s: is rank 0 running, "
+            "is --master_ip its address on the network the nodes share, is the port open?"
+        ) from None
+
+
+def rendezvous(store, rank: int, world_size: int, timeout_s: float) -> None:
+    """Check that every rank agrees on the world size and that all of them joined in time."""
+    if rank == 0:
+        store.set("kit/world_size", str(world_size))
+    else:
+        theirs = int(store.get("kit/world_size"))
+        if theirs != world_size:
+            raise KitError(f"rank {rank} was started with --world_size {world_size} but rank 0 with {theirs}; start every rank with the same --world_size")
+    store.add("kit/joined", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        joined = store.add("kit/joined", 0)
+        if joined >= world_size:
+            return
+        if joined > world_size:  # pragma: no cover - two runs sharing a port
+            raise KitError(f"{joined} ranks joined a world of {world_size}: is another run using this --master_port?")
+        if time.monotonic() > deadline:
+            raise KitError(f"only {joined} of {world_size} ranks joined within {timeout_s:g} s; start the missing ranks (or raise --dist_timeout)")
+        time.sleep(0.05)
+
+
+def init_distributed(cfg, rank: int | None = None, world_size: int | None = None, store=None) -> DistContext:
+    """Initialise the default process group for this process and return who it is.
+
+    ``rank``, ``world_size`` and ``store`` are given by the local launcher (spawn mode);
+    otherwise they come from the flags or torchrun's environment.
+    """
+    mode = "spawn" if store is not None else resolve_mode(cfg)
+    timeout_s = float(cfg.dist_timeout)
+    pg_timeout = _timeout(max(timeout_s, MIN_COLLECTIVE_TIMEOUT_S))
+    master = ""
+    if mode == "spawn":
+        local_rank = rank
+    elif mode == "env":
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        if cfg.world_size is not None and cfg.world_size != world_size:
+            raise KitError(f"--world_size {cfg.world_size} disagrees with torchrun's WORLD_SIZE={world_size}; drop --world_size under torchrun")
+    elif mode == "single":
+        rank, world_size, local_rank = 0, 1, 0
+    else:
+        rank, world_size = cfg.local_rank, cfg.world_size
+        if world_size is None or rank is None or rank < 0:
+            raise KitError("multi-node runs need --world_size N and --local_rank R (0 <= R < N)")
+        if rank >= world_size:
+            raise KitError(f"--local_rank {rank} is outside the world: ranks are 0..{world_size - 1}")
+        local_rank = 0
+    device, backend = pick_device(cfg, local_rank)
+
+    if mode in ("spawn", "tcp"):
+        if mode == "tcp":
+            host, port = cfg.master_ip, cfg.master_port
+            if cfg.init_method:
+                hostport = cfg.init_method[len("tcp://"):]
+                host, _, p = hostport.rpartition(":")
+                if not host or not p.isdigit():
+                    raise KitError(f"--init_method {cfg.init_method!r}: expected tcp://IP:PORT")
+                port = int(p)
+            master = f"{host}:{port}"
+            ifname = interface_towards(host)
+            if ifname and not os.environ.get("GLOO_SOCKET_IFNAME"):
+                os.environ["GLOO_SOCKET_IFNAME"] = ifname
+            store = connect_store(host, port, rank, world_size, timeout_s, is_master=(rank == 0))
+        rendezvous(store, rank, world_size, timeout_s)
+        dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank,
+                                world_size=world_size, timeout=pg_timeout)
+    elif mode == "single":
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=pg_timeout)
+    else:  # env (torchrun) or file://
+        init = "env://" if mode == "env" else cfg.init_method
+        if mode == "file" and (cfg.world_size is None or cfg.local_rank < 0):
+            raise KitError("--init_method file://... needs --world_size N and --local_rank R")
+        kwargs = {} if mode == "env" else {"rank": cfg.local_rank, "world_size": cfg.world_size}
+        if mode == "file":
+            rank, world_size = cfg.local_rank, cfg.world_size
+        try:
+            dist.init_process_group(backend, init_method=init, timeout=_timeout(timeout_s), **kwargs)
+        except dist.DistError as exc:
+            raise KitError(f"process group init via {init} failed: {str(exc).splitlines()[0]}") from None
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend,
+                       device=device, mode=mode, master=master)
+
+
+def cleanup() -> None:
+    """Destroy the default process group if there is one (safe to call twice)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,227 @@
+"""Start N local ranks, watch them, and never hang.
+
+``launch(fn, world_size, args)`` runs ``fn(ctx, *args)`` in ``world_size`` fresh processes
+(the ``spawn`` start method, which works the same on Linux, macOS and inside Jupyter) and
+returns the list of their return values, rank 0 first. ``ctx`` is the rank's
+``DistContext`` (its process group is already initialised when ``init_group`` is true).
+
+Why each piece is here:
+
+* ``fn`` must be importable (defined in a module, not a notebook cell): spawned children
+  start a new interpreter and import it by name.
+* The parent opens the rendezvous ``TCPStore`` on port 0 and hands the port to the children:
+  the OS picks a free port and nothing can grab it between "pick" and "bind".
+* Each rank gets ``cores // world_size`` threads so four ranks on a laptop do not fight over
+  the same cores (oversubscription can make a step 10x slower).
+* Children report progress through a queue (``emit``), so a notebook can draw one progress bar
+  per rank and a live loss curve while the ranks train.
+* The parent polls results *and* liveness: the first rank that raises or dies takes the others
+  down, and its traceback is re-raised in the parent as ``RankFailure``. A global ``timeout``
+  and a ``stall_timeout`` (no message from any rank for that long) bound every launch. Children
+  exit by themselves if the parent disappears, so nothing is left behind.
+"""
+
+import datetime
+import os
+import queue as queue_mod
+import threading
+import time
+import traceback
+
+import multiprocessing as mp
+
+from .errors import KitError
+
+_EVENTS = None  # the child's event queue (set in each spawned rank)
+_RANK = 0
+
+
+class RankFailure(KitError):
+    """A rank raised an exception or died; ``rank`` and ``details`` (its traceback) say which and why."""
+
+    def __init__(self, rank: int, details: str):
+        self.rank, self.details = rank, details
+        last = details.strip().splitlines()[-1] if details.strip() else "no details"
+        super().__init__(f"rank {rank} failed: {last}\n--- rank {rank} traceback ---\n{details.rstrip()}")
+
+
+class LaunchTimeout(KitError):
+    """The ranks did not finish (or made no progress) in time; all were stopped."""
+
+
+def emit(kind: str, **data) -> None:
+    """Send an event from a rank to the parent (no-op outside a launched rank)."""
+    if _EVENTS is not None:
+        try:
+            _EVENTS.put({"kind": kind, "rank": _RANK, "time": time.time(), **data})
+        except Exception:  # the parent is gone or the queue is closed: events are best-effort
+            pass
+
+
+def in_launched_rank() -> bool:
+    return _EVENTS is not None
+
+
+def default_threads(world_size: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, world_size))
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit this child as soon as its parent is gone (no orphans even after kill -9)."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(3)
+        time.sleep(0.5)
+
+
+def _child(fn, rank, world_size, store_port, threads, events, results, args, kwargs, init_group, cfg, parent_pid):
+    global _EVENTS, _RANK
+    _EVENTS, _RANK = events, rank
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    import torch
+
+    torch.set_num_threads(threads)
+    from . import dist as kdist
+
+    try:
+        if init_group:
+            import torch.distributed as tdist
+
+            store = tdist.TCPStore("127.0.0.1", store_port, world_size, False,
+                                   datetime.timedelta(seconds=cfg.dist_timeout))
+            ctx = kdist.init_distributed(cfg, rank=rank, world_size=world_size, store=store)
+        else:
+            ctx = kdist.DistContext(rank=rank, world_size=world_size, local_rank=rank, mode="spawn")
+        value = fn(ctx, *args, **kwargs)
+        results.put((rank, "ok", value))
+    except BaseException as exc:  # noqa: BLE001 - report everything, SystemExit included
+        detail = traceback.format_exc()
+        if isinstance(exc, SystemExit):
+            detail += f"\n(rank {rank} called sys.exit({exc.code!r}))"
+        results.put((rank, "error", detail))
+        results.close()
+        results.join_thread()
+        os._exit(1)
+    finally:
+        kdist.cleanup()
+    results.close()
+    results.join_thread()
+    events.close()
+    events.join_thread()
+
+
+def _stop(procs, grace: float = 2.0) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    end = time.monotonic() + grace
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: float | None = None,
+           stall_timeout: float | None = None, threads_per_rank: int | None = None,
+           on_event=None, init_group: bool = True, poll_s: float = 0.05):
+    """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` local ranks; return their results.
+
+    Args:
+        fn: an importable function; its return value must be picklable.
+        cfg: a ``TrainConfig`` (for ``backend``, ``dist_timeout``, ``no_cuda``); defaults are used if None.
+        timeout: seconds for the whole launch (None: no overall limit).
+        stall_timeout: seconds without any event or result from any rank before giving up.
+        threads_per_rank: torch threads per rank (default: cores // world_size).
+        on_event: called in the parent with each event dict a rank ``emit``s.
+        init_group: initialise the default (gloo) process group in each rank first.
+
+    Raises:
+        RankFailure: a rank raised, exited early, or was killed; the others were stopped.
+        LaunchTimeout: the deadline or the stall timeout passed; all ranks were stopped.
+    """
+    from .config import TrainConfig
+
+    if world_size < 1:
+        raise KitError(f"world_size must be at least 1, got {world_size}")
+    cfg = cfg or TrainConfig()
+    kwargs = kwargs or {}
+    threads = threads_per_rank or cfg.num_threads or default_threads(world_size)
+    ctx = mp.get_context("spawn")
+    events, results = ctx.Queue(), ctx.Queue()
+    store = None
+    port = 0
+    if init_group:
+        import torch.distributed as tdist
+
+        store = tdist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=cfg.dist_timeout),
+                               wait_for_workers=False)
+        port = store.port
+    procs = [
+        ctx.Process(target=_child, name=f"rank{r}", daemon=True,
+                    args=(fn, r, world_size, port, threads, events, results, args, kwargs, init_group, cfg, os.getpid()))
+        for r in range(world_size)
+    ]
+    outputs: dict[int, object] = {}
+    start = last_heard = time.monotonic()
+    try:
+        for p in procs:
+            p.start()
+        while len(outputs) < world_size:
+            got_any = False
+            while True:
+                try:
+                    event = events.get_nowait()
+                except queue_mod.Empty:
+                    break
+                got_any = True
+                if on_event is not None:
+                    on_event(event)
+            while True:
+                try:
+                    rank, status, value = results.get_nowait()
+                except queue_mod.Empty:
+                    break
+                got_any = True
+                if status == "error":
+                    raise RankFailure(rank, value)
+                outputs[rank] = value
+            now = time.monotonic()
+            if got_any:
+                last_heard = now
+            for r, p in enumerate(procs):
+                if r not in outputs and p.exitcode is not None:
+                    time.sleep(0.2)  # its last message may still be in flight
+                    try:
+                        rank, status, value = results.get(timeout=0.5)
+                        if status == "error":
+                            raise RankFailure(rank, value)
+                        outputs[rank] = value
+                        continue
+                    except queue_mod.Empty:
+                        pass
+                    if r not in outputs:
+                        code = p.exitcode
+                        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                        raise RankFailure(r, f"rank {r} {how} before returning (os._exit, sys.exit, a crash, or out of memory?)")
+            if timeout is not None and now - start > timeout:
+                running = [r for r in range(world_size) if r not in outputs]
+                raise LaunchTimeout(f"ranks {running} did not finish within {timeout:g} s (deadlock? a rank skipped a collective?); all ranks were stopped")
+            if stall_timeout is not None and now - last_heard > stall_timeout:
+                raise LaunchTimeout(f"no progress from any rank for {stall_timeout:g} s (deadlock?); all ranks were stopped")
+            time.sleep(poll_s)
+        if on_event is not None:  # late events (e.g. the final summary) still reach the parent
+            while True:
+                try:
+                    on_event(events.get(timeout=0.05))
+                except queue_mod.Empty:
+                    break
+        return [outputs[r] for r in range(world_size)]
+    finally:
+        _stop(procs)
+        for q in (events, results):
+            q.cancel_join_thread()
+            q.close()
+        del store
