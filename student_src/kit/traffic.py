@@ -468,33 +468,58 @@ class RunTrafficMeter:
     * a real NIC (one rank per node): this node's ``bytes_sent + bytes_recv``; expected = this
       rank's modelled sent + received.
 
+    ``start``, ``pause`` and ``resume`` run a barrier themselves (when a process group exists and
+    ``sync`` is on), so call them on EVERY rank: a shared counter (loopback) or a node's NIC must
+    be read while no collective is in flight, or bytes another rank already sent are missed.
+
     The model counts, per step, the gradient collectives, the loss all_reduce used for logging
-    (``loss_allreduce``), plus ``barriers`` barriers for the whole run (the one before ``finish``).
+    (``loss_allreduce``), the meter's own barriers, plus ``barriers`` more (default 1: the
+    trainer's barrier before ``finish``).
     """
 
     def __init__(self, task: str, world_size: int, rank: int, interface: Optional[str] = None,
                  master_ip: Optional[str] = None, sample_csv: Optional[str] = None,
-                 loss_allreduce: bool = True, barriers: int = 1):
+                 loss_allreduce: bool = True, barriers: int = 1, sync: bool = True):
         self.task, self.world_size, self.rank = str(task), int(world_size), int(rank)
         self.interface = choose_interface(interface, master_ip)
         self.loopback = self.interface == loopback_interface()
         self.meter = TrafficMeter(self.interface)
         self.sample_csv = sample_csv
         self.sampler: Optional[TrafficSampler] = None
-        self.loss_allreduce, self.barriers = loss_allreduce, barriers
+        self.loss_allreduce, self.barriers, self.sync = loss_allreduce, barriers, sync
+        self._barriers = 0      # barriers the meter itself ran while counting
         self._t0 = None
 
+    def _barrier(self) -> None:
+        """Line the ranks up, so every rank reads its counters with no collective in flight.
+
+        Without it, ranks that leave the trainer's barrier early could start sending the first
+        all_reduce before a slower rank has read its baseline: those bytes would be missed.
+        """
+        import torch.distributed as dist   # local import: measuring needs no torch
+
+        if self.sync and self.world_size > 1 and dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            self._barriers += 1 if self.meter.running else 0
+
     def start(self) -> None:
+        """Call on every rank before the first step: read the baseline, then a barrier."""
         if self.sample_csv:
             self.sampler = TrafficSampler(self.interface, self.sample_csv).start()
         self._t0 = time.monotonic()
+        self._barriers = 0
         self.meter.start()
+        self._barrier()
 
     def pause(self) -> None:
+        """Call on every rank before evaluation: a barrier, then stop counting."""
+        self._barrier()
         self.meter.pause()
 
     def resume(self) -> None:
+        """Call on every rank after evaluation: start counting, then a barrier."""
         self.meter.resume()
+        self._barrier()
 
     def epoch_end(self, epoch: int) -> None:
         self.meter.epoch_end(epoch)
@@ -523,7 +548,8 @@ class RunTrafficMeter:
         tensors = _tensors_of_one_step(comm_records, grad_nbytes_per_step, iterations)
         per_step = step_traffic(self.task, self.world_size, tensors, bucket_nbytes,
                                 self.loss_allreduce, broadcast_nbytes_per_step)
-        run = per_step.scaled(iterations) + barrier_traffic(self.world_size).scaled(self.barriers)
+        n_barriers = self.barriers + self._barriers
+        run = per_step.scaled(iterations) + barrier_traffic(self.world_size).scaled(n_barriers)
         wire = WireModel(header_fraction=header_fraction(self.interface))
         n = self.world_size
 
@@ -566,7 +592,7 @@ class RunTrafficMeter:
             "per_epoch": self.meter.per_epoch,
             "seconds": elapsed,
             "model": {"per_message_bytes": wire.per_message, "header_fraction": wire.header_fraction,
-                      "loss_allreduce_per_step": self.loss_allreduce, "barriers": self.barriers,
+                      "loss_allreduce_per_step": self.loss_allreduce, "barriers": n_barriers,
                       "messages": run.total_msgs},
             "sample_csv": self.sample_csv,
         }
