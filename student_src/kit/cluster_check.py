@@ -71,7 +71,8 @@ def run_rank(rank: int, n: int, a) -> dict:
         loss = torch.ones(())
         for _ in range(a.warmup):
             sync(a.task, grads, rank, n)
-        meter = RunTrafficMeter(a.task, n, rank, master_ip=a.master_ip, loss_allreduce=not a.no_loss)
+        meter = RunTrafficMeter(a.task, n, rank, master_ip=a.master_ip,
+                                logging=None if a.no_loss else ("all_reduce", 4))
         dist.barrier()
         meter.start()
         times = []

@@ -381,6 +381,33 @@ def broadcast_traffic(nbytes: int, world_size: int, root: int = 0) -> Traffic:
     return t
 
 
+def allgather_traffic(nbytes: int, world_size: int) -> Traffic:
+    """gloo's ring all_gather: every rank forwards one rank's ``nbytes`` to its neighbour N-1 times."""
+    n = world_size
+    t = Traffic.zero(n)
+    if n == 1 or nbytes == 0:
+        return t
+    for r in range(n):
+        t.sent[r] += (n - 1) * nbytes
+        t.recv[(r + 1) % n] += (n - 1) * nbytes
+        t.msgs_sent[r] += n - 1
+        t.msgs_recv[(r + 1) % n] += n - 1
+    return t
+
+
+def collective_traffic(op: str, nbytes: int, world_size: int) -> Traffic:
+    """Payload of one collective by name: all_reduce, all_gather, broadcast, gather_scatter."""
+    models = {"all_reduce": allreduce_traffic, "all_gather": allgather_traffic,
+              "broadcast": broadcast_traffic, "gather_scatter": gather_scatter_traffic}
+    if op not in models:
+        raise KitError(f"no traffic model for {op!r} (known: {', '.join(models)})")
+    return models[op](nbytes, world_size)
+
+
+LOGGING_COLLECTIVE = ("all_gather", 16)
+"""What the kit's trainer sends per step for logging: an all_gather of (loss, seconds) float64."""
+
+
 def barrier_traffic(world_size: int) -> Traffic:
     """gloo's dissemination barrier: ceil(log2 N) rounds, one empty message per rank per round."""
     n = world_size
@@ -413,14 +440,17 @@ class WireModel:
 
 
 def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
-                 bucket_nbytes: Optional[list[int]] = None, loss_allreduce: bool = True,
+                 bucket_nbytes: Optional[list[int]] = None,
+                 logging: Optional[tuple[str, int]] = LOGGING_COLLECTIVE,
                  broadcast_nbytes: int = 0) -> Traffic:
     """Payload of ONE training step of ``task`` ("1", "2a", "2b", "3", "5").
 
     * 2a: one gather + one scatter through rank 0 per gradient tensor;
     * 2b: one ring all_reduce per gradient tensor;
     * 3 / 5 (DDP, bucketed): one ring all_reduce per bucket (same total bytes as 2b);
-    * plus the float32 loss all_reduce the trainer does for logging, and DDP's buffer broadcast.
+    * plus the collective the trainer does for logging (``logging = (op, nbytes)``; the kit's
+      trainer all-gathers (loss, seconds) as float64: ``("all_gather", 16)``; a float32 loss
+      all_reduce would be ``("all_reduce", 4)``), and DDP's buffer broadcast if given.
     """
     n = world_size
     t = Traffic.zero(n)
@@ -436,8 +466,8 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
     elif task != "1":
         for s in tensor_nbytes:
             t = t + allreduce_traffic(s, n)
-    if loss_allreduce:
-        t = t + allreduce_traffic(4, n)
+    if logging:
+        t = t + collective_traffic(logging[0], int(logging[1]), n)
     if broadcast_nbytes:
         t = t + broadcast_traffic(broadcast_nbytes, n)
     return t
@@ -472,21 +502,22 @@ class RunTrafficMeter:
     ``sync`` is on), so call them on EVERY rank: a shared counter (loopback) or a node's NIC must
     be read while no collective is in flight, or bytes another rank already sent are missed.
 
-    The model counts, per step, the gradient collectives, the loss all_reduce used for logging
-    (``loss_allreduce``), the meter's own barriers, plus ``barriers`` more (default 1: the
+    The model counts, per step, the gradient collectives, the collective used for logging
+    (``logging``, see ``step_traffic``), the meter's own barriers, plus ``barriers`` more (default 1: the
     trainer's barrier before ``finish``).
     """
 
     def __init__(self, task: str, world_size: int, rank: int, interface: Optional[str] = None,
                  master_ip: Optional[str] = None, sample_csv: Optional[str] = None,
-                 loss_allreduce: bool = True, barriers: int = 1, sync: bool = True):
+                 logging: Optional[tuple[str, int]] = LOGGING_COLLECTIVE, barriers: int = 1,
+                 sync: bool = True):
         self.task, self.world_size, self.rank = str(task), int(world_size), int(rank)
         self.interface = choose_interface(interface, master_ip)
         self.loopback = self.interface == loopback_interface()
         self.meter = TrafficMeter(self.interface)
         self.sample_csv = sample_csv
         self.sampler: Optional[TrafficSampler] = None
-        self.loss_allreduce, self.barriers, self.sync = loss_allreduce, barriers, sync
+        self.logging, self.barriers, self.sync = logging, barriers, sync
         self._barriers = 0      # barriers the meter itself ran while counting
         self._t0 = None
 
@@ -547,7 +578,7 @@ class RunTrafficMeter:
         self.close()
         tensors = _tensors_of_one_step(comm_records, grad_nbytes_per_step, iterations)
         per_step = step_traffic(self.task, self.world_size, tensors, bucket_nbytes,
-                                self.loss_allreduce, broadcast_nbytes_per_step)
+                                self.logging, broadcast_nbytes_per_step)
         n_barriers = self.barriers + self._barriers
         run = per_step.scaled(iterations) + barrier_traffic(self.world_size).scaled(n_barriers)
         wire = WireModel(header_fraction=header_fraction(self.interface))
@@ -592,7 +623,7 @@ class RunTrafficMeter:
             "per_epoch": self.meter.per_epoch,
             "seconds": elapsed,
             "model": {"per_message_bytes": wire.per_message, "header_fraction": wire.header_fraction,
-                      "loss_allreduce_per_step": self.loss_allreduce, "barriers": n_barriers,
+                      "logging_collective_per_step": list(self.logging) if self.logging else None, "barriers": n_barriers,
                       "messages": run.total_msgs},
             "sample_csv": self.sample_csv,
         }
