@@ -1,0 +1,204 @@
+"""kit/traffic.py: the traffic models, the meter, the sampler, and one real 4-rank run."""
+import csv
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from student_src.kit import traffic as tr
+from student_src.kit.errors import KitError
+
+
+# ------------------------------------------------------------------------------- models
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+@pytest.mark.parametrize("nbytes", [4, 512, 4000, 4096, 1_000_004, 16 << 20])
+def test_ring_allreduce_sums_to_textbook(nbytes, n):
+    t = tr.allreduce_traffic(nbytes, n)
+    assert t.total_payload == 2 * (n - 1) * nbytes          # exact, over all ranks
+    assert sum(t.recv) == t.total_payload
+    per_rank = 2 * (n - 1) * nbytes / n
+    if nbytes >= 4 * 2 * n * 16:                               # big enough that rounding is small
+        assert all(abs(s - per_rank) <= 2 * 2 * (n - 1) * 4 for s in t.sent)
+    assert t.total_msgs == sum(t.msgs_recv)
+
+
+def test_ring_allreduce_small_tensor_uses_few_messages():
+    t = tr.allreduce_traffic(4, 4)                 # one element: one non-empty segment
+    assert t.total_payload == 24 and t.total_msgs == 6
+    assert tr.allreduce_traffic(4096, 4).total_msgs == 48     # 8 segments, 6 sent per rank
+
+
+def test_world_size_one_sends_nothing():
+    for f in (tr.allreduce_traffic, tr.gather_scatter_traffic, tr.allgather_traffic, tr.broadcast_traffic):
+        t = f(1000, 1)
+        assert t.total_payload == 0 and t.total_msgs == 0
+    assert tr.barrier_traffic(1).total_msgs == 0
+
+
+def test_gather_scatter_root_versus_worker():
+    s, n = 1000, 4
+    t = tr.gather_scatter_traffic(s, n)
+    assert (t.sent[0], t.recv[0]) == ((n - 1) * s, (n - 1) * s)
+    assert all((t.sent[r], t.recv[r]) == (s, s) for r in range(1, n))
+
+
+def test_allgather_and_broadcast_and_barrier():
+    assert tr.allgather_traffic(16, 4).sent == [48] * 4
+    b = tr.broadcast_traffic(100, 4)
+    assert b.sent == [300, 0, 0, 0] and b.recv == [0, 100, 100, 100]
+    assert tr.barrier_traffic(4).total_msgs == 8 and tr.barrier_traffic(5).total_msgs == 15
+    with pytest.raises(KitError):
+        tr.collective_traffic("reduce_scatter", 4, 4)
+
+
+def test_step_traffic_per_task():
+    sizes = [4000, 400]
+    a = tr.step_traffic("2a", 4, sizes, logging=None)
+    b = tr.step_traffic("2b", 4, sizes, logging=None)
+    d = tr.step_traffic("3", 4, sizes, bucket_nbytes=[4400], logging=None)
+    assert a.sent[0] == 3 * 4400 and a.sent[1] == 4400
+    assert b.total_payload == d.total_payload == 6 * 4400
+    assert d.total_msgs < b.total_msgs                       # one bucket, fewer messages
+    with_log = tr.step_traffic("2b", 4, sizes)
+    assert with_log.total_payload == b.total_payload + 4 * 3 * 16
+    assert tr.step_traffic("1", 4, sizes).total_payload == 4 * 3 * 16   # logging only
+
+
+def test_wire_model_scopes_agree():
+    t = tr.allreduce_traffic(1 << 20, 4)
+    w = tr.WireModel()
+    nodes = [w.node(t, r) for r in range(4)]
+    # every byte sent by one node is received by another, so node totals = 2 x loopback total
+    assert sum(x["total"] for x in nodes) == pytest.approx(2 * w.loopback_total(t))
+    assert tr.header_fraction("x", mtu=1500) > 20 * tr.header_fraction("x", mtu=65536)
+
+
+# ------------------------------------------------------------------------------- interfaces
+def test_loopback_and_address_lookup():
+    lo = tr.loopback_interface()
+    assert lo in ("lo", "lo0") or lo.startswith("lo")
+    assert tr.interface_for_address("127.0.0.1") == lo
+    assert tr.choose_interface(master_ip="127.0.0.1") == lo
+    assert tr.choose_interface() == lo
+
+
+@pytest.mark.parametrize("bad", ["203.0.113.77", "not-an-ip"])
+def test_missing_interface_is_a_clear_error(bad):
+    with pytest.raises(KitError, match="interface|address"):
+        tr.interface_for_address(bad)
+
+
+def test_unknown_interface_name():
+    with pytest.raises(KitError, match="not found"):
+        tr.TrafficMeter("no-such-nic0")
+    with pytest.raises(KitError, match="not found"):
+        tr.RunTrafficMeter("2b", 2, 0, interface="no-such-nic0")
+
+
+def _blast(nbytes: int) -> None:
+    """Send nbytes over a loopback TCP connection (both ends in this process)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    got = []
+
+    def sink():
+        c, _ = srv.accept()
+        n = 0
+        while True:
+            b = c.recv(1 << 16)
+            if not b:
+                break
+            n += len(b)
+        got.append(n)
+        c.close()
+
+    th = threading.Thread(target=sink)
+    th.start()
+    cli = socket.create_connection(srv.getsockname())
+    cli.sendall(b"x" * nbytes)
+    cli.close()
+    th.join(10)
+    srv.close()
+    assert got == [nbytes]
+
+
+def test_meter_counts_running_spans_only():
+    m = tr.TrafficMeter(tr.loopback_interface())
+    m.start()
+    _blast(2_000_000)
+    m.pause()
+    frozen = (m.sent, m.recv)
+    _blast(1_000_000)                     # not counted: paused
+    assert m.totals() == frozen
+    m.resume()
+    m.epoch_end(0)
+    _blast(500_000)
+    m.epoch_end(1)
+    sent, recv = m.stop()
+    assert sent >= 2_500_000 and recv >= 2_500_000          # others' loopback traffic may add
+    assert m.per_epoch[0]["bytes_sent"] >= 2_000_000 and m.per_epoch[1]["bytes_sent"] >= 500_000
+
+
+def test_sampler_writes_csv_and_stops(tmp_path):
+    path = tmp_path / "traffic.csv"
+    with tr.TrafficSampler(tr.loopback_interface(), str(path), interval=0.05) as s:
+        _blast(1_000_000)
+        time.sleep(0.3)
+    assert s._thread is None
+    rows = list(csv.reader(path.open()))
+    assert rows[0] == ["time", "bytes_recv_per_s", "bytes_sent_per_s"]
+    assert len(rows) >= 3 and all(len(r) == 3 for r in rows)
+    assert not any(t.name == "traffic-sampler" for t in threading.enumerate())
+
+
+def test_run_meter_single_process_block():
+    m = tr.RunTrafficMeter("2b", 4, 0)
+    m.start()
+    m.pause(); m.resume(); m.epoch_end(0)
+    block = m.finish(10, 1000, comm_records=[{"op": "all_reduce", "nbytes": 600},
+                                             {"op": "all_reduce", "nbytes": 400}])
+    for key in ("interface", "iterations", "expected_bytes", "measured_bytes", "per_rank", "per_epoch", "ratio"):
+        assert key in block
+    assert block["expected_payload_bytes"] == 10 * (6 * 1000 + 4 * 3 * 16)
+    assert set(block["per_rank"]) == {"0", "1", "2", "3"}
+    json.dumps(block)
+
+
+# ------------------------------------------------------------------------------- a real run
+def _in_private_netns() -> list:
+    """Prefix that runs a command in a fresh namespace (its own quiet loopback), if we can."""
+    if sys.platform != "linux" or os.geteuid() != 0 or not shutil.which("ip"):
+        return [], None
+    ns = f"dpkt-lo{uuid.uuid4().hex[:6]}"
+    if subprocess.run(["ip", "netns", "add", ns], capture_output=True).returncode != 0:
+        return [], None
+    subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+    return ["ip", "netns", "exec", ns], ns
+
+
+@pytest.mark.parametrize("task", ["2b", "2a"])
+def test_four_local_ranks_measured_matches_expected(task):
+    prefix, ns = _in_private_netns()
+    try:
+        cmd = prefix + [sys.executable, "-m", "student_src.kit.cluster_check", "--spawn", "4",
+                        "--task", task, "--sizes", "1000000,512,4", "--iters", "2", "--timeout", "60"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    finally:
+        if ns:
+            subprocess.run(["ip", "netns", "del", ns])
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in rows) == [0, 1, 2, 3]
+    for r in rows:
+        if ns:      # a private loopback: nothing else on it
+            assert 0.98 <= r["ratio"] <= 1.05, r
+        else:       # shared loopback: other programs can only add bytes
+            assert r["ratio"] >= 0.98, r
