@@ -1,0 +1,183 @@
+"""kit/cluster.py: the emulated cluster (needs Linux, root, ip and tc; skipped elsewhere).
+
+The tests use their own namespace prefix (``dpkt-``), so they never touch a cluster a student
+or a benchmark has up with the default prefix.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from student_src.kit import cluster, cluster_net as net
+from student_src.kit.errors import KitError
+
+PREFIX = "dpkt-"
+can_run = (sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() == 0
+           and shutil.which("ip") and shutil.which("tc"))
+needs_root = pytest.mark.skipif(not can_run, reason="emulated cluster needs Linux, root, ip and tc")
+
+
+@pytest.fixture
+def clean():
+    if can_run:
+        net.destroy(PREFIX)
+    yield
+    if can_run:
+        net.destroy(PREFIX)
+        assert net.list_namespaces(PREFIX) == []
+
+
+def in_node(i, code, **kw):
+    return subprocess.run(["ip", "netns", "exec", f"{PREFIX}node{i}", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=60, **kw)
+
+
+# --------------------------------------------------------------------------- no privileges needed
+def test_not_root_is_one_clear_line(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(shutil, "which", lambda t: "/usr/sbin/" + t)
+    with pytest.raises(KitError, match="root"):
+        net.require_privileges()
+    assert cluster.main(["--prefix", PREFIX, "up", "--nodes", "2"]) == 2
+
+
+def test_missing_iproute2_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda t: None)
+    with pytest.raises(KitError, match="iproute2"):
+        net.require_privileges()
+
+
+def test_rate_and_delay_parsing():
+    assert net.parse_rate("1gbit") == 1e9 and net.parse_rate("100mbit") == 1e8
+    assert net.parse_rate("125mbps") == 1e9
+    assert net.parse_delay("0.2ms") == pytest.approx(2e-4) and net.parse_delay("200us") == pytest.approx(2e-4)
+    for bad in ("fast", "-1gbit", "0gbit"):
+        with pytest.raises(KitError):
+            net.parse_rate(bad)
+    with pytest.raises(KitError):
+        net.parse_delay("soon")
+    args = net.shaping_args("tbf", "1gbit", "0.2ms")
+    assert args[:3] == ["tbf", "rate", "1gbit"] and int(args[args.index("limit") + 1]) > 125_000
+
+
+# --------------------------------------------------------------------------- as root
+@needs_root
+@pytest.mark.parametrize("nodes", [0, -1, 254, 1000])
+def test_bad_node_counts(clean, nodes):
+    with pytest.raises(KitError, match="--nodes"):
+        cluster.up(nodes, prefix=PREFIX)
+    assert net.list_namespaces(PREFIX) == []
+
+
+@needs_root
+def test_up_tcp_between_nodes_status_and_down_twice(clean):
+    spec = cluster.up(3, prefix=PREFIX)
+    assert net.list_namespaces(PREFIX) == sorted([f"{PREFIX}br"] + [f"{PREFIX}node{i}" for i in range(3)])
+    with pytest.raises(KitError, match="already up"):
+        cluster.up(2, prefix=PREFIX)
+    # The 10.10.1.x addresses exist only inside the namespaces, never in the root namespace.
+    assert "10.10.1." not in subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+    assert "10.10.1.2/24" in subprocess.run(["ip", "-n", f"{PREFIX}node1", "-o", "addr"],
+                                            capture_output=True, text=True).stdout
+    # TCP from node0 to node2 (and node2's own loopback works).
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", f"{PREFIX}node2", sys.executable, "-c",
+         "import socket; s=socket.socket(); s.bind(('10.10.1.3', 0)); s.listen(1);"
+         "print(s.getsockname()[1], flush=True); c,_=s.accept(); print(c.recv(100).decode(), flush=True)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        r = in_node(0, f"import socket; socket.create_connection(('10.10.1.3', {port}), timeout=5).sendall(b'hello node2')")
+        assert r.returncode == 0, r.stderr
+        assert server.stdout.readline().strip() == "hello node2"
+    finally:
+        server.kill()
+        server.wait(5)
+    assert in_node(1, "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0))").returncode == 0
+    text = cluster.status(PREFIX)
+    assert "3 nodes" in text and "10.10.1.3" in text
+    assert cluster.down(PREFIX)
+    assert cluster.down(PREFIX) == []
+    assert cluster.main(["--prefix", PREFIX, "down"]) == 0
+    assert cluster.status(PREFIX) == "no emulated cluster is up"
+
+
+@needs_root
+def test_two_rank_gloo_allreduce_across_namespaces(clean, tmp_path, capsys):
+    out = tmp_path / "traffic.json"
+    res = cluster.run([sys.executable, "-m", "student_src.kit.cluster_check", "--sizes", "65536",
+                       "--iters", "2", "--timeout", "30"],
+                      nodes=2, timeout=90, traffic_json=str(out), prefix=PREFIX)
+    printed = capsys.readouterr().out
+    assert res["returncodes"] == [0, 0], printed
+    lines = [json.loads(l.split(" ", 1)[1]) for l in printed.splitlines() if l.startswith("[node")
+             and l.split(" ", 1)[1].startswith("{")]
+    assert sorted(l["rank"] for l in lines) == [0, 1]
+    for l in lines:
+        assert l["interface"] == "eth0"
+        assert 0.95 <= l["ratio"] <= 1.05, l           # per node, inside its own namespace
+    assert all(t["bytes_sent"] > 65536 for t in res["traffic"])
+    assert json.loads(out.read_text())["returncodes"] == [0, 0]
+    assert net.list_namespaces(PREFIX) == []          # a temporary cluster is removed
+
+
+@needs_root
+def test_shaping_limits_throughput(clean):
+    cluster.up(2, rate="20mbit", prefix=PREFIX)
+    nbytes = 1_000_000                                 # 0.4 s at 20 Mbit/s
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", f"{PREFIX}node1", sys.executable, "-c",
+         "import socket; s=socket.socket(); s.bind(('10.10.1.2', 0)); s.listen(1);"
+         "print(s.getsockname()[1], flush=True); c,_=s.accept()\n"
+         "n=0\nwhile True:\n b=c.recv(65536)\n if not b: break\n n+=len(b)\nprint(n, flush=True)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        r = in_node(0, "import socket, time; c=socket.create_connection(('10.10.1.2', %d), timeout=10);"
+                       "t=time.perf_counter(); c.sendall(b'x'*%d); c.shutdown(socket.SHUT_WR); c.recv(1);"
+                       "print(time.perf_counter()-t)" % (port, nbytes))
+        assert r.returncode == 0, r.stderr
+        assert int(server.stdout.readline()) == nbytes
+        seconds = float(r.stdout)
+        assert seconds > 0.7 * nbytes * 8 / 20e6, seconds   # cannot beat the shaped rate
+    finally:
+        server.kill()
+        server.wait(5)
+
+
+@needs_root
+def test_failing_rank_stops_the_others_and_cleans_up(clean, capsys):
+    code = ("import os, sys, time\n"
+            "if os.environ['DPK_NODE'] == '1': sys.exit(3)\n"
+            "time.sleep(120)")
+    t0 = time.monotonic()
+    res = cluster.run([sys.executable, "-c", code], nodes=2, timeout=60, append_args=False, prefix=PREFIX)
+    assert time.monotonic() - t0 < 30
+    assert res["returncodes"][1] == 3 and res["returncodes"][0] != 0
+    assert "rank 1 (node1) exited with code 3" in capsys.readouterr().err
+    assert net.list_namespaces(PREFIX) == []
+
+
+@needs_root
+def test_timeout_stops_all_ranks_and_keeps_a_cluster_that_was_up(clean):
+    cluster.up(2, prefix=PREFIX)
+    res = cluster.run([sys.executable, "-c", "import time; time.sleep(120)"], timeout=1.5,
+                      append_args=False, prefix=PREFIX)
+    assert all(c is not None and c != 0 for c in res["returncodes"])
+    assert len(net.list_namespaces(PREFIX)) == 3         # it was up before: still up
+    with pytest.raises(KitError, match="has 2 nodes"):
+        cluster.run([sys.executable, "-c", "pass"], nodes=3, prefix=PREFIX)
+
+
+@needs_root
+def test_failed_up_removes_what_it_made(clean, monkeypatch):
+    def boom(spec):
+        raise KitError("simulated tc failure")
+    monkeypatch.setattr(net, "pick_qdisc", boom)
+    with pytest.raises(KitError, match="simulated"):
+        cluster.up(2, rate="1gbit", prefix=PREFIX)
+    assert net.list_namespaces(PREFIX) == []
