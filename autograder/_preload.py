@@ -1,0 +1,20 @@
+"""Imported once by the fork server, before it forks any rank: the slow imports, done once.
+
+Every rank of every pool is a fork of that server, so it starts with torch, torch.distributed,
+transformers' BERT and the registered checks already imported. Nothing here may import a
+student module (the fork server must stay clean: it is the template of every rank).
+"""
+
+import torch  # noqa: F401
+import torch.distributed  # noqa: F401
+import torch.nn.parallel  # noqa: F401
+
+try:  # only the loss-equivalence checks need it; a kit without transformers still grades
+    import transformers.models.bert.modeling_bert  # noqa: F401
+    import transformers.models.auto.modeling_auto  # noqa: F401
+except Exception:  # pragma: no cover
+    pass
+
+from . import registry, worker  # noqa: F401,E402
+
+registry.discover()

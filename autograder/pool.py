@@ -1,0 +1,453 @@
+"""A pool of rank processes that runs many checks on one persistent gloo group.
+
+Why a pool: starting 4 Python processes that import torch and transformers and join a gloo
+group costs seconds each time on a small machine; doing it once per test made grading slow.
+The pool starts its ranks once (forked from a fork server that has already imported torch,
+so even a replacement pool starts in a fraction of a second) and sends them check after check.
+
+When a check breaks the pool (a rank exited, hung, deadlocked, printed without end, or left
+the group out of step) the pool is killed — every rank's whole process group, so nothing
+spawned by student code survives — and the grader starts a fresh one for the next check.
+
+How a check ends, from the parent's side (``RankPool.run``):
+
+* every rank reported (ok, or an error it caught): run a one-all_reduce *health* step with a
+  short deadline; if it fails, kill the pool;
+* a rank reported an error while others are still inside the check: those are usually blocked
+  in a collective the failed rank will never join; give them ``grace`` seconds, then kill;
+* a rank died (``os._exit``, a crash, ``sys.exit`` in a thread...): kill the pool;
+* some ranks are still inside the check but none of them used any CPU for ``stall`` seconds:
+  they are waiting for each other (a deadlock); dump their stacks, report where, kill;
+* the check's deadline passed (an infinite loop): dump stacks, report where, kill;
+* a rank printed more than ``flood_bytes``: kill.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import re
+import signal
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as mp_wait
+
+from . import wire
+
+PRELOAD = ["autograder._preload"]
+_LIVE_POOLS: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
+_prefix_counter = itertools.count()
+
+
+@dataclass
+class Settings:
+    """Time limits of a grading run (seconds)."""
+
+    timeout: float = 60.0        # per check
+    stall: float = 10.0          # no CPU progress on every rank still inside a check = deadlock
+    grace: float = 1.0           # after one rank failed, how long the others may still finish
+    health_timeout: float = 10.0
+    start_timeout: float = 180.0  # the first pool waits for the fork server to import torch
+    flood_bytes: int = 32 << 20   # output per rank per check before the check is stopped
+    pg_timeout: float = 1800.0    # gloo's own timeout: the grader's deadlines come first
+    start_method: str = "forkserver"
+
+
+def mp_context(method: str = "forkserver"):
+    import multiprocessing as mp
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+class Capture:
+    """Keeps the head and the tail of what a rank prints during one check, and counts the rest."""
+
+    HEAD = 6000
+    TAIL = 6000
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.reset()
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def reset(self) -> None:
+        with getattr(self, "lock", threading.Lock()):
+            self.head = bytearray()
+            self.tail = bytearray()
+            self.total = 0
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except OSError:
+                break
+            if not data:
+                break
+            with self.lock:
+                self.total += len(data)
+                room = self.HEAD - len(self.head)
+                if room > 0:
+                    self.head += data[:room]
+                    data = data[room:]
+                if data:
+                    self.tail += data
+                    if len(self.tail) > 4 * self.TAIL:
+                        del self.tail[: len(self.tail) - self.TAIL]
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+    def text(self, strip_dumps: bool = True) -> str:
+        with self.lock:
+            head, tail, total = bytes(self.head), bytes(self.tail[-self.TAIL:]), self.total
+        shown = len(head) + len(tail)
+        body = head.decode("utf-8", "replace")
+        if total > shown:
+            body += f"\n... [{total - shown} bytes of output omitted; {total} in all] ...\n"
+        body += tail.decode("utf-8", "replace")
+        if strip_dumps:
+            body = _DUMP_RE.sub("", body)
+        return body
+
+    def raw_tail(self) -> str:
+        with self.lock:
+            return bytes(self.tail[-self.TAIL:] or self.head).decode("utf-8", "replace")
+
+
+_DUMP_RE = re.compile(r"(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):\n(  File .*\n)*", re.M)
+_FRAME_RE = re.compile(r'  File "([^"]+)", line (\d+) in (\S+)')
+
+
+def where_from_dump(text: str) -> str | None:
+    """The innermost student frame of the last faulthandler dump in ``text``."""
+    dumps = list(re.finditer(r"(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):\n((?:  File .*\n?)*)", text))
+    if not dumps:
+        return None
+    frames = _FRAME_RE.findall(dumps[-1].group(1))
+    for path, line, fn in frames:  # most recent first
+        p = path.replace(os.sep, "/")
+        if "/student_src/" in p and "/student_src/kit/" not in p:
+            return f"student_src/{p.split('/student_src/', 1)[1]}:{line} in {fn}"
+    if frames:
+        path, line, fn = frames[0]
+        return f"{os.path.basename(path)}:{line} in {fn}"
+    return None
+
+
+@dataclass
+class Outcome:
+    """What happened to one job on every rank."""
+
+    reports: list            # per rank: the worker's reply dict, or None
+    problem: str | None = None   # "timeout" | "deadlock" | "died" | "flood" | "aborted" | None
+    message: str = ""
+    outputs: list = field(default_factory=list)  # per rank: captured output text
+    elapsed: float = 0.0
+
+
+class PoolError(RuntimeError):
+    """The pool itself could not start or talk to its ranks (a grader problem)."""
+
+
+class RankPool:
+    """``world_size`` rank processes in one gloo group (or none: ``store=None``, world 1)."""
+
+    def __init__(self, world_size: int, ctx, store, workdir: str, settings: Settings, name: str = "pool"):
+        self.world_size = world_size
+        self.ctx = ctx
+        self.store = store
+        self.workdir = workdir
+        self.settings = settings
+        self.name = name
+        self.procs: list = []
+        self.ctrls: list = []
+        self.captures: list[Capture] = []
+        self.pids: list[int] = []
+        self.alive = False
+        self.seq = 0
+        self._ready = False
+
+    # --- life cycle -------------------------------------------------------------------------
+    def launch(self) -> "RankPool":
+        """Start the ranks without waiting for them (see ``wait_ready``)."""
+        prefix = f"{self.name}-{os.getpid()}-{next(_prefix_counter)}"
+        port = self.store.port if self.store is not None else None
+        cfg = {"pg_timeout": self.settings.pg_timeout}
+        for r in range(self.world_size):
+            parent_ctrl, child_ctrl = self.ctx.Pipe()
+            out_r, out_w = self.ctx.Pipe(duplex=False)
+            wd = os.path.join(self.workdir, f"{prefix}-rank{r}")
+            p = self.ctx.Process(target=_rank_entry, args=(r, self.world_size, port, prefix, child_ctrl, out_w, wd, cfg),
+                                 name=f"autograder-{self.name}-rank{r}", daemon=False)
+            p.start()
+            child_ctrl.close()
+            out_w.close()
+            self.procs.append(p)
+            self.ctrls.append(parent_ctrl)
+            self.captures.append(Capture(os.dup(out_r.fileno())))
+            out_r.close()
+        self.pids = [p.pid for p in self.procs]
+        self.alive = True
+        _LIVE_POOLS.add(self)
+        return self
+
+    def wait_ready(self) -> None:
+        if self._ready:
+            return
+        deadline = time.monotonic() + self.settings.start_timeout
+        pending = set(range(self.world_size))
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise PoolError(f"{self.name}: ranks {sorted(pending)} did not start within {self.settings.start_timeout:g} s")
+            ready = mp_wait([self.ctrls[r] for r in pending] + [self.procs[r].sentinel for r in pending], timeout=min(left, 1.0))
+            for r in list(pending):
+                if self.ctrls[r] in ready:
+                    try:
+                        msg = wire.recv(self.ctrls[r])
+                    except (EOFError, OSError):
+                        msg = {"status": "died"}
+                    if msg.get("status") != "ready":
+                        out = self.captures[r].text()[-2000:]
+                        self.kill()
+                        raise PoolError(f"{self.name}: rank {r} failed to start: {msg.get('message', msg.get('status'))}\n{out}")
+                    pending.discard(r)
+                elif self.procs[r].sentinel in ready:
+                    self.procs[r].join(0.1)
+                    out = self.captures[r].text()[-2000:]
+                    self.kill()
+                    raise PoolError(f"{self.name}: rank {r} exited while starting (code {self.procs[r].exitcode})\n{out}")
+        self._ready = True
+
+    def close(self) -> None:
+        """Ask the ranks to stop; kill whatever does not."""
+        if not self.alive:
+            return
+        for c in self.ctrls:
+            try:
+                wire.send(c, {"kind": "stop"})
+            except (OSError, ValueError):
+                pass
+        for p in self.procs:
+            p.join(timeout=1.0)
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL every rank and everything it started (its session and descendants)."""
+        if not self.alive:
+            return
+        self.alive = False
+        victims = set()
+        try:
+            import psutil
+            for pid in self.pids:
+                try:
+                    victims.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+                except psutil.Error:
+                    pass
+        except ImportError:  # pragma: no cover
+            pass
+        for pid in self.pids:
+            for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                try:
+                    kill()
+                except (ProcessLookupError, PermissionError, OSError):
+                    pass
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+        for p in self.procs:
+            p.join(timeout=5.0)
+        for c in self.ctrls:
+            c.close()
+        for cap in self.captures:
+            cap.thread.join(timeout=1.0)
+
+    # --- running a job ---------------------------------------------------------------------
+    def _cpu(self, r: int) -> float:
+        try:
+            import psutil
+            t = psutil.Process(self.pids[r]).cpu_times()
+            return t.user + t.system
+        except Exception:
+            return -1.0
+
+    def _dump_stacks(self, ranks) -> dict[int, str | None]:
+        for r in ranks:
+            try:
+                os.kill(self.pids[r], signal.SIGUSR1)
+            except OSError:
+                pass
+        time.sleep(0.4)
+        return {r: where_from_dump(self.captures[r].raw_tail()) for r in ranks}
+
+    def run(self, job: dict, timeout: float) -> Outcome:
+        """Send ``job`` to every rank and wait for all of them (see the module docstring)."""
+        self.submit(job)
+        return self.wait(timeout)
+
+    def submit(self, job: dict) -> None:
+        """Send ``job`` to every rank; ``wait`` collects it (so a pool can work in the background)."""
+        self.wait_ready()
+        for cap in self.captures:
+            cap.reset()
+        self._t0 = time.monotonic()
+        for r, c in enumerate(self.ctrls):
+            try:
+                wire.send(c, dict(job, seed=job.get("seed", 0) + 1000 * r))
+            except (OSError, ValueError):
+                pass
+
+    def wait(self, timeout: float) -> Outcome:
+        """Wait for the submitted job on every rank (see the module docstring)."""
+        s = self.settings
+        t0 = self._t0
+        reports: list = [None] * self.world_size
+        dead: dict[int, int | None] = {}
+        pending = set(range(self.world_size))
+        cpu = {r: self._cpu(r) for r in pending}
+        progress = {r: t0 for r in pending}
+        first_failure_at = None
+        outcome = Outcome(reports=reports)
+        while pending:
+            now = time.monotonic()
+            waitables = [self.ctrls[r] for r in pending] + [self.procs[r].sentinel for r in pending]
+            ready = mp_wait(waitables, timeout=0.2)
+            for r in list(pending):
+                if self.ctrls[r] in ready:
+                    try:
+                        reports[r] = wire.recv(self.ctrls[r])
+                        pending.discard(r)
+                        if reports[r].get("status") != "ok" and first_failure_at is None:
+                            first_failure_at = time.monotonic()
+                        continue
+                    except (EOFError, OSError, ValueError):
+                        pass
+                if self.procs[r].sentinel in ready or not self.procs[r].is_alive():
+                    self.procs[r].join(0.2)
+                    dead[r] = self.procs[r].exitcode
+                    pending.discard(r)
+            now = time.monotonic()
+            if dead:
+                time.sleep(0.3)  # let the dying rank's last output arrive
+                outcome.problem = "died"
+                outcome.message = _death_message(dead)
+                break
+            if not pending:
+                break
+            flooded = [r for r in range(self.world_size) if self.captures[r].total > s.flood_bytes]
+            if flooded:
+                outcome.problem = "flood"
+                outcome.message = (f"rank {flooded[0]} printed more than {s.flood_bytes >> 20} MB of output; "
+                                   "the check was stopped (remove the prints inside loops)")
+                break
+            if first_failure_at is not None and now - first_failure_at > s.grace:
+                outcome.problem = "aborted"
+                outcome.message = ""  # the failing rank's own report explains
+                break
+            for r in pending:
+                c = self._cpu(r)
+                if c < 0 or c - cpu[r] > 0.02:
+                    cpu[r], progress[r] = c, now
+            if now - t0 > s.stall and all(now - progress[r] > s.stall for r in pending):
+                where = self._dump_stacks(sorted(pending))
+                done = [r for r in range(self.world_size) if r not in pending]
+                outcome.problem = "deadlock"
+                outcome.message = _stall_message(sorted(pending), done, where, s.stall)
+                break
+            if now - t0 > timeout:
+                where = self._dump_stacks(sorted(pending))
+                outcome.problem = "timeout"
+                outcome.message = (f"did not finish within {timeout:g} s (an endless loop?); "
+                                   + "; ".join(f"rank {r} was at {w or 'an unknown place'}" for r, w in where.items()))
+                break
+        outcome.elapsed = time.monotonic() - t0
+        if outcome.problem is not None:
+            time.sleep(0.05)
+            outcome.outputs = [cap.text() for cap in self.captures]
+            self.kill()
+            return outcome
+        outcome.outputs = [cap.text() for cap in self.captures]
+        if not self._health():
+            self.kill()
+        return outcome
+
+    def _health(self) -> bool:
+        """Are all ranks still in step? One all_reduce with a sequence number, short deadline."""
+        if self.store is None:
+            return all(p.is_alive() for p in self.procs)
+        self.seq += 1
+        for c in self.ctrls:
+            try:
+                wire.send(c, {"kind": "health", "seq": self.seq})
+            except (OSError, ValueError):
+                return False
+        deadline = time.monotonic() + self.settings.health_timeout
+        pending = set(range(self.world_size))
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            ready = mp_wait([self.ctrls[r] for r in pending], timeout=left)
+            for r in list(pending):
+                if self.ctrls[r] in ready:
+                    try:
+                        msg = wire.recv(self.ctrls[r])
+                    except (EOFError, OSError, ValueError):
+                        return False
+                    if msg.get("status") != "healthy":
+                        return False
+                    pending.discard(r)
+        return True
+
+
+def _rank_entry(*args):
+    from .worker import rank_main
+    rank_main(*args)
+
+
+def _death_message(dead: dict) -> str:
+    parts = []
+    for r, code in sorted(dead.items()):
+        if code is None:
+            parts.append(f"rank {r} vanished")
+        elif code >= 0:
+            parts.append(f"rank {r} exited with code {code}")
+        else:
+            sig = -code
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            parts.append(f"rank {r} was killed by {name}" + (" (out of memory?)" if sig == signal.SIGKILL else ""))
+    return ("; ".join(parts) + " in the middle of the check. Student code must never end its process "
+            "(sys.exit / os._exit / exit()); exiting is not a pass.")
+
+
+def _stall_message(pending, done, where, stall) -> str:
+    at = "; ".join(f"rank {r} was waiting at {w or 'an unknown place'}" for r, w in where.items())
+    if done:
+        lead = (f"deadlock: rank(s) {', '.join(map(str, done))} finished but rank(s) "
+                f"{', '.join(map(str, pending))} made no progress for {stall:g} s")
+    else:
+        lead = f"deadlock: no rank made progress for {stall:g} s"
+    return (lead + " — every rank must call the same collectives in the same order "
+            f"(a rank that skips one, or calls a different one, leaves the others waiting). {at}")
+
+
+@atexit.register
+def _kill_all_pools() -> None:  # pragma: no cover - safety net at interpreter exit
+    for pool in list(_LIVE_POOLS):
+        try:
+            pool.kill()
+        except Exception:
+            pass

@@ -1,0 +1,30 @@
+"""Public check for Task 3: ``wrap_ddp`` returns a DistributedDataParallel that syncs replicas."""
+
+import torch
+
+from autograder import fixtures
+from autograder.registry import CheckFailure, check
+
+
+@check("3.returns_ddp", task="3", world_size=4, needs="ddp", points=2,
+       title="wrap_ddp returns DistributedDataParallel; replicas start from rank 0's weights")
+def returns_ddp(ctx):
+    model = fixtures.make_model(seed=ctx.rank)  # a different start on every rank
+    wrap_ddp = fixtures.student_function(ctx, "ddp", "wrap_ddp")
+    wrapped = wrap_ddp(model)
+    if not isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
+        ctx.fail(f"wrap_ddp returned a {type(wrapped).__name__}, not torch.nn.parallel.DistributedDataParallel")
+    inner = wrapped.module
+    if inner is not model:
+        ctx.fail("wrap_ddp must wrap the model it is given (wrapped.module is a different object)")
+    return {"params": fixtures.params_payload(inner)}
+
+
+@returns_ddp.judge
+def _(payloads, ref):
+    want = fixtures.params_payload(fixtures.make_model(seed=0))
+    for r, p in enumerate(payloads):
+        for n, w in want.items():
+            if not torch.allclose(p["params"][n], w, atol=1e-6):
+                raise CheckFailure(f"rank {r}: after wrap_ddp, {n} is not rank 0's value; DDP broadcasts rank 0's "
+                                   "parameters when it is constructed — pass the model itself to DistributedDataParallel")

@@ -1,0 +1,149 @@
+"""Checks and how the grader finds them.
+
+A *check* is one graded test. It has two halves:
+
+* ``run(ctx)`` runs inside every rank process of a pool (``world_size`` of them, each with a
+  gloo process group already up). It imports the student's module through ``ctx.student(...)``,
+  exercises it and returns a JSON-able *payload* (tensors are fine: the worker encodes them).
+  It fails by raising ``ctx.fail("what is wrong")``; anything the student's code raises fails
+  the check with that exception.
+* ``judge(payloads, ref)`` (optional) runs in the grader's own process, which never imported
+  student code, on the list of every rank's payload (and the trusted reference the check asked
+  for). It fails by raising ``CheckFailure``/``AssertionError``. Deciding what is right here,
+  and not in the rank that just ran student code, means a student cannot patch the answer.
+
+Adding checks: drop a module into ``autograder/checks/`` (hidden) or ``autograder/public/``
+(shipped to students) that defines checks with the ``@check`` decorator; modules whose name
+starts with ``_`` are helpers and are not scanned. Give the test its points in
+``autograder/points.toml`` (the ``points=`` argument is only the fallback). Example::
+
+    from autograder.registry import check, CheckFailure
+
+    @check("5.bucketed_mean", task="5", world_size=4, needs="bucketed", points=3,
+           title="BucketedDDP averages gradients over 4 ranks")
+    def bucketed_mean(ctx):
+        mod = ctx.student("bucketed")           # student_src/bucketed.py, fresh import
+        ...
+        return {"grads": {...}}                 # what the judge compares
+
+    @bucketed_mean.judge
+    def _(payloads, ref):
+        if ...: raise CheckFailure("rank 2's fc.weight is not the mean")
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Callable
+
+#: the order tasks appear in tables and results (unknown tasks go last)
+TASK_ORDER = ["1", "2", "2a", "2b", "3", "4", "5"]
+
+#: the student module each task is about (``student_src/<name>.py``)
+TASK_MODULES = {"1": "train", "2": "partition", "2a": "sync", "2b": "sync", "3": "ddp",
+                "4": "profiling", "5": "bucketed"}
+
+#: packages scanned for check modules; the hidden one is absent from the student release
+CHECK_PACKAGES = ["autograder.public", "autograder.checks"]
+
+
+class CheckFailure(Exception):
+    """Raised by a check (rank side or judge) to fail the test with a message for the student."""
+
+
+@dataclass
+class Check:
+    """One graded test; see the module docstring."""
+
+    id: str
+    task: str
+    title: str
+    run: Callable
+    world_size: int = 1
+    needs: tuple[str, ...] = ()       # student modules the check imports ("sync", "profiling")
+    points: float = 1.0               # fallback; points.toml decides
+    public: bool = False
+    reference: str | None = None      # name of a function in autograder.references
+    timeout: float | None = None      # overrides --timeout for this check (seconds)
+    judge_fn: Callable | None = None
+    order: int = 0
+    module: str = ""
+
+    def judge(self, fn: Callable) -> "Check":
+        """Decorator: register the parent-side judge of this check."""
+        self.judge_fn = fn
+        return self
+
+
+_REGISTRY: dict[str, Check] = {}
+_counter = [0]
+
+
+def check(id: str, *, task: str, title: str, world_size: int = 1, needs=(), points: float = 1.0,
+          reference: str | None = None, timeout: float | None = None, public: bool | None = None):
+    """Decorator that registers ``fn(ctx)`` as the rank-side half of check ``id``."""
+    if isinstance(needs, str):
+        needs = (needs,)
+
+    def wrap(fn):
+        module = fn.__module__
+        _counter[0] += 1
+        c = Check(id=id, task=task, title=title, run=fn, world_size=world_size, needs=tuple(needs),
+                  points=points, public=module.startswith("autograder.public") if public is None else public,
+                  reference=reference, timeout=timeout, order=_counter[0], module=module)
+        if id in _REGISTRY and _REGISTRY[id].module != module:
+            raise ValueError(f"check id {id!r} is defined twice ({_REGISTRY[id].module} and {module})")
+        _REGISTRY[id] = c
+        return c
+
+    return wrap
+
+
+def discover(packages=None) -> list[str]:
+    """Import every check module; return the names of those that failed to import (with why)."""
+    problems = []
+    for pkg_name in packages or CHECK_PACKAGES:
+        try:
+            pkg = importlib.import_module(pkg_name)
+        except ImportError:
+            continue  # the student release has no hidden checks
+        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+            if info.name.startswith("_"):
+                continue
+            try:
+                importlib.import_module(f"{pkg_name}.{info.name}")
+            except Exception as exc:  # a broken check module must not stop grading the rest
+                problems.append(f"{pkg_name}.{info.name}: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def task_key(task: str) -> int:
+    return TASK_ORDER.index(task) if task in TASK_ORDER else len(TASK_ORDER)
+
+
+def all_checks(public_only: bool = False) -> list[Check]:
+    """Every registered check, in task order, then in the order the points table lists them."""
+    from .points import table_order
+
+    order = table_order()
+    checks = [c for c in _REGISTRY.values() if c.public or not public_only]
+    return sorted(checks, key=lambda c: (task_key(c.task), order.get(c.id, 10_000), c.order))
+
+
+def get(check_id: str) -> Check:
+    if check_id not in _REGISTRY:
+        discover()
+    return _REGISTRY[check_id]
+
+
+def parse_tasks(text: str | None) -> set[str] | None:
+    """``"1,2a"`` -> ``{"1", "2a"}`` (``task2a`` works too); None means every task."""
+    if not text:
+        return None
+    tasks = {t.strip().lower().removeprefix("task") for t in text.split(",") if t.strip()}
+    unknown = tasks - set(TASK_ORDER)
+    if unknown:
+        raise ValueError(f"unknown task(s) {sorted(unknown)}; choose from {','.join(TASK_ORDER)}")
+    return tasks

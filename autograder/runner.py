@@ -1,0 +1,247 @@
+"""Grade one submission: pick the checks, run them on rank pools, judge, collect results.
+
+The grader's own process never imports student code. It hosts the rendezvous store (a
+``TCPStore`` on port 0, so the operating system picks a free port and graders running side by
+side never collide), keeps one pool per world size, and a separate *trusted* single-rank worker
+that computes reference runs and never sees student code.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+
+from . import registry
+from .points import points_for, visibility_for
+from .pool import PoolError, RankPool, Settings, mp_context
+from .results import Results, TestResult
+from .submission import Submission, SubmissionError, kit_has
+
+TODO_HINT = "fill in the TODO in student_src (it still raises NotImplementedError)"
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    message: str
+
+
+class Pools:
+    """One live pool per world size, replaced when a check kills it."""
+
+    def __init__(self, settings: Settings, workdir: str, fresh_per_check: bool = False):
+        import torch.distributed as dist
+
+        self.settings = settings
+        self.workdir = workdir
+        self.fresh = fresh_per_check
+        self.ctx = mp_context(settings.start_method)
+        self.store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=settings.start_timeout),
+                                   wait_for_workers=False)
+        self.pools: dict[int, RankPool] = {}
+        self.started = 0
+        self.trusted: RankPool | None = None
+
+    def get(self, world_size: int) -> RankPool:
+        pool = self.pools.get(world_size)
+        if pool is None or not pool.alive:
+            pool = RankPool(world_size, self.ctx, self.store, self.workdir, self.settings, name=f"w{world_size}")
+            pool.launch()
+            self.pools[world_size] = pool
+            self.started += 1
+        return pool
+
+    def prelaunch(self, sizes) -> None:
+        """Start the pools we will need now, so that they come up side by side."""
+        if self.fresh:
+            return
+        for n in sizes:
+            self.get(n)
+
+    def after_check(self, world_size: int) -> None:
+        if self.fresh and world_size in self.pools:
+            self.pools.pop(world_size).close()
+
+    def trusted_worker(self) -> RankPool:
+        if self.trusted is None or not self.trusted.alive:
+            self.trusted = RankPool(1, self.ctx, None, self.workdir, self.settings, name="trusted").launch()
+            self.started += 1
+        return self.trusted
+
+    def close(self) -> None:
+        for pool in list(self.pools.values()) + ([self.trusted] if self.trusted else []):
+            pool.close()
+
+
+def select_checks(tasks: set[str] | None, public_only: bool) -> list[registry.Check]:
+    problems = registry.discover()
+    if problems:
+        raise RuntimeError("check modules failed to import: " + "; ".join(problems))
+    return [c for c in registry.all_checks(public_only) if tasks is None or c.task in tasks]
+
+
+def grade(submission_path, tasks: set[str] | None = None, settings: Settings | None = None,
+          public_only: bool = False, fresh_per_check: bool = False, progress=None) -> Results:
+    """Grade ``submission_path``; never raises for anything the student's code does."""
+    settings = settings or Settings()
+    t0 = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="autograder-")
+    pools = None
+    results = Results()
+    try:
+        checks = select_checks(tasks, public_only)
+        sub = Submission(submission_path, workdir)
+        results.header = sub.describe()
+        plan = []  # (check, source, skip_message)
+        for c in checks:
+            missing_in_kit = [m for m in c.needs if not kit_has(m)]
+            if missing_in_kit:
+                plan.append((c, None, f"skipped: this kit has no student_src/{missing_in_kit[0]}.py (Task {c.task} is not part of it yet)"))
+                continue
+            src = sub.source_for(c.task)
+            if src is None:
+                plan.append((c, None, f"no student code found for Task {c.task}. {sub.describe()}"))
+                continue
+            absent = [m for m in c.needs if not src.has(m)]
+            if absent:
+                plan.append((c, src, f"student_src/{absent[0]}.py is missing from the submission ({src.shown()})"))
+                continue
+            plan.append((c, src, None))
+
+        runnable = [(c, s) for c, s, skip in plan if skip is None]
+        refs_needed = sorted({c.reference for c, _ in runnable if c.reference})
+        if runnable:
+            pools = Pools(settings, workdir, fresh_per_check)
+            pools.prelaunch(sorted({c.world_size for c, _ in runnable}))
+        ref_jobs = {}
+        if refs_needed:
+            pools.trusted_worker()  # starts now, computes while the first checks run
+            ref_jobs = {name: {"kind": "reference", "name": name, "workspace": str(sub.workspace(None))} for name in refs_needed}
+        ref_cache: dict[str, tuple] = {}
+        if ref_jobs:  # the first reference computes in the background while other checks run
+            first = refs_needed[0]
+            pools.trusted_worker().submit(ref_jobs[first])
+            ref_cache[first] = None
+
+        for c, src, skip in plan:
+            pts = points_for(c)
+            if skip is not None:
+                skipped = skip.startswith("skipped:")
+                results.add(TestResult.of(c, 0.0, 0.0 if skipped else pts, skipped, skip, visibility_for(c)))
+                continue
+            if progress:
+                progress(c)
+            tc = time.monotonic()
+            ref = None
+            if c.reference:
+                if ref_cache.get(c.reference) is None:
+                    ref_cache[c.reference] = _reference(pools, ref_jobs[c.reference], settings,
+                                                        submitted=c.reference in ref_cache)
+                ok, ref = ref_cache[c.reference]
+                if not ok:
+                    results.add(TestResult.of(c, 0.0, pts, False, f"autograder problem (not your code): the reference run failed: {ref}",
+                                              visibility_for(c), time.monotonic() - tc))
+                    results.grader_errors.append(f"reference {c.reference}: {ref}")
+                    continue
+            job = {"kind": "check", "check": c.id, "workspace": str(sub.workspace(src)), "seed": 0}
+            timeout = c.timeout or settings.timeout
+            try:
+                outcome = pools.get(c.world_size).run(job, timeout)
+                verdict = judge(c, outcome, ref)
+            except PoolError as exc:
+                verdict = Verdict(False, f"autograder problem (not your code): {exc}")
+                results.grader_errors.append(str(exc))
+            pools.after_check(c.world_size)
+            results.add(TestResult.of(c, pts if verdict.passed else 0.0, pts, verdict.passed, verdict.message,
+                                      visibility_for(c), time.monotonic() - tc, source=src.shown()))
+        if pools:
+            results.pools_started = pools.started
+    except SubmissionError as exc:
+        results.header = f"cannot read the submission: {exc}"
+        results.fail_all_remaining(str(exc))
+    except Exception:
+        results.grader_errors.append(traceback.format_exc())
+    finally:
+        if pools is not None:
+            pools.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    results.execution_time = time.monotonic() - t0
+    return results
+
+
+def _reference(pools: Pools, job: dict, settings: Settings, submitted: bool) -> tuple[bool, object]:
+    """Run (or collect the already submitted) trusted reference job: (True, payload) or (False, why)."""
+    try:
+        worker = pools.trusted_worker()
+        timeout = max(settings.timeout, 120.0)
+        out = worker.wait(timeout) if submitted else worker.run(job, timeout)
+    except PoolError as exc:
+        return False, str(exc)
+    rep = out.reports[0]
+    if out.problem or rep is None or rep.get("status") != "ok":
+        return False, out.message or (rep or {}).get("message", "no report")
+    return True, rep.get("payload")
+
+
+def _output_excerpt(outcome, limit: int = 1500) -> str:
+    parts = []
+    for r, text in enumerate(outcome.outputs or []):
+        text = text.strip()
+        if text:
+            if len(text) > limit:
+                text = text[: limit // 2] + "\n...[truncated]...\n" + text[-limit // 2:]
+            parts.append(f"--- output of rank {r} ---\n{text}")
+        if len(parts) >= 2:
+            break
+    return ("\n" + "\n".join(parts)) if parts else ""
+
+
+def judge(c: registry.Check, outcome, ref) -> Verdict:
+    """Turn what the ranks reported into pass/fail and a message a student can act on."""
+    reports = outcome.reports
+    bad = [(r, rep) for r, rep in enumerate(reports) if rep is not None and rep.get("status") != "ok"]
+    ranks = "" if c.world_size == 1 else "rank {r}: "
+    if bad:
+        # The most informative failure: a rank's own error beats "the others were stopped".
+        r, rep = bad[0]
+        status, msg = rep.get("status"), rep.get("message", "")
+        where = rep.get("where") or []
+        prefix = ranks.format(r=r)
+        if status == "todo":
+            text = f"{prefix}not implemented yet — {TODO_HINT} ({msg})"
+        elif status == "import":
+            text = f"{prefix}{msg}"
+        elif status == "fail":
+            text = f"{prefix}{msg}"
+        elif status == "exit":
+            text = f"{prefix}{msg}"
+        else:
+            text = f"{prefix}your code raised {msg}"
+        if where and status != "fail":
+            text += "\n  at " + "\n  at ".join(where)
+        others = [o for o, _ in bad[1:]]
+        if outcome.problem == "aborted":
+            waiting = [i for i, rep2 in enumerate(reports) if rep2 is None]
+            if waiting:
+                text += (f"\n(ranks {', '.join(map(str, waiting))} were still waiting — probably in a collective "
+                         f"rank {r} never reached — and were stopped)")
+        elif others and status not in ("todo", "import"):
+            text += f"\n(ranks {', '.join(map(str, others))} failed too)"
+        if status not in ("todo", "import"):
+            text += _output_excerpt(outcome)
+        return Verdict(False, text)
+    if outcome.problem:
+        return Verdict(False, outcome.message + _output_excerpt(outcome))
+    payloads = [rep.get("payload") for rep in reports]
+    if c.judge_fn is not None:
+        try:
+            c.judge_fn(payloads, ref)
+        except (registry.CheckFailure, AssertionError) as exc:
+            return Verdict(False, (str(exc) or "the result is wrong") + _output_excerpt(outcome))
+        except Exception as exc:  # a payload shaped in a way the judge did not expect
+            return Verdict(False, f"the result could not be checked ({type(exc).__name__}: {exc})" + _output_excerpt(outcome))
+    return Verdict(True, "")

@@ -1,0 +1,217 @@
+"""Find the student's code in a submission and build the private workspaces checks run in.
+
+A submission may be a release checkout, a student's folder with ``student_src/``, the zip that
+``python -m student_src.export`` writes (``task1/ task2a/ task2b/ task3/``, each holding a copy
+of ``student_src``), that zip unpacked (Gradescope unpacks uploads), or close variants (a zip
+wrapping everything in one folder, the modules without the ``student_src`` folder around them).
+
+Every task is graded from its own folder's copy when there is one (``task2a/`` for 2a), else
+from the top-level ``student_src``, else from the only copy there is.
+
+The kit comes from the grader, not the submission: each workspace is
+``<private tmp>/ws-<label>/student_src/`` holding the student's own files (everything but
+``kit/`` and ``__init__.py``) over the grader's trusted ``student_src/__init__.py`` and
+``student_src/kit/``. A student who edited the kit (by accident or not) cannot break or bend
+grading, and the checks always see the API the course documents.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .registry import TASK_MODULES
+
+STUDENT_FILES = {f"{m}.py" for m in TASK_MODULES.values()}
+SKIP_DIRS = {"__pycache__", "__MACOSX", ".git", ".venv", "venv", "node_modules", ".ipynb_checkpoints", "kit"}
+TASK_DIR_RE = re.compile(r"^task[\s_-]*(\d[ab]?)$", re.I)
+#: which task folders each task prefers, best first
+PREFERRED = {"1": ["task1"], "2": ["task2", "task2a", "task2b", "task3"], "2a": ["task2a"], "2b": ["task2b"],
+             "3": ["task3"], "4": ["task4", "task2b"], "5": ["task5"]}
+MAX_ZIP_BYTES = 300 << 20
+MAX_ZIP_MEMBERS = 20_000
+MAX_FILE_BYTES = 2 << 20
+
+
+class SubmissionError(Exception):
+    """The submission cannot be read at all (the message says why)."""
+
+
+def trusted_student_src() -> Path:
+    """The grader's own ``student_src`` (found without importing it)."""
+    spec = importlib.util.find_spec("student_src")
+    if spec is None or not spec.submodule_search_locations:
+        raise SubmissionError("the grader cannot find its own student_src package (is the kit installed?)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def kit_has(module: str) -> bool:
+    """Does this kit have ``student_src/<module>.py`` at all? (Tasks not in the kit are skipped.)"""
+    try:
+        return (trusted_student_src() / f"{module}.py").is_file()
+    except SubmissionError:
+        return False
+
+
+def safe_extract(zip_path: Path, dest: Path) -> None:
+    """Unzip without letting names escape ``dest``, without links, with size limits."""
+    try:
+        zf = zipfile.ZipFile(zip_path)
+    except zipfile.BadZipFile as exc:
+        raise SubmissionError(f"{zip_path.name} is not a valid zip file ({exc})") from None
+    with zf:
+        infos = zf.infolist()
+        if len(infos) > MAX_ZIP_MEMBERS or sum(i.file_size for i in infos) > MAX_ZIP_BYTES:
+            raise SubmissionError(f"{zip_path.name} is too large to grade (more than {MAX_ZIP_BYTES >> 20} MB unpacked)")
+        root = dest.resolve()
+        for info in infos:
+            name = info.filename.replace("\\", "/")
+            target = (dest / name).resolve()
+            if not str(target).startswith(str(root) + os.sep) and target != root:
+                continue  # "../" or absolute names
+            if (info.external_attr >> 16) & 0o170000 == 0o120000:
+                continue  # symlink
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+
+
+@dataclass
+class Source:
+    """One copy of the student's modules: ``path`` is the folder holding ``train.py`` etc."""
+
+    label: str   # "task2a", "top", ...
+    path: Path
+    root: Path
+
+    def has(self, module: str) -> bool:
+        return (self.path / f"{module}.py").is_file()
+
+    def shown(self) -> str:
+        try:
+            return str(self.path.relative_to(self.root)) or "."
+        except ValueError:
+            return str(self.path)
+
+
+def _task_label(rel_parts) -> str:
+    for part in reversed(rel_parts):
+        m = TASK_DIR_RE.match(part)
+        if m:
+            return "task" + m.group(1).lower()
+    return "top"
+
+
+def find_sources(root: Path, max_depth: int = 6) -> list[Source]:
+    """Every folder under ``root`` that holds student modules, labelled by its task folder."""
+    found: list[Source] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        rel = d.relative_to(root).parts
+        dirnames[:] = sorted(n for n in dirnames if n not in SKIP_DIRS and not n.startswith("."))
+        if len(rel) >= max_depth:
+            dirnames[:] = []
+        if STUDENT_FILES & set(filenames):
+            label = _task_label(rel)
+            if not any(s.label == label and s.path == d for s in found):
+                found.append(Source(label, d, root))
+            if d.name == "student_src":
+                dirnames[:] = []
+    # prefer a folder called student_src over a stray copy of a module next to it
+    by_label: dict[str, Source] = {}
+    for s in found:
+        best = by_label.get(s.label)
+        if best is None or (s.path.name == "student_src" and best.path.name != "student_src") \
+                or (s.path.name == best.path.name and len(s.path.parts) < len(best.path.parts)):
+            by_label[s.label] = s
+    return list(by_label.values())
+
+
+class Submission:
+    """A submission unpacked (if needed) into ``workdir`` with per-source workspaces."""
+
+    def __init__(self, path: str | os.PathLike, workdir: str | os.PathLike):
+        self.given = Path(path)
+        self.workdir = Path(workdir)
+        if not self.given.exists():
+            raise SubmissionError(f"{self.given} does not exist")
+        if self.given.is_file():
+            if not zipfile.is_zipfile(self.given):
+                raise SubmissionError(f"{self.given.name} is neither a folder nor a zip file")
+            self.root = self.workdir / "unzipped"
+            safe_extract(self.given, self.root)
+        else:
+            self.root = self.given
+        self.sources = find_sources(self.root)
+        if not self.sources:  # a zip inside the folder (an upload Gradescope did not unpack)
+            for i, z in enumerate(sorted(self.root.glob("*.zip")) + sorted(self.root.glob("*/*.zip"))):
+                dest = self.workdir / f"inner{i}"
+                try:
+                    safe_extract(z, dest)
+                except SubmissionError:
+                    continue
+                self.sources = find_sources(dest)
+                if self.sources:
+                    self.root = dest
+                    break
+        self._workspaces: dict[str, Path] = {}
+
+    def source_for(self, task: str) -> Source | None:
+        by = {s.label: s for s in self.sources}
+        for label in PREFERRED.get(task, []) + ["top"]:
+            if label in by:
+                return by[label]
+        if len(self.sources) == 1:
+            return self.sources[0]
+        module = TASK_MODULES.get(task)
+        for s in sorted(self.sources, key=lambda s: s.label):
+            if module and s.has(module):
+                return s
+        return None
+
+    def describe(self) -> str:
+        if not self.sources:
+            return (f"no student code found in {self.given.name}: expected a student_src/ folder with "
+                    f"{', '.join(sorted(STUDENT_FILES))} (or the zip that `python -m student_src.export` writes)")
+        return "graded: " + ", ".join(f"{s.shown()}" for s in sorted(self.sources, key=lambda s: s.label))
+
+    def workspace(self, source: Source | None) -> Path:
+        """``ws-<label>/`` with ``student_src`` = the source's files over the trusted kit."""
+        label = source.label if source else "kit"
+        if label in self._workspaces:
+            return self._workspaces[label]
+        ws = self.workdir / f"ws-{label}"
+        dst = ws / "student_src"
+        trusted = trusted_student_src()
+        dst.mkdir(parents=True)
+        if source is not None:
+            _copy_student_files(source.path, dst)
+        shutil.copy2(trusted / "__init__.py", dst / "__init__.py")
+        shutil.copytree(trusted / "kit", dst / "kit", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        self._workspaces[label] = ws
+        return ws
+
+
+def _copy_student_files(src: Path, dst: Path) -> None:
+    """The student's ``.py`` files (and helper packages), never their kit or links."""
+    for dirpath, dirnames, filenames in os.walk(src):
+        d = Path(dirpath)
+        rel = d.relative_to(src)
+        dirnames[:] = [n for n in dirnames if n not in SKIP_DIRS and not n.startswith(".")
+                       and not (d / n).is_symlink()]
+        for name in filenames:
+            f = d / name
+            if not name.endswith(".py") or f.is_symlink() or (rel == Path(".") and name == "__init__.py"):
+                continue
+            if f.stat().st_size > MAX_FILE_BYTES:
+                continue
+            (dst / rel).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dst / rel / name)

@@ -1,0 +1,297 @@
+"""The rank process: joins the pool's gloo group once, then runs check after check.
+
+Each rank is forked from a fork server that has already imported torch (and transformers), so
+a new pool costs a fraction of a second. The parent (``pool.py``) talks to it over a private
+pipe in JSON (``wire.py``); everything the student's code prints goes to a second pipe that the
+parent reads, bounds and truncates.
+
+Per check the rank: drops every ``student_src`` module from ``sys.modules`` and puts the
+check's workspace (the submission's files over the grader's trusted kit) first on
+``sys.path``, so the student's modules are imported fresh and nothing carries over from the
+previous check; seeds torch; runs ``check.run(ctx)``; reports ``ok`` with the payload, or what
+went wrong; and puts back what student code may have changed (``torch.distributed``'s
+functions, ``sys.stdout``, the working directory, the default dtype).
+
+Isolation: the rank starts its own session (so the parent kills it together with anything it
+spawned) and asks the kernel to kill it when its parent dies (no orphans). It runs in a private
+working directory, so files a student writes land there, never where results go.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import importlib
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+
+from . import wire
+from .registry import CheckFailure
+
+STUDENT_PACKAGE = "student_src"
+KIT_PACKAGE = "student_src.kit"
+
+
+class StudentImportError(Exception):
+    """The student's module could not be imported (missing, syntax error, raised on import)."""
+
+
+def _set_pdeathsig() -> None:
+    """Linux: SIGKILL this process when its parent exits, so nothing outlives the grader."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def _redirect_output(out_conn) -> None:
+    fd = out_conn.fileno()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    out_conn.close()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=False)
+
+
+def student_frames(tb, workspace: str | None, limit: int = 3) -> list[str]:
+    """The traceback's frames that are in the student's files, as ``file:line in fn: code``."""
+    frames = traceback.extract_tb(tb)
+    out = []
+    for f in frames:
+        path = f.filename.replace(os.sep, "/")
+        if "/student_src/" not in path or "/student_src/kit/" in path:
+            continue
+        if workspace and not f.filename.startswith(workspace):
+            continue
+        rel = "student_src/" + path.split("/student_src/", 1)[1]
+        out.append(f"{rel}:{f.lineno} in {f.name}: {(f.line or '').strip()}")
+    if not out and frames:
+        f = frames[-1]
+        out.append(f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}: {(f.line or '').strip()}")
+    return out[-limit:]
+
+
+def _short(text: str, limit: int = 1500) -> str:
+    return text if len(text) <= limit else text[: limit - 20] + " ...[truncated]"
+
+
+class RankContext:
+    """What a check's ``run(ctx)`` gets: who it is, the student's modules, tools."""
+
+    def __init__(self, rank: int, world_size: int, workdir: str, workspace: str | None, originals: dict):
+        self.rank = rank
+        self.world_size = world_size
+        self.workdir = workdir
+        self.workspace = workspace
+        self._originals = originals
+
+    def student(self, name: str):
+        """Import ``student_src.<name>`` from the submission, turning failures into messages."""
+        full = f"{STUDENT_PACKAGE}.{name}"
+        try:
+            return importlib.import_module(full)
+        except SyntaxError as exc:
+            raise StudentImportError(f"student_src/{name}.py has a syntax error at line {exc.lineno}: {exc.msg}") from None
+        except ModuleNotFoundError as exc:
+            if exc.name in (full, STUDENT_PACKAGE):
+                raise StudentImportError(f"student_src/{name}.py is missing from the submission") from None
+            raise StudentImportError(f"student_src/{name}.py failed to import: {type(exc).__name__}: {exc}") from exc
+        except NotImplementedError:
+            raise
+        except BaseException as exc:
+            where = student_frames(exc.__traceback__, self.workspace)
+            raise StudentImportError(f"student_src/{name}.py failed to import: {type(exc).__name__}: {_short(str(exc), 500)}"
+                                     + (f" (at {where[-1]})" if where else "")) from None
+
+    def spy(self):
+        """A fresh ``CollectiveSpy`` (use as a context manager around the student's call)."""
+        from .spy import CollectiveSpy
+        return CollectiveSpy()
+
+    def fail(self, message: str):
+        """Fail the check with ``message`` (never returns)."""
+        raise CheckFailure(message)
+
+    def expect(self, condition, message: str) -> None:
+        if not condition:
+            raise CheckFailure(message)
+
+    def all_gather_object(self, obj):
+        """The trusted ``all_gather_object`` (the student's code may have patched the module's)."""
+        out = [None] * self.world_size
+        self._originals["all_gather_object"](out, obj)
+        return out
+
+    def barrier(self) -> None:
+        self._originals["barrier"]()
+
+
+class Rank:
+    """State of one rank process between checks."""
+
+    def __init__(self, rank, world_size, workdir, settings):
+        self.rank = rank
+        self.world_size = world_size
+        self.workdir = workdir
+        self.settings = settings
+        self.workspace: str | None = None
+
+    # --- isolation helpers -------------------------------------------------------------
+    def enter_workspace(self, workspace: str | None) -> None:
+        for name in list(sys.modules):
+            if name == STUDENT_PACKAGE or name.startswith(STUDENT_PACKAGE + "."):
+                del sys.modules[name]
+        if self.workspace and self.workspace in sys.path:
+            sys.path.remove(self.workspace)
+        if workspace:
+            sys.path.insert(0, workspace)
+        self.workspace = workspace
+        importlib.invalidate_caches()
+
+    def snapshot(self):
+        import torch
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+        return {"modules": [(m, dict(vars(m))) for m in (dist, c10d)], "stdout": sys.stdout,
+                "stderr": sys.stderr, "cwd": os.getcwd(), "dtype": torch.get_default_dtype(),
+                "grad": torch.is_grad_enabled(), "threads": torch.get_num_threads()}
+
+    def restore(self, snap) -> None:
+        import torch
+        for mod, saved in snap["modules"]:
+            current = vars(mod)
+            for k, v in saved.items():
+                if current.get(k) is not v:
+                    setattr(mod, k, v)
+        sys.stdout, sys.stderr = snap["stdout"], snap["stderr"]
+        try:
+            os.chdir(snap["cwd"])
+        except OSError:
+            os.chdir(self.workdir)
+        torch.set_default_dtype(snap["dtype"])
+        torch.set_grad_enabled(snap["grad"])
+        torch.set_num_threads(snap["threads"])
+
+    # --- jobs ------------------------------------------------------------------------------
+    def run_job(self, msg: dict) -> dict:
+        import torch
+        from . import registry
+
+        t0 = time.perf_counter()
+        self.enter_workspace(msg.get("workspace"))
+        snap = self.snapshot()
+        seed = int(msg.get("seed", 0))
+        torch.manual_seed(seed)
+        random.seed(seed)
+        res: dict = {"rank": self.rank}
+        try:
+            if msg["kind"] == "reference":
+                refs = importlib.import_module("autograder.references")
+                payload = getattr(refs, msg["name"])()
+            else:
+                chk = registry.get(msg["check"])
+                ctx = RankContext(self.rank, self.world_size, self.workdir, self.workspace, self.originals)
+                payload = chk.run(ctx)
+            res.update(status="ok", payload=payload)
+        except CheckFailure as exc:
+            res.update(status="fail", message=_short(str(exc)))
+        except StudentImportError as exc:
+            res.update(status="import", message=_short(str(exc)))
+        except NotImplementedError as exc:
+            res.update(status="todo", message=_short(f"NotImplementedError: {exc}", 500),
+                       where=student_frames(exc.__traceback__, self.workspace))
+        except SystemExit as exc:
+            res.update(status="exit", message=f"the code called sys.exit({exc.code!r}); a rank must never exit during a step",
+                       where=student_frames(exc.__traceback__, self.workspace))
+        except BaseException as exc:  # the student's code may raise anything
+            res.update(status="error", message=_short(f"{type(exc).__name__}: {exc}"),
+                       where=student_frames(exc.__traceback__, self.workspace))
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except Exception:
+                pass
+            self.restore(snap)
+        res["elapsed"] = time.perf_counter() - t0
+        return res
+
+    def health(self, seq: int) -> dict:
+        """One all_reduce that every rank must reach with the same sequence number."""
+        import torch
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            return {"status": "poisoned", "message": "the default process group was destroyed"}
+        if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
+            return {"status": "poisoned", "message": "the default process group was replaced"}
+        t = torch.tensor([1.0, float(seq)])
+        self.originals["all_reduce"](t)
+        ok = t[0].item() == self.world_size and t[1].item() == seq * self.world_size
+        return {"status": "healthy" if ok else "poisoned", "message": "" if ok else f"health all_reduce gave {t.tolist()}"}
+
+    def init_group(self, store_port: int, prefix: str) -> None:
+        import torch
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        torch.set_num_threads(1)
+        timeout = datetime.timedelta(seconds=float(self.settings.get("pg_timeout", 1800)))
+        store = dist.TCPStore("127.0.0.1", store_port, None, False, timeout)
+        dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=self.rank,
+                                world_size=self.world_size, timeout=timeout)
+        self.originals = {n: getattr(c10d, n) for n in ("all_reduce", "barrier", "all_gather_object")}
+
+
+def rank_main(rank, world_size, store_port, prefix, ctrl, out, workdir, settings) -> None:
+    """Entry point of a rank process (the target the pool starts)."""
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    _set_pdeathsig()
+    _redirect_output(out)
+    os.makedirs(workdir, exist_ok=True)
+    os.chdir(workdir)
+    for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                 "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}.items():
+        os.environ[k] = v
+    sys.dont_write_bytecode = True
+    me = Rank(rank, world_size, workdir, settings)
+    try:
+        if store_port is not None:
+            me.init_group(store_port, prefix)
+        else:
+            me.originals = {}
+        wire.send(ctrl, {"status": "ready", "rank": rank, "pid": os.getpid()})
+    except BaseException as exc:
+        try:
+            wire.send(ctrl, {"status": "error", "rank": rank, "message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            os._exit(3)
+    while True:
+        try:
+            msg = wire.recv(ctrl)
+        except (EOFError, OSError):
+            os._exit(0)
+        kind = msg.get("kind")
+        if kind == "stop":
+            os._exit(0)
+        try:
+            reply = me.health(msg["seq"]) if kind == "health" else me.run_job(msg)
+        except BaseException as exc:  # pragma: no cover - grader bug; report, do not hang
+            reply = {"status": "error", "rank": rank, "message": f"autograder worker: {type(exc).__name__}: {exc}"}
+        try:
+            wire.send(ctrl, reply)
+        except (OSError, ValueError):
+            os._exit(4)
