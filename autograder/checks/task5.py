@@ -1,54 +1,53 @@
-"""Autograder checks for Task 5: ``BucketedDDP`` (bucketed gradient sync overlapping backward).
+"""Hidden checks for Task 5: ``BucketedDDP`` (bucketed gradient sync that overlaps backward).
 
-How it grades: a submission's ``BucketedDDP`` trains a small toy model on 2 (or 4) gloo ranks,
-every rank on its own slice of a global batch; after *every* optimizer step its parameters must
-equal (within ``TOL``) those of a plain single-process model trained here, with our own code, on
-the concatenated batch. Nothing the student wrote is used to compute what is right.
+How it grades: the submission's ``BucketedDDP`` trains a small toy model on 1, 2 or 4 gloo
+ranks, every rank on its own slice of a global batch, and each rank reports its parameters after
+*every* optimizer step. The judge, in the grader's own process, trains a plain single-process
+model on the concatenated batch with our own code and requires the two to agree within ``TOL``.
+Nothing the student wrote is used to compute what is right.
 
 The toy model (:class:`ToyModel`) has each awkward case the task names: a tied weight (input
 embedding shared with the output layer: one Parameter registered twice), a frozen layer, a layer
 the forward never uses (its ``.grad`` stays None), a buffer, and parameters of very different
-sizes. Every rank builds it from a *different* seed, so a missing broadcast shows up at once.
+sizes. Every rank builds it from a *different* seed, so a missing broadcast shows at once.
 
-Scenarios (:data:`SCENARIOS`), each run for a few steps:
+Scenarios (:data:`SCENARIOS`; one check each, id ``5.<scenario>``), a few steps each:
 
-* bucket caps that give 1, 2 and 6 buckets, with SGD and with AdamW;
-* two backward passes before the sync (gradient accumulation): every hook fires twice per step;
-* fp16 and bf16 compression (bytes per step must halve, parameters stay close).
+* bucket caps that give 1, 2 and 6 buckets, SGD and AdamW, 2 ranks; 6 buckets on 4 ranks;
+  world size 1;
+* two backward passes before the sync (gradient accumulation): hooks fire twice per step;
+* fp16 and bf16 compression: the bytes all_reduced per step must halve, parameters stay close.
 
-What each scenario records (in the rank, see :func:`bucketed_worker`): the max parameter
-difference to the baseline after each step, the bucket layout by parameter name, the all_reduce
-calls (count, bytes, whether ``async_op=True``, how many happened during backward), whether None
-gradients stayed None and the tie survived. :func:`evaluate` turns those into named checks.
+Besides the parameters, each scenario checks: the bucket layout (by parameter name) against
+:func:`reference_assign_buckets`; one ``all_reduce`` per bucket per step, each with
+``async_op=True``; at least one launched *during* backward when bucket 0 completes early; None
+gradients still None after the sync; the tie intact.
 
-Entry points:
+Two ways to run them:
 
-* :func:`run_checks(world_sizes=(2,), module_name="student_src.bucketed", launcher=None)` runs the
-  ranks and returns a list of :class:`CheckResult` (name, passed, score, max_score, message).
-  ``launcher`` is a callable with the signature of ``student_src.kit.launch.launch``
-  (``launcher(fn, world_size, args=..., timeout=...)`` calling ``fn(ctx, *args)`` in every rank
-  with the default process group initialised, returning the per-rank results); the default is
-  the kit's own launcher.
-* :func:`bucketed_worker` is the per-rank function, importable by spawned children.
+* the autograder (``python -m autograder grade . --tasks 5``) discovers the ``@check``s below;
+* :func:`run_standalone` runs the same rank code and judge through the kit's launcher, which the
+  kit's own tests use (``tests/test_bucketed.py``) and ``python -m autograder.checks.task5 2 4``.
 
 The release's stubs raise ``NotImplementedError("TODO(task 5)...")`` in the constructor on every
-rank at the same point, so an unsolved submission fails every check quickly with that message
-(no rank is left waiting in a collective).
+rank at the same point, so an unsolved submission fails every check at once, without a hang.
 """
+from __future__ import annotations
+
+import functools
 import importlib
-import math
-import time
 import traceback
-from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autograder.registry import CheckFailure, check
+
 #: Max allowed |param - baseline param| after any step, float32 without compression.
 TOL = 1e-5
-#: With 16-bit compression the parameters only stay close.
+#: With 16-bit compression the parameters only stay close (measured: ~6e-5 fp16, ~4e-4 bf16).
 COMPRESSED_TOL = {"fp16": 2e-3, "bf16": 2e-2}
 
 VOCAB, DIM, SEQ, PER_RANK_BATCH, STEPS = 37, 12, 5, 3, 3
@@ -57,9 +56,9 @@ VOCAB, DIM, SEQ, PER_RANK_BATCH, STEPS = 37, 12, 5, 3, 3
 class ToyModel(nn.Module):
     """A tiny language-model-like network with tied, frozen and unused parameters and a buffer.
 
-    Registration order of the trainable parameters (``parameters()`` de-duplicates the tied
-    ``head.weight``): embed.weight (444), hidden.weight (144), hidden.bias (12), unused.weight (60),
-    unused.bias (5), norm.weight (12), norm.bias (12), head.bias (37).
+    Trainable parameters in registration order (``parameters()`` yields the tied ``head.weight``
+    once, as ``embed.weight``), in floats: embed.weight 444, hidden.weight 144, hidden.bias 12,
+    unused.weight 60, unused.bias 5, norm.weight 12, norm.bias 12, head.bias 37 (726 in all).
     """
 
     def __init__(self, seed: int):
@@ -86,6 +85,10 @@ class ToyModel(nn.Module):
         return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
+def trainable(model):
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
 def reference_assign_buckets(named_params, cap_bytes):
     """Our own bucket assignment (names): reverse order, close a bucket before it exceeds the cap."""
     buckets, current, size = [], [], 0
@@ -106,18 +109,34 @@ def _floats_mb(n):
     return n * 4 / (1024 * 1024)
 
 
-#: name -> settings. Caps sit between bucket boundaries, so "<=" and "<" conventions agree.
+# Caps sit strictly between bucket boundaries, so "<=" and "<" conventions give the same layout.
+_ONE, _TWO, _SIX = 1.0, _floats_mb(300), _floats_mb(50)
+
+#: scenario -> settings (world_size, cap_mb, optim, micro-batches per step, compression).
 SCENARIOS: Dict[str, dict] = {
-    "one_bucket_sgd": dict(cap_mb=1.0, optim="sgd", expect_buckets=1),
-    "two_buckets_sgd": dict(cap_mb=_floats_mb(300), optim="sgd", expect_buckets=2),
-    "six_buckets_sgd": dict(cap_mb=_floats_mb(50), optim="sgd", expect_buckets=6),
-    "one_bucket_adamw": dict(cap_mb=1.0, optim="adamw", expect_buckets=1),
-    "two_buckets_adamw": dict(cap_mb=_floats_mb(300), optim="adamw", expect_buckets=2),
-    "six_buckets_adamw": dict(cap_mb=_floats_mb(50), optim="adamw", expect_buckets=6),
-    "accumulate_two_backwards": dict(cap_mb=_floats_mb(50), optim="sgd", expect_buckets=6, micro=2),
-    "compress_fp16": dict(cap_mb=_floats_mb(300), optim="sgd", expect_buckets=2, compression="fp16"),
-    "compress_bf16": dict(cap_mb=_floats_mb(300), optim="sgd", expect_buckets=2, compression="bf16"),
+    "world_size_1": dict(world_size=1, cap_mb=_SIX, optim="adamw"),
+    "one_bucket_sgd": dict(world_size=2, cap_mb=_ONE, optim="sgd"),
+    "two_buckets_adamw": dict(world_size=2, cap_mb=_TWO, optim="adamw"),
+    "six_buckets_adamw": dict(world_size=2, cap_mb=_SIX, optim="adamw"),
+    "six_buckets_4_ranks": dict(world_size=4, cap_mb=_SIX, optim="sgd"),
+    "grad_accumulation": dict(world_size=2, cap_mb=_SIX, optim="sgd", micro=2),
+    "compress_fp16": dict(world_size=2, cap_mb=_TWO, optim="sgd", compression="fp16"),
+    "compress_bf16": dict(world_size=2, cap_mb=_TWO, optim="sgd", compression="bf16"),
 }
+
+TITLES = {
+    "world_size_1": "BucketedDDP works on a single rank",
+    "one_bucket_sgd": "one bucket: parameters match single-process SGD after every step",
+    "two_buckets_adamw": "two buckets: parameters match single-process AdamW after every step",
+    "six_buckets_adamw": "six buckets, launched during backward: parameters match AdamW",
+    "six_buckets_4_ranks": "six buckets on 4 ranks: parameters match single-process SGD",
+    "grad_accumulation": "two backward passes per step (hooks fire twice): still exact",
+    "compress_fp16": "fp16 compression halves the bytes, parameters stay close",
+    "compress_bf16": "bf16 compression halves the bytes, parameters stay close",
+}
+
+POINTS = {"world_size_1": 1, "one_bucket_sgd": 2, "two_buckets_adamw": 2, "six_buckets_adamw": 3,
+          "six_buckets_4_ranks": 2, "grad_accumulation": 2, "compress_fp16": 1, "compress_bf16": 1}
 
 
 def _optimizer(kind, params):
@@ -134,207 +153,218 @@ def _batch(step, micro, world_size):
             torch.randint(0, VOCAB, (n, SEQ), generator=g))
 
 
-class _AllReduceSpy:
-    """Wraps ``torch.distributed.all_reduce`` to count calls, bytes and ``async_op`` use."""
+class AllReduceSpy:
+    """Records every ``all_reduce``: bytes, dtype, ``async_op``, and whether backward was running.
 
-    def __init__(self, dist):
-        self.dist, self.original = dist, dist.all_reduce
+    Patches ``torch.distributed`` and ``distributed_c10d`` (install it *before* importing the
+    student's module so ``from torch.distributed import all_reduce`` gets the wrapper too).
+    """
+
+    def __init__(self):
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+        self.modules = (dist, c10d)
+        self.original = c10d.all_reduce
         self.calls: List[dict] = []
         self.in_backward = False
 
     def __enter__(self):
-        spy = self
+        spy, original = self, self.original
 
+        @functools.wraps(original)
         def all_reduce(tensor, *args, **kwargs):
             async_op = kwargs.get("async_op", args[2] if len(args) > 2 else False)
             spy.calls.append({"nbytes": tensor.numel() * tensor.element_size(),
                               "dtype": str(tensor.dtype), "async": bool(async_op),
                               "in_backward": spy.in_backward})
-            return spy.original(tensor, *args, **kwargs)
+            return original(tensor, *args, **kwargs)
 
-        self.dist.all_reduce = all_reduce
+        self.saved = [(m, m.all_reduce) for m in self.modules]
+        for m in self.modules:
+            m.all_reduce = all_reduce
         return self
 
     def __exit__(self, *exc):
-        self.dist.all_reduce = self.original
+        for m, fn in self.saved:
+            m.all_reduce = fn
 
 
-def _run_scenario(mod, rank, world_size, settings):
-    import torch.distributed as dist
+def run_scenario(load_module: Callable, rank: int, world_size: int, settings: dict) -> dict:
+    """Rank side: train the toy model with the student's BucketedDDP; report what happened.
 
+    ``load_module()`` returns the student's ``bucketed`` module; it is called with the spy
+    installed. Returns the flat parameters after each step (the judge compares them).
+    """
     micro = settings.get("micro", 1)
     compression = settings.get("compression")
-    base = ToyModel(seed=0)
-    base_opt = _optimizer(settings["optim"], [p for p in base.parameters() if p.requires_grad])
     local = ToyModel(seed=rank)
     kwargs = {"bucket_cap_mb": settings["cap_mb"]}
     if compression:
         kwargs["compression"] = compression
-    wrapped = mod.BucketedDDP(local, **kwargs)
-    inner = local
-    opt = _optimizer(settings["optim"], [p for p in inner.parameters() if p.requires_grad])
-    names = {id(p): n for n, p in inner.named_parameters()}
-    out = {"buckets": [[names.get(id(p), "?") for p in b.params] for b in wrapped.buckets],
-           "buffer_broadcast": float(inner.scale) == 1.0,
-           "start_diff": max((a - b).abs().max().item() for a, b in zip(inner.parameters(), base.parameters())),
-           "diffs": [], "losses": [], "base_losses": [], "steps": [], "none_ok": True, "tie_ok": True}
-    lo, hi = rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH
-    for step in range(STEPS):
-        with _AllReduceSpy(dist) as spy:
-            loss_sum = 0.0
+    with AllReduceSpy() as spy:
+        mod = load_module()
+        wrapped = mod.BucketedDDP(local, **kwargs)
+        opt = _optimizer(settings["optim"], [p for _, p in trainable(local)])
+        names = {id(p): n for n, p in local.named_parameters()}
+        out = {"buckets": [[names.get(id(p), "?") for p in b.params] for b in wrapped.buckets],
+               "start": torch.cat([p.detach().reshape(-1) for _, p in trainable(local)]),
+               "scale": float(local.scale), "params": [], "steps": [], "none_ok": True, "tie_ok": True}
+        lo, hi = rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH
+        for step in range(STEPS):
+            spy.calls.clear()
             for m in range(micro):
                 x, y = _batch(step, m, world_size)
                 loss = wrapped(x[lo:hi], y[lo:hi])
                 spy.in_backward = True
                 loss.backward()
                 spy.in_backward = False
-                loss_sum += loss.item()
             wrapped.finish_gradient_synchronization()
-        out["none_ok"] &= inner.unused.weight.grad is None and inner.frozen.weight.grad is None
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        out["tie_ok"] &= inner.head.weight is inner.embed.weight
-        base_loss = 0.0
-        for m in range(micro):
-            x, y = _batch(step, m, world_size)
-            bl = base(x, y)
-            bl.backward()
-            base_loss += bl.item()
-        base_opt.step()
-        base_opt.zero_grad(set_to_none=True)
-        diff = max((a - b).abs().max().item() for a, b in zip(inner.parameters(), base.parameters()))
-        out["diffs"].append(diff)
-        out["losses"].append(loss_sum)
-        out["base_losses"].append(base_loss)
-        out["steps"].append({"calls": len(spy.calls), "bytes": sum(c["nbytes"] for c in spy.calls),
-                             "all_async": all(c["async"] for c in spy.calls),
-                             "in_backward": sum(c["in_backward"] for c in spy.calls),
-                             "dtypes": sorted({c["dtype"] for c in spy.calls})})
-    # The sum of every rank's local losses is comparable across ranks: gather it.
-    losses = torch.tensor(out["losses"], dtype=torch.float64)
-    dist.all_reduce(losses)
-    out["global_losses"] = (losses / world_size).tolist()
-    for h in getattr(wrapped, "_hook_handles", []):
-        h.remove()
+            out["none_ok"] &= local.unused.weight.grad is None and local.frozen.weight.grad is None
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            out["tie_ok"] &= local.head.weight is local.embed.weight
+            out["params"].append(torch.cat([p.detach().reshape(-1) for _, p in trainable(local)]))
+            out["steps"].append({"calls": len(spy.calls), "bytes": sum(c["nbytes"] for c in spy.calls),
+                                 "all_async": all(c["async"] for c in spy.calls),
+                                 "in_backward": sum(c["in_backward"] for c in spy.calls)})
+        for h in getattr(wrapped, "_hook_handles", []):
+            h.remove()
     return out
 
 
-def bucketed_worker(ctx, module_name: str = "student_src.bucketed", scenarios=None) -> dict:
-    """Per-rank entry point: run every scenario, return ``{name: record or {"error": traceback}}``.
+@functools.lru_cache(maxsize=None)
+def baseline(scenario: str):
+    """Single-process reference: flat parameters after each step on the concatenated batch."""
+    settings = SCENARIOS[scenario]
+    ws, micro = settings["world_size"], settings.get("micro", 1)
+    model = ToyModel(seed=0)
+    opt = _optimizer(settings["optim"], [p for _, p in trainable(model)])
+    start = torch.cat([p.detach().reshape(-1) for _, p in trainable(model)])
+    params = []
+    for step in range(STEPS):
+        for m in range(micro):
+            model(*_batch(step, m, ws)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        params.append(torch.cat([p.detach().reshape(-1) for _, p in trainable(model)]))
+    return start, params
 
-    An exception in one scenario is recorded and the next scenario still runs (failures in the
-    stubs are the same on every rank, so no rank waits for another in a collective).
-    """
-    torch.manual_seed(1234)
-    mod = importlib.import_module(module_name)
+
+def judge_scenario(scenario: str, payloads: List[dict]) -> List[str]:
+    """Parent side: every problem found in the ranks' reports (an empty list means pass)."""
+    settings = SCENARIOS[scenario]
+    ws = settings["world_size"]
+    ref_named = trainable(ToyModel(0))
+    start, base = baseline(scenario)
+    want = reference_assign_buckets(ref_named, int(settings["cap_mb"] * 1024 * 1024))
+    problems = []
+    r0 = payloads[0]
+    if any(not torch.equal(r["start"], start) or r["scale"] != 1.0 for r in payloads):
+        problems.append("after construction the parameters/buffers are not rank 0's (broadcast?)")
+    if r0["buckets"] != want:
+        problems.append(f"bucket layout {r0['buckets']} != expected {want} (reverse registration "
+                        "order, cap in MiB, the tied weight once, frozen parameters left out)")
+    tol = COMPRESSED_TOL.get(settings.get("compression"), TOL)
+    for step in range(STEPS):
+        worst = max((r["params"][step] - base[step]).abs().max().item() for r in payloads)
+        if not worst <= tol:
+            problems.append(f"after step {step + 1} the parameters differ from single-process training "
+                            f"on the whole batch by {worst:.2e} (> {tol:g})")
+            break
+    if not all(r["none_ok"] for r in payloads):
+        problems.append("a .grad that was None (frozen or unused parameter) is not None after the sync")
+    if not all(r["tie_ok"] for r in payloads):
+        problems.append("the tied weight is no longer shared")
+    steps = r0["steps"]
+    if ws > 1:
+        if not all(s["all_async"] for s in steps):
+            problems.append("all_reduce was called without async_op=True")
+        if settings.get("micro", 1) == 1 and not all(s["calls"] == len(want) for s in steps):
+            problems.append(f"{[s['calls'] for s in steps]} all_reduce calls per step, expected one per "
+                            f"bucket ({len(want)})")
+        if settings["cap_mb"] == _SIX and not all(s["in_backward"] >= 1 for s in steps):
+            problems.append("no bucket was launched during backward: bucket 0 is complete early in "
+                            "backward, so its hook should launch it")
+        comp = settings.get("compression")
+        if comp:
+            full = sum(p.numel() * p.element_size() for _, p in ref_named)
+            if not all(s["bytes"] * 2 == full for s in steps):
+                problems.append(f"{steps[0]['bytes']} bytes all_reduced per step with {comp}, "
+                                f"expected {full // 2} (half of {full})")
+    return problems
+
+
+def _make_check(scenario: str):
+    settings = SCENARIOS[scenario]
+
+    @check(f"5.{scenario}", task="5", world_size=settings["world_size"], needs="bucketed",
+           points=POINTS[scenario], title=TITLES[scenario])
+    def run(ctx):
+        return run_scenario(lambda: ctx.student("bucketed"), ctx.rank, ctx.world_size, settings)
+
+    @run.judge
+    def _(payloads, ref):
+        problems = judge_scenario(scenario, payloads)
+        if problems:
+            raise CheckFailure("; ".join(problems))
+
+    return run
+
+
+CHECKS = [_make_check(name) for name in SCENARIOS]
+
+
+# --- standalone runner (kit launcher): the kit's tests and `python -m autograder.checks.task5` ---
+
+def _plain(obj, decode=False):
+    """Tensors <-> lists, so results cross the launcher's queue by value (a tensor sent by a rank
+    that has exited cannot be rebuilt from shared memory)."""
+    if decode and isinstance(obj, dict) and "__tensor__" in obj:
+        return torch.tensor(obj["__tensor__"])
+    if not decode and isinstance(obj, torch.Tensor):
+        return {"__tensor__": obj.tolist()}
+    if isinstance(obj, dict):
+        return {k: _plain(v, decode) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v, decode) for v in obj]
+    return obj
+
+
+def standalone_worker(ctx, module_name: str, scenarios: List[str]) -> dict:
+    """Per-rank function for ``student_src.kit.launch.launch``: run each scenario, catch errors."""
     results = {}
-    for name in scenarios or SCENARIOS:
+    for name in scenarios:
+        torch.manual_seed(1234)
         try:
-            results[name] = _run_scenario(mod, ctx.rank, ctx.world_size, SCENARIOS[name])
-        except Exception:  # noqa: BLE001 - report, grade, go on
+            results[name] = _plain(run_scenario(lambda: importlib.import_module(module_name),
+                                                ctx.rank, ctx.world_size, SCENARIOS[name]))
+        except Exception:  # noqa: BLE001 - stubs fail the same way on every rank
             results[name] = {"error": traceback.format_exc(limit=6)}
     return results
 
 
-@dataclass
-class CheckResult:
-    name: str
-    passed: bool
-    score: float
-    max_score: float
-    message: str = ""
-    details: dict = field(default_factory=dict)
+def run_standalone(world_size: int, scenarios: Optional[List[str]] = None,
+                   module_name: str = "student_src.bucketed", timeout: float = 240.0) -> Dict[str, List[str]]:
+    """Run the scenarios meant for ``world_size`` in one launch; return ``{scenario: problems}``."""
+    from student_src.kit.launch import launch
 
-
-def _error_line(text):
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else "error"
-
-
-def evaluate(per_rank: List[dict], world_size: int) -> List[CheckResult]:
-    """Turn the ranks' records into checks (one point each; names start with ``task5/ws{N}/``)."""
-    checks: List[CheckResult] = []
-    ref_named = [(n, p) for n, p in ToyModel(0).named_parameters() if p.requires_grad]
-    tag = f"task5/ws{world_size}"
-
-    def add(name, ok, msg):
-        checks.append(CheckResult(f"{tag}/{name}", bool(ok), 1.0 if ok else 0.0, 1.0, "" if ok else msg))
-
-    for scen, settings in SCENARIOS.items():
-        recs = [r.get(scen) for r in per_rank]
-        if any(rec is None for rec in recs):
-            continue
-        errors = [rec["error"] for rec in recs if "error" in rec]
-        if errors:
-            add(scen, False, f"raised: {_error_line(errors[0])}")
-            continue
-        rec0 = recs[0]
-        cap_bytes = int(settings["cap_mb"] * 1024 * 1024)
-        want = reference_assign_buckets(ref_named, cap_bytes)
-        problems = []
-        if not all(r["buffer_broadcast"] and r["start_diff"] == 0.0 for r in recs):
-            problems.append("parameters/buffers are not rank 0's after construction (broadcast?)")
-        if rec0["buckets"] != want:
-            problems.append(f"bucket layout {rec0['buckets']} != expected {want} "
-                            "(reverse registration order, cap in MiB, tied weight once, frozen excluded)")
-        tol = COMPRESSED_TOL.get(settings.get("compression"), TOL)
-        worst = max(max(r["diffs"]) for r in recs)
-        if not worst <= tol:
-            step = next(i for i, d in enumerate(max(r["diffs"][i] for r in recs)
-                                                for i in range(len(rec0["diffs"]))) if not d <= tol)
-            problems.append(f"parameters differ from the single-process baseline by {worst:.2e} "
-                            f"(> {tol:g}) first after step {step + 1}")
-        if not all(r["none_ok"] for r in recs):
-            problems.append("a .grad that was None (frozen or unused parameter) is not None after the sync")
-        if not all(r["tie_ok"] for r in recs):
-            problems.append("the tied weight is no longer shared")
-        steps = rec0["steps"]
-        if world_size > 1:
-            if not all(s["all_async"] for s in steps):
-                problems.append("all_reduce was called without async_op=True")
-            if settings.get("micro", 1) == 1 and not all(s["calls"] == len(want) for s in steps):
-                problems.append(f"{[s['calls'] for s in steps]} all_reduce calls per step, expected one per bucket ({len(want)}; call it as dist.all_reduce so the grader sees it)")
-            if scen.startswith("six_buckets") and not all(s["in_backward"] >= 1 for s in steps):
-                problems.append("no bucket was launched during backward (the first bucket is complete "
-                                "early in backward: launch it from the hook)")
-        comp = settings.get("compression")
-        if comp and world_size > 1:
-            full = sum(p.numel() * 4 for _, p in ref_named)
-            if not all(s["bytes"] * 2 == full for s in steps):
-                problems.append(f"{steps[0]['bytes']} bytes all_reduced per step with {comp}, expected "
-                                f"{full // 2} (half of {full})")
-        add(scen, not problems, "; ".join(problems))
-    return checks
-
-
-def run_checks(world_sizes=(2,), module_name: str = "student_src.bucketed",
-               launcher: Optional[Callable] = None, timeout: float = 180.0,
-               scenarios=None) -> List[CheckResult]:
-    """Run the Task 5 scenarios on each world size and return the checks (never hangs)."""
-    if launcher is None:
-        from student_src.kit.launch import launch as launcher
-    checks = []
-    for ws in world_sizes:
-        t0 = time.monotonic()
-        try:
-            per_rank = launcher(bucketed_worker, ws, args=(module_name, scenarios), timeout=timeout)
-        except Exception as exc:  # noqa: BLE001 - a rank died, hung, or the stub raised
-            checks.append(CheckResult(f"task5/ws{ws}/run", False, 0.0, float(len(scenarios or SCENARIOS)),
-                                      f"the ranks did not complete: {_error_line(str(exc))}"))
-            continue
-        for c in evaluate(per_rank, ws):
-            c.details["seconds"] = round(time.monotonic() - t0, 1)
-            checks.append(c)
-    return checks
+    names = [n for n in (scenarios or SCENARIOS) if SCENARIOS[n]["world_size"] == world_size]
+    per_rank = launch(standalone_worker, world_size, args=(module_name, names), timeout=timeout,
+                      threads_per_rank=1)
+    out = {}
+    for name in names:
+        recs = [_plain(r[name], decode=True) for r in per_rank]
+        errors = [r["error"] for r in recs if "error" in r]
+        out[name] = ([errors[0].strip().splitlines()[-1]] if errors else judge_scenario(name, recs))
+    return out
 
 
 if __name__ == "__main__":  # python -m autograder.checks.task5 [world sizes...]
     import sys
 
-    sizes = tuple(int(a) for a in sys.argv[1:]) or (2,)
-    results = run_checks(sizes)
-    for c in results:
-        print(f"{'PASS' if c.passed else 'FAIL'} {c.name} {c.message}")
-    got, total = sum(c.score for c in results), sum(c.max_score for c in results)
-    print(f"{got:g}/{total:g}")
-    sys.exit(0 if math.isclose(got, total) else 1)
+    failed = 0
+    for ws in [int(a) for a in sys.argv[1:]] or [1, 2, 4]:
+        for name, problems in run_standalone(ws).items():
+            failed += bool(problems)
+            print(f"{'FAIL' if problems else 'PASS'} 5.{name} (ws {ws}) {'; '.join(problems)}")
+    sys.exit(1 if failed else 0)
