@@ -67,7 +67,10 @@ def status(prefix: str = net.DEFAULT_PREFIX) -> str:
     spec = net.load_spec(prefix)
     if spec is None:
         return "no emulated cluster is up"
-    lines = [f"{spec.nodes} nodes, rate={spec.rate or 'unlimited'} delay={spec.delay or '0'} "
+    delay = spec.delay or "0"
+    if spec.delay and spec.qdisc == "tbf":
+        delay += " (not emulated: this kernel has no netem)"
+    lines = [f"{spec.nodes} nodes, rate={spec.rate or 'unlimited'} delay={delay} "
              f"qdisc={spec.qdisc}  (namespaces {spec.node_ns(0)}..{spec.node_ns(spec.nodes - 1)}, "
              f"bridge {spec.bridge_ns})"]
     for i in range(spec.nodes):
@@ -142,11 +145,12 @@ def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
     pumps: list[threading.Thread] = []
     lock = threading.Lock()
     result = {"nodes": n, "command": command, "returncodes": [None] * n, "traffic": []}
-    old_term = signal.getsignal(signal.SIGTERM)
+    old_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if n < 1 or n > spec.nodes:
             raise KitError(f"--nodes {n}: the cluster that is up has {spec.nodes} nodes")
-        signal.signal(signal.SIGTERM, _raise_interrupt)   # `kill` cleans up like Ctrl-C
+        for sig in old_handlers:           # Ctrl-C and `kill` both end the ranks and clean up
+            signal.signal(sig, _raise_interrupt)
         port = free_port_in(spec.node_ns(0))
         before = [net.link_bytes(spec.node_ns(i)) for i in range(n)]
         t0 = time.monotonic()
@@ -195,7 +199,8 @@ def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
         _kill_all(procs)
         raise
     finally:
-        signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
         _kill_all(procs)
         for th in pumps:
             th.join(5)
