@@ -1,0 +1,145 @@
+"""Task 5: BucketedDDP, on the instructor's solution source.
+
+Single-process tests check the bucket assignment and the step logic (hooks, staleness, None
+gradients) without a process group. The multi-rank tests run the autograder's Task 5 scenarios
+(``autograder/checks/task5.py``) on 1, 2 and 4 gloo ranks through the kit's launcher (port 0
+store, init timeout, deadline on the join): after every step of SGD/AdamW the parameters equal a
+single-process baseline on the concatenated batch within 1e-5, for 1, 2 and 6 buckets, with
+tied, frozen and unused parameters, with two backward passes per step, and with compression.
+"""
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from autograder.checks import task5
+from student_src.bucketed import Bucket, BucketedDDP, assign_buckets
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _p(n, dtype=torch.float32):
+    return nn.Parameter(torch.zeros(n, dtype=dtype))
+
+
+def test_assign_buckets_docstring_example():
+    a, b, c, d = (_p(1) for _ in range(4))  # 4 bytes each
+    assert assign_buckets([a, b, c, d], 8) == [[d, c], [b, a]]
+    assert assign_buckets([a, b, c, d], 1000) == [[d, c, b, a]]
+
+
+def test_assign_buckets_oversized_parameter_and_dtype_change():
+    small, big, half1, half2 = _p(2), _p(100), _p(2, torch.float16), _p(2, torch.float16)
+    got = assign_buckets([small, big, half1, half2], 16)
+    # reverse order; the fp16 pair shares a bucket; the 400-byte tensor gets its own bucket
+    assert got == [[half2, half1], [big], [small]]
+    params = [_p(n) for n in (3, 1, 4, 1, 5, 9, 2, 6)]
+    for cap in (4, 12, 20, 1 << 20):
+        buckets = assign_buckets(params, cap)
+        flat = [p for b in buckets for p in b]
+        assert [id(p) for p in flat] == [id(p) for p in reversed(params)]
+        assert all(len(b) == 1 or sum(p.numel() * 4 for p in b) <= cap for b in buckets)
+
+
+def test_bucket_offsets_and_flat_grads():
+    a, b = _p(3), _p(2)
+    a.grad = torch.tensor([1.0, 2.0, 3.0])
+    bucket = Bucket(0, [a, b])  # b.grad is None -> zeros
+    assert bucket.offsets == [0, 3] and bucket.numel == 5 and bucket.nbytes == 20
+    assert bucket.flat_grads().tolist() == [1.0, 2.0, 3.0, 0.0, 0.0]
+
+
+def _train(model, steps, micro, wrap=None, cap_mb=task5._SIX):
+    """Train the toy model on the global batch of world size 1; return params after each step."""
+    net = BucketedDDP(model, bucket_cap_mb=cap_mb) if wrap else model
+    opt = torch.optim.AdamW([p for _, p in task5.trainable(model)], lr=0.02)
+    out = []
+    for step in range(steps):
+        for m in range(micro):
+            net(*task5._batch(step, m, 1)).backward()
+        if wrap:
+            net.finish_gradient_synchronization()
+            assert model.unused.weight.grad is None and model.frozen.weight.grad is None
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append([p.detach().clone() for _, p in task5.trainable(model)])
+    return out
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_without_process_group_matches_plain_training(micro):
+    """No process group: world size 1, nothing sent, gradients untouched (also with 2 backwards)."""
+    plain = _train(task5.ToyModel(0), 3, micro)
+    wrapped = _train(task5.ToyModel(0), 3, micro, wrap=True)
+    for a, b in zip(plain, wrapped):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_hooks_mark_stale_and_state_resets():
+    model = task5.ToyModel(0)
+    net = BucketedDDP(model, bucket_cap_mb=task5._SIX)
+    assert [len(b.params) for b in net.buckets] == [2, 2, 1, 1, 1, 1]
+    assert net.world_size == 1 and not net.distributed
+    x, y = task5._batch(0, 0, 1)
+    net(x, y).backward()
+    assert net.buckets[0].launched and not net.buckets[1].launched  # bucket 1 waits for `unused`
+    net(x, y).backward()
+    assert net.buckets[0].stale
+    net.finish_gradient_synchronization()
+    assert net._next_to_launch == 0
+    assert all(not b.launched and not b.stale and not b.ready for b in net.buckets)
+
+
+def test_tied_weight_is_in_one_bucket_once():
+    model = task5.ToyModel(0)
+    net = BucketedDDP(model, bucket_cap_mb=1.0)
+    ids = [id(p) for b in net.buckets for p in b.params]
+    assert len(ids) == len(set(ids)) == len(task5.trainable(model))
+    assert id(model.frozen.weight) not in ids
+
+
+def test_forward_delegates_and_bad_cap():
+    lin = nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    assert torch.equal(BucketedDDP(lin)(x), lin(x))
+    from student_src.kit.errors import KitError
+    with pytest.raises(KitError):
+        BucketedDDP(nn.Linear(2, 2), bucket_cap_mb=0)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_multi_rank_scenarios_match_single_process_baseline(world_size):
+    results = task5.run_standalone(world_size, timeout=240)
+    assert results, "no scenario for this world size"
+    failed = {name: problems for name, problems in results.items() if problems}
+    assert not failed, failed
+
+
+def test_release_stub_imports_and_raises_todo(tmp_path, monkeypatch):
+    """What students get: solution regions replaced by NotImplementedError; the module imports."""
+    src = (ROOT / "student_src" / "bucketed.py").read_text()
+    assert src.count("### BEGIN SOLUTION") == src.count("### END SOLUTION") == 4
+    stub = re.sub(r"( *)### BEGIN SOLUTION\n.*?### END SOLUTION\n",
+                  lambda m: f'{m.group(1)}raise NotImplementedError("TODO(task 5): ...")\n', src, flags=re.S)
+    pkg = tmp_path / "student_src"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kit").symlink_to(ROOT / "student_src" / "kit")
+    (pkg / "bucketed.py").write_text(stub)
+    import importlib
+    import sys
+    saved = {k: v for k, v in sys.modules.items() if k == "student_src" or k.startswith("student_src.")}
+    for k in saved:
+        del sys.modules[k]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        mod = importlib.import_module("student_src.bucketed")
+        assert mod.__file__.startswith(str(tmp_path))
+        with pytest.raises(NotImplementedError, match="TODO"):
+            mod.BucketedDDP(nn.Linear(2, 2))
+    finally:
+        for k in [k for k in sys.modules if k == "student_src" or k.startswith("student_src.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
