@@ -23,6 +23,7 @@ Why each piece is here:
 
 import datetime
 import os
+import pickle
 import queue as queue_mod
 import threading
 import time
@@ -94,7 +95,9 @@ def _child(fn, rank, world_size, store_port, threads, events, results, args, kwa
         else:
             ctx = kdist.DistContext(rank=rank, world_size=world_size, local_rank=rank, mode="spawn")
         value = fn(ctx, *args, **kwargs)
-        results.put((rank, "ok", value))
+        # Plain pickle, not the queue's: torch would share tensors through file descriptors
+        # that vanish when this process exits, before the parent has read them.
+        results.put((rank, "ok", pickle.dumps(value)))
     except BaseException as exc:  # noqa: BLE001 - report everything, SystemExit included
         detail = traceback.format_exc()
         if isinstance(exc, SystemExit):
@@ -187,7 +190,7 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
                 got_any = True
                 if status == "error":
                     raise RankFailure(rank, value)
-                outputs[rank] = value
+                outputs[rank] = pickle.loads(value)
             now = time.monotonic()
             if got_any:
                 last_heard = now
@@ -198,7 +201,7 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
                         rank, status, value = results.get(timeout=0.5)
                         if status == "error":
                             raise RankFailure(rank, value)
-                        outputs[rank] = value
+                        outputs[rank] = pickle.loads(value)
                         continue
                     except queue_mod.Empty:
                         pass

@@ -1,0 +1,46 @@
+"""Shared fixtures: a small synthetic RTE, the repo's paths, a helper to run the CLI.
+
+Tests use the ``tiny`` model and short sequences: they check mechanics (equal losses,
+correct averages, clear errors), not accuracy, and must stay fast on 2 cores.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for a model hub
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def small_rte(tmp_path_factory) -> Path:
+    """A 256/64/32-example synthetic RTE in a private folder (fast to tokenise)."""
+    sys.path.insert(0, str(ROOT / "data_scripts"))
+    from make_synthetic_rte import generate
+
+    out = tmp_path_factory.mktemp("glue") / "RTE"
+    generate(out, seed=7, n_train=256, n_dev=64, n_test=32)
+    return out
+
+
+def run_cli(args, cwd=None, timeout=240, env=None):
+    """Run ``python -m student_src.run_glue ARGS`` in a subprocess; return the CompletedProcess."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "student_src.run_glue", *map(str, args)], cwd=cwd or ROOT,
+                          capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+@pytest.fixture
+def cli():
+    return run_cli

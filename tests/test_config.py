@@ -1,0 +1,59 @@
+"""Flags: defaults, --config files, and a one-line error for every inconsistent combination."""
+
+import json
+
+import pytest
+
+from student_src.kit.config import parse_config, per_worker_batch_size
+from student_src.kit.errors import KitError
+
+
+def test_defaults_follow_the_assignment():
+    cfg = parse_config([])
+    assert (cfg.task, cfg.task_name, cfg.max_seq_length, cfg.global_batch_size) == ("1", "RTE", 128, 64)
+    assert cfg.data_dir == "data/glue_data/RTE" and cfg.learning_rate == 2e-5 and cfg.num_train_epochs == 3
+    assert cfg.do_train and cfg.do_eval
+
+
+def test_old_flag_names_still_work():
+    cfg = parse_config(["--per_gpu_train_batch_size", "8", "--task", "2a", "--world_size", "4", "--spawn"])
+    assert cfg.per_device_train_batch_size == 8
+    assert per_worker_batch_size(cfg, 4)[0] == 8
+
+
+def test_global_batch_is_split_over_workers():
+    cfg = parse_config(["--task", "2b", "--world_size", "4", "--spawn"])
+    per_worker, how = per_worker_batch_size(cfg, 4)
+    assert per_worker == 16 and "64" in how
+    with pytest.raises(KitError, match="not divisible"):
+        per_worker_batch_size(parse_config(["--global_batch_size", "10"]), 4)
+
+
+def test_config_file_with_command_line_winning(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"learning_rate": 1e-4, "seed": 3}))
+    cfg = parse_config(["--config", str(path), "--seed", "5"])
+    assert cfg.learning_rate == 1e-4 and cfg.seed == 5
+    path.write_text(json.dumps({"learning_rat": 1}))
+    with pytest.raises(KitError, match="unknown keys"):
+        parse_config(["--config", str(path)])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task", "2b", "--world_size", "4", "--local_rank", "4"], "outside the world"),
+    (["--task", "2b", "--world_size", "0"], "at least 1"),
+    (["--task", "2b", "--world_size", "2", "--spawn", "--local_rank", "0"], "drop --local_rank"),
+    (["--task", "2b", "--spawn"], "needs --world_size"),
+    (["--task", "1", "--world_size", "2", "--spawn"], "single-node"),
+    (["--master_ip", "10.10.1.1", "--world_size", "2", "--local_rank", "0"], "--master_port"),
+    (["--timing_iters", "1"], "at least 2"),
+])
+def test_inconsistent_flags_are_refused(argv, message):
+    with pytest.raises(KitError, match=message):
+        parse_config(argv)
+
+
+def test_unknown_task_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--task", "7"])
+    assert "invalid choice" in capsys.readouterr().err
