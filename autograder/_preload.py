@@ -9,11 +9,16 @@ import torch  # noqa: F401
 import torch.distributed  # noqa: F401
 import torch.nn.parallel  # noqa: F401
 
-try:  # only the loss-equivalence checks need it; a kit without transformers still grades
-    import transformers.models.bert.modeling_bert  # noqa: F401
-    import transformers.models.auto.modeling_auto  # noqa: F401
-except Exception:  # pragma: no cover
-    pass
+import os
+
+# Only the loss-equivalence checks need transformers (5 s of imports); the runner says whether
+# the tasks being graded include them. A kit without transformers still grades the rest.
+if os.environ.get("AUTOGRADER_PRELOAD_TRANSFORMERS", "1") == "1":
+    try:
+        import transformers.models.bert.modeling_bert  # noqa: F401
+        import transformers.models.auto.modeling_auto  # noqa: F401
+    except Exception:  # pragma: no cover
+        pass
 
 from . import registry, worker  # noqa: F401,E402
 

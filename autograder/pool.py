@@ -25,6 +25,7 @@ How a check ends, from the parent's side (``RankPool.run``):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import re
@@ -56,12 +57,57 @@ class Settings:
     start_method: str = "forkserver"
 
 
-def mp_context(method: str = "forkserver"):
+_server_preload: list = [None]  # what the running fork server was started with
+
+
+def mp_context(method: str = "forkserver", start: bool = False, transformers: bool = True):
+    """The multiprocessing context ranks come from; ``start=True`` starts the fork server now
+    (it imports torch in the background while the grader does other work).
+
+    ``transformers``: whether the fork server should import transformers' BERT too (only the
+    loss-equivalence checks need it). A server started without it is restarted when a later
+    grading run in the same process needs it.
+    """
     import multiprocessing as mp
     ctx = mp.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
+        from multiprocessing import forkserver
+        running = forkserver._forkserver._forkserver_pid is not None
+        if running and transformers and _server_preload[0] is False:
+            forkserver._forkserver._stop()
+            running = False
+        if not running:
+            os.environ["AUTOGRADER_PRELOAD_TRANSFORMERS"] = "1" if transformers else "0"
+            _server_preload[0] = transformers
+        if start:
+            with _no_main_module():
+                from multiprocessing import forkserver
+                forkserver.ensure_running()
     return ctx
+
+
+@contextlib.contextmanager
+def _no_main_module():
+    """Do not make ranks re-import the grader's ``__main__`` (multiprocessing does by default).
+
+    A rank has no use for it, it costs time, and a script that calls ``grade()`` without an
+    ``if __name__ == "__main__"`` guard would otherwise run again inside every rank.
+    """
+    import multiprocessing.spawn as mpspawn
+    original = mpspawn.get_preparation_data
+
+    def without_main(name):
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    mpspawn.get_preparation_data = without_main
+    try:
+        yield
+    finally:
+        mpspawn.get_preparation_data = original
 
 
 class Capture:
@@ -123,13 +169,13 @@ class Capture:
             return bytes(self.tail[-self.TAIL:] or self.head).decode("utf-8", "replace")
 
 
-_DUMP_RE = re.compile(r"(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):\n(  File .*\n)*", re.M)
+_DUMP_RE = re.compile(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):\n(  File .*\n)*", re.M)
 _FRAME_RE = re.compile(r'  File "([^"]+)", line (\d+) in (\S+)')
 
 
 def where_from_dump(text: str) -> str | None:
     """The innermost student frame of the last faulthandler dump in ``text``."""
-    dumps = list(re.finditer(r"(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):\n((?:  File .*\n?)*)", text))
+    dumps = list(re.finditer(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):\n((?:  File .*\n?)*)", text))
     if not dumps:
         return None
     frames = _FRAME_RE.findall(dumps[-1].group(1))
@@ -182,23 +228,27 @@ class RankPool:
         prefix = f"{self.name}-{os.getpid()}-{next(_prefix_counter)}"
         port = self.store.port if self.store is not None else None
         cfg = {"pg_timeout": self.settings.pg_timeout}
-        for r in range(self.world_size):
-            parent_ctrl, child_ctrl = self.ctx.Pipe()
-            out_r, out_w = self.ctx.Pipe(duplex=False)
-            wd = os.path.join(self.workdir, f"{prefix}-rank{r}")
-            p = self.ctx.Process(target=_rank_entry, args=(r, self.world_size, port, prefix, child_ctrl, out_w, wd, cfg),
-                                 name=f"autograder-{self.name}-rank{r}", daemon=False)
-            p.start()
-            child_ctrl.close()
-            out_w.close()
-            self.procs.append(p)
-            self.ctrls.append(parent_ctrl)
-            self.captures.append(Capture(os.dup(out_r.fileno())))
-            out_r.close()
+        with _no_main_module():
+            for r in range(self.world_size):
+                self._launch_rank(r, prefix, port, cfg)
         self.pids = [p.pid for p in self.procs]
         self.alive = True
         _LIVE_POOLS.add(self)
         return self
+
+    def _launch_rank(self, r, prefix, port, cfg) -> None:
+        parent_ctrl, child_ctrl = self.ctx.Pipe()
+        out_r, out_w = self.ctx.Pipe(duplex=False)
+        wd = os.path.join(self.workdir, f"{prefix}-rank{r}")
+        p = self.ctx.Process(target=_rank_entry, args=(r, self.world_size, port, prefix, child_ctrl, out_w, wd, cfg),
+                             name=f"autograder-{self.name}-rank{r}", daemon=False)
+        p.start()
+        child_ctrl.close()
+        out_w.close()
+        self.procs.append(p)
+        self.ctrls.append(parent_ctrl)
+        self.captures.append(Capture(os.dup(out_r.fileno())))
+        out_r.close()
 
     def wait_ready(self) -> None:
         if self._ready:

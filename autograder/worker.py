@@ -106,7 +106,9 @@ class RankContext:
         except ModuleNotFoundError as exc:
             if exc.name in (full, STUDENT_PACKAGE):
                 raise StudentImportError(f"student_src/{name}.py is missing from the submission") from None
-            raise StudentImportError(f"student_src/{name}.py failed to import: {type(exc).__name__}: {exc}") from exc
+            where = student_frames(exc.__traceback__, self.workspace)
+            raise StudentImportError(f"student_src/{name}.py failed to import: {type(exc).__name__}: {exc}"
+                                     + (f" (at {where[-1]})" if where else "")) from None
         except NotImplementedError:
             raise
         except BaseException as exc:
