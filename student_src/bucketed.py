@@ -169,8 +169,11 @@ def broadcast_from_rank0(module: nn.Module, process_group=None) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         return
     tensors = list(itertools.chain(module.parameters(), module.buffers()))
+    # dtypes in order of first appearance: the same order on every rank (a set's order is not:
+    # it follows the dtype objects' addresses, so ranks would broadcast different tensors).
+    dtypes = list(dict.fromkeys(t.dtype for t in tensors))
     with torch.no_grad():
-        for dtype in {t.dtype for t in tensors}:
+        for dtype in dtypes:
             group = [t for t in tensors if t.dtype == dtype]
             flat = torch.cat([t.detach().reshape(-1) for t in group])
             dist.broadcast(flat, group=process_group, group_src=0)

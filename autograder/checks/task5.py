@@ -8,7 +8,7 @@ Nothing the student wrote is used to compute what is right.
 
 The toy model (:class:`ToyModel`) has each awkward case the task names: a tied weight (input
 embedding shared with the output layer: one Parameter registered twice), a frozen layer, a layer
-the forward never uses (its ``.grad`` stays None), a buffer, and parameters of very different
+the forward never uses (its ``.grad`` stays None), float and int64 buffers, and parameters of very different
 sizes. Every rank builds it from a *different* seed, so a missing broadcast shows at once.
 
 Scenarios (:data:`SCENARIOS`; one check each, id ``5.<scenario>``), a few steps each:
@@ -73,6 +73,7 @@ class ToyModel(nn.Module):
         self.head.weight = self.embed.weight  # tied: one Parameter, two names
         self.frozen.requires_grad_(False)
         self.register_buffer("scale", torch.tensor(1.0 + seed))  # rank 0 (seed 0) has 1.0
+        self.register_buffer("positions", torch.arange(SEQ) + seed)  # a second dtype (int64)
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
@@ -208,7 +209,7 @@ def run_scenario(load_module: Callable, rank: int, world_size: int, settings: di
         names = {id(p): n for n, p in local.named_parameters()}
         out = {"buckets": [[names.get(id(p), "?") for p in b.params] for b in wrapped.buckets],
                "start": torch.cat([p.detach().reshape(-1) for _, p in trainable(local)]),
-               "scale": float(local.scale), "params": [], "steps": [], "none_ok": True, "tie_ok": True}
+               "scale": float(local.scale), "positions": local.positions.tolist(), "params": [], "steps": [], "none_ok": True, "tie_ok": True}
         lo, hi = rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH
         for step in range(STEPS):
             spy.calls.clear()
@@ -259,7 +260,8 @@ def judge_scenario(scenario: str, payloads: List[dict]) -> List[str]:
     want = reference_assign_buckets(ref_named, int(settings["cap_mb"] * 1024 * 1024))
     problems = []
     r0 = payloads[0]
-    if any(not torch.equal(r["start"], start) or r["scale"] != 1.0 for r in payloads):
+    if any(not torch.equal(r["start"], start) or r["scale"] != 1.0 or r["positions"] != list(range(SEQ))
+           for r in payloads):
         problems.append("after construction the parameters/buffers are not rank 0's (broadcast?)")
     if r0["buckets"] != want:
         problems.append(f"bucket layout {r0['buckets']} != expected {want} (reverse registration "
