@@ -1,0 +1,78 @@
+"""The command line as students use it: five losses, metrics.json, short clear errors."""
+
+import json
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from student_src.export import export
+
+SCHEMA = {"task", "world_size", "global_batch_size", "losses", "rank_losses", "iter_times", "eval", "comm", "config"}
+
+
+def test_task1_prints_five_losses_and_writes_metrics(cli, small_rte, tmp_path):
+    out = tmp_path / "out"
+    proc = cli(["--task", "1", "--model_name_or_path", "tiny", "--max_steps", "5", "--data_dir", small_rte,
+                "--max_seq_length", "32", "--output_dir", out, "--no_progress"])
+    assert proc.returncode == 0, proc.stderr
+    assert len(re.findall(r"^step\s+\d+/5\s+loss", proc.stdout, re.M)) == 5
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert SCHEMA <= metrics.keys()
+    assert len(metrics["losses"]) == 5 and len(metrics["iter_times"]) == 5
+    assert metrics["rank_losses"] == [metrics["losses"]]
+    assert metrics["eval"] and {"epoch", "accuracy", "loss"} <= metrics["eval"][0].keys()
+    assert metrics["config"]["max_steps"] == 5
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--data_dir", "/nonexistent/RTE"], "make data"),
+    (["--model_name_or_path", "bert-base-cased"], "minilm"),
+    (["--task", "2b", "--world_size", "4", "--local_rank", "7"], "outside the world"),
+    (["--task", "2b", "--world_size", "2"], "--spawn"),
+])
+def test_bad_input_gives_a_short_error(cli, small_rte, extra, message):
+    proc = cli(["--model_name_or_path", "tiny", "--data_dir", small_rte, "--max_steps", "1", *extra])
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error:") and message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 2 and "Traceback" not in proc.stderr
+
+
+def test_non_empty_output_dir_needs_overwrite(cli, small_rte, tmp_path):
+    (tmp_path / "keep.txt").write_text("results of an earlier run")
+    proc = cli(["--model_name_or_path", "tiny", "--data_dir", small_rte, "--output_dir", tmp_path])
+    assert proc.returncode == 2 and "--overwrite_output_dir" in proc.stderr
+    assert (tmp_path / "keep.txt").read_text() == "results of an earlier run"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_master_fails_within_the_timeout(cli, small_rte):
+    proc = cli(["--task", "2a", "--model_name_or_path", "tiny", "--data_dir", small_rte, "--master_ip", "127.0.0.1",
+                "--master_port", _free_port(), "--world_size", "2", "--local_rank", "1", "--dist_timeout", "3"], timeout=60)
+    assert proc.returncode == 2 and "cannot reach the master" in proc.stderr
+
+
+def test_exported_task2a_runs_as_two_processes_with_the_multi_node_flags(small_rte, tmp_path):
+    out = export(tmp_path / "submission")
+    assert (out / "submission.zip").is_file() and (out / "launch.sh").is_file()
+    port = _free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "run_glue.py", "--model_name_or_path", "tiny", "--data_dir", str(small_rte),
+         "--max_seq_length", "32", "--global_batch_size", "16", "--max_steps", "3", "--do_train", "--dropout", "0",
+         "--master_ip", "127.0.0.1", "--master_port", str(port), "--world_size", "2", "--local_rank", str(rank),
+         "--num_threads", "1", "--no_progress", "--dist_timeout", "60"],
+        cwd=out / "task2a", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    try:
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert "Task 2a (gather/scatter)" in outputs[0] and "on 2 rank(s)" in outputs[0]
