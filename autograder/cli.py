@@ -90,7 +90,7 @@ def cmd_gradescope(args) -> int:
 
 def cmd_release(args) -> int:
     from .release import build_release
-    out = build_release(args.out, force=args.force, verify=not args.no_verify)
+    out = build_release(args.out, force=args.force, verify_imports=not args.no_verify)
     print(f"student release written to {out}")
     return 0
 

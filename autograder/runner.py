@@ -23,7 +23,7 @@ from .results import Results, TestResult
 from .submission import Submission, SubmissionError, kit_has
 
 NEEDS_TRANSFORMERS = {"2a", "2b", "3"}  # tasks with a loss-equivalence check on the tiny BERT
-TODO_HINT = "fill in the TODO in student_src (it still raises NotImplementedError)"
+TODO_HINT = "a TODO in student_src still raises NotImplementedError"
 
 
 @dataclass
@@ -221,7 +221,7 @@ def judge(c: registry.Check, outcome, ref) -> Verdict:
         same_everywhere = len(bad) == len(reports) and len({(b.get("status"), b.get("message")) for _, b in bad}) == 1
         prefix = "" if same_everywhere else ranks.format(r=r)
         if status == "todo":
-            text = f"{prefix}not implemented yet — {TODO_HINT} ({msg})"
+            text = f"{prefix}not implemented yet: {msg.removeprefix('NotImplementedError: ') or TODO_HINT}"
         elif status == "import":
             text = f"{prefix}{msg}"
         elif status == "fail":
@@ -230,7 +230,9 @@ def judge(c: registry.Check, outcome, ref) -> Verdict:
             text = f"{prefix}{msg}"
         else:
             text = f"{prefix}your code raised {msg}"
-        if where and status != "fail":
+        if where and status == "todo":
+            text += f" ({where[-1].split(': ', 1)[0]})"
+        elif where and status != "fail":
             text += "\n  at " + "\n  at ".join(where)
         others = [o for o, _ in bad[1:]]
         if outcome.problem == "aborted":

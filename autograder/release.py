@@ -1,0 +1,125 @@
+"""``python -m autograder release OUT``: the folder students get (push it as their repo).
+
+What ships (``MANIFEST``; edit it here): the README, Makefile, pyproject/environment files,
+``student_src`` with the kit (solutions stripped), ``data_scripts``, the notebooks (solutions
+stripped, hidden tests removed, outputs cleared), the public tests, and the part of the
+autograder that runs the public checks (``python -m autograder check``).
+
+What never ships: the hidden checks (``autograder/checks/``), the reference runs
+(``autograder/references.py``), the instructor tools (release, strip, gradescope, gradebook),
+the nbgrader course (``autograder/nbgrader/``, ``autograder/course/``), any other test.
+
+The release is built in a temporary folder next to OUT and renamed into place only when it is
+complete and verified: no marker left in any file, every ``.py`` compiles, and the student
+modules import (a subprocess imports them with OUT first on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .strip import has_markers, strip_notebook, strip_source
+
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+
+#: top-level files and folders that ship (missing ones are skipped)
+MANIFEST = ["README.md", "LICENSE", "LICENSE.md", "Makefile", "pyproject.toml", "environment.yml",
+            "requirements.txt", ".gitignore", "student_src", "data_scripts", "notebooks", "tests/public"]
+#: the public part of the autograder (what `python -m autograder check` needs)
+AUTOGRADER_PUBLIC = ["__init__.py", "__main__.py", "_preload.py", "cli.py", "registry.py", "points.py", "points.toml",
+                     "fixtures.py", "pool.py", "worker.py", "wire.py", "spy.py", "runner.py", "results.py",
+                     "submission.py", "public"]
+#: public test files at the top of tests/ (glob patterns)
+PUBLIC_TESTS = ["test_public*.py"]
+IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info", ".pytest_cache",
+                                "cached", ".DS_Store")
+#: student modules the verification imports
+STUDENT_MODULES = ["train", "partition", "sync", "ddp", "profiling", "bucketed"]
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if src.is_dir():
+        shutil.copytree(src, dst, ignore=IGNORE, symlinks=False)
+    else:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+
+
+def _strip_tree(root: Path) -> None:
+    """Strip every .py and .ipynb under ``root`` in place."""
+    for path in sorted(root.rglob("*")):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(root).as_posix()
+        if path.suffix == ".py":
+            text = path.read_text(encoding="utf-8")
+            if has_markers(text):
+                path.write_text(strip_source(text, rel), encoding="utf-8", newline="")
+        elif path.suffix == ".ipynb":
+            path.write_text(strip_notebook(path.read_text(encoding="utf-8"), path.name), encoding="utf-8")
+
+
+def verify(root: Path, import_modules: bool = True) -> None:
+    """Raise ValueError if the release leaks a marker, does not compile or does not import."""
+    problems = []
+    for path in root.rglob("*"):
+        if path.is_file() and path.suffix in (".py", ".ipynb", ".md", ".txt", ".toml", ".cfg", ".yml", ".yaml"):
+            left = has_markers(path.read_text(encoding="utf-8", errors="replace"))
+            if left:
+                problems.append(f"{path.relative_to(root)} still contains {left}")
+            if path.suffix == ".py":
+                try:
+                    compile(path.read_text(encoding="utf-8"), str(path), "exec")
+                except SyntaxError as exc:
+                    problems.append(f"{path.relative_to(root)} does not compile after stripping: {exc}")
+    for hidden in ("autograder/checks", "autograder/references.py"):
+        if (root / hidden).exists():
+            problems.append(f"{hidden} must not ship")
+    if problems:
+        raise ValueError("the release is not clean:\n  " + "\n  ".join(problems))
+    if import_modules and (root / "student_src").is_dir():
+        mods = [m for m in STUDENT_MODULES if (root / "student_src" / f"{m}.py").exists()]
+        code = "import importlib\n" + "".join(f"importlib.import_module('student_src.{m}')\n" for m in mods)
+        env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+        proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise ValueError(f"the stripped student modules do not import:\n{proc.stderr[-3000:]}")
+
+
+def build_release(out, force: bool = False, verify_imports: bool = True, source: Path = SOURCE_ROOT) -> Path:
+    """Build the student release into ``out`` (see the module docstring); returns its path."""
+    out = Path(out).resolve()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
+    if out == source.resolve() or any(out == (source / m).resolve() for m in MANIFEST + ["autograder", "tests"]):
+        raise ValueError(f"refusing to write the release over the source ({out})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        for name in MANIFEST:
+            if (source / name).exists():
+                _copy(source / name, tmp / name)
+        for name in AUTOGRADER_PUBLIC:
+            if (source / "autograder" / name).exists():
+                _copy(source / "autograder" / name, tmp / "autograder" / name)
+        for pattern in PUBLIC_TESTS:
+            for f in sorted((source / "tests").glob(pattern)):
+                _copy(f, tmp / "tests" / f.name)
+        _strip_tree(tmp)
+        verify(tmp, import_modules=verify_imports)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
