@@ -276,8 +276,7 @@ def _run_epochs(cfg, ctx, model, base_model, loader, optimizer, scheduler, sync_
         bar = tqdm(total=total_steps, desc=f"task {cfg.task}", unit="step", dynamic_ncols=True, file=sys.stdout)
         log.bar = bar
     if meter is not None:
-        dist.barrier()
-        meter.start()
+        meter.start()  # runs its own barrier, so every rank starts counting together
     step = 0
     try:
         for epoch in range(epochs):
