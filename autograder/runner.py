@@ -199,7 +199,8 @@ def _output_excerpt(outcome, limit: int = 1500) -> str:
         text = text.strip()
         if text:
             if len(text) > limit:
-                text = text[: limit // 2] + "\n...[truncated]...\n" + text[-limit // 2:]
+                text = (text[: limit // 2] + f"\n...[{len(text) - limit} characters of output omitted]...\n"
+                        + text[-limit // 2:])
             parts.append(f"--- output of rank {r} ---\n{text}")
         if len(parts) >= 2:
             break

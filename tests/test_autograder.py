@@ -1,0 +1,301 @@
+"""The autograder on the solution, on broken submissions, and its results files.
+
+Broken submissions are copies of the solution's ``student_src`` with overrides appended to a
+module (a later ``def`` replaces the solution's). One submission carries many faults at once —
+a deadlock, an exception on one rank, sys.exit(0), an endless loop, a flood of output, an
+import error — and must lose exactly the tests those faults touch, each with a message, while
+every other test still passes. Short deadlines keep this fast (the faults are found by the
+stall detector, the error grace and the per-test timeout, not by gloo's own timeouts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autograder.pool import Settings  # noqa: E402
+from autograder.registry import parse_tasks  # noqa: E402
+from autograder.runner import grade  # noqa: E402
+
+FAST = dict(timeout=8.0, stall=2.0, grace=0.5)
+
+
+def mutant(dest: Path, patches: dict[str, str], kit_patch: str | None = None) -> Path:
+    """A copy of the solution's student_src with ``code`` appended to ``student_src/<module>.py``."""
+    shutil.copytree(ROOT / "student_src", dest / "student_src", ignore=shutil.ignore_patterns("__pycache__", "cached"))
+    for module, code in patches.items():
+        path = dest / "student_src" / f"{module}.py"
+        path.write_text(path.read_text() + "\n" + textwrap.dedent(code))
+    if kit_patch:
+        (dest / "student_src" / "kit" / "models.py").write_text(kit_patch)
+    return dest
+
+
+def grade_cli(submission, *args, timeout=400):
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(submission), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return proc
+
+
+def validate_results(data: dict) -> None:
+    """The fields Gradescope reads, with the right types."""
+    assert isinstance(data["score"], (int, float))
+    assert isinstance(data["execution_time"], (int, float))
+    assert isinstance(data["output"], str)
+    assert isinstance(data["tests"], list) and data["tests"]
+    for t in data["tests"]:
+        assert set(t) >= {"name", "score", "max_score", "status", "output", "visibility"}, t
+        assert t["status"] in ("passed", "failed")
+        assert t["visibility"] in ("visible", "hidden", "after_due_date", "after_published")
+        assert 0 <= t["score"] <= t["max_score"] or t["max_score"] == 0
+        assert len(t["output"]) <= 10_000
+    assert abs(sum(t["score"] for t in data["tests"]) - data["score"]) < 1e-6
+
+
+def failed_ids(results) -> set[str]:
+    return {t.id for t in results.tests if not t.passed}
+
+
+# ------------------------------------------------------------------------- the solution
+
+
+@pytest.fixture(scope="module")
+def solution_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sol") / "results.json"
+    proc = grade_cli(ROOT, "--results", str(out))
+    return proc, json.loads(out.read_text())
+
+
+def test_solution_gets_full_marks(solution_results):
+    proc, data = solution_results
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    validate_results(data)
+    failed = [(t["number"], t["output"][:300]) for t in data["tests"] if t["status"] != "passed"]
+    assert not failed, failed
+    assert data["score"] == sum(t["max_score"] for t in data["tests"]) > 0
+    assert "score" in proc.stdout and "passed" in proc.stdout  # the readable table
+
+
+def test_every_task_is_graded(solution_results):
+    _, data = solution_results
+    tasks = {t["number"].split(".")[0] for t in data["tests"]}
+    assert {"1", "2", "2a", "2b", "3", "4"} <= tasks
+
+
+# ------------------------------------------------------------------------- broken submissions
+
+MANY_FAULTS = {
+    # 2a: rank 1 skips the collectives -> the other ranks wait forever (a deadlock)
+    "sync": """
+        _gs, _ar = gather_scatter_average, allreduce_average
+
+        def gather_scatter_average(model, group=None):
+            if dist.get_rank() == 1:
+                return
+            return _gs(model, group)
+
+        # 2b: rank 2 raises while the others are inside all_reduce
+        def allreduce_average(model, group=None, comm_log=None):
+            if dist.get_world_size() > 1 and dist.get_rank() == 2:
+                raise ValueError("boom on rank 2")
+            return _ar(model, group, comm_log)
+    """,
+    # 3: rank 3 exits with code 0 (which is not a pass)
+    "ddp": """
+        import sys as _sys
+        import torch.distributed as _dist
+        _wrap = wrap_ddp
+
+        def wrap_ddp(model):
+            if _dist.get_rank() == 3:
+                _sys.exit(0)
+            return _wrap(model)
+    """,
+    # 1: an endless loop, only in the clipping check
+    "train": """
+        _ts = train_step
+
+        def train_step(model, batch, optimizer, scheduler=None, sync_gradients=None, max_grad_norm=1.0):
+            while max_grad_norm == 0.01:
+                pass
+            return _ts(model, batch, optimizer, scheduler, sync_gradients, max_grad_norm)
+    """,
+    # 4: megabytes of output and a wrong answer for 0-dim tensors; an endless flood in the other
+    "profiling": """
+        _nb = tensor_nbytes
+
+        def tensor_nbytes(tensor):
+            print("x" * 3_000_000)
+            return 0 if tensor.dim() == 0 else _nb(tensor)
+
+        def expected_allreduce_bytes(nbytes, world_size):
+            while True:
+                print("spam " * 1000)
+    """,
+    # 2: the module does not import
+    "partition": "import no_such_module_anywhere\n",
+}
+
+EXPECTED_FAILURES = {
+    "2a.mean_4_ranks", "2a.none_grads_skipped", "2a.uses_gather_scatter", "2a.loss_matches_single_node",
+    "2b.mean_4_ranks", "2b.none_grads_skipped", "2b.uses_all_reduce", "2b.comm_log_entries",
+    "2b.loss_matches_single_node",
+    "3.returns_ddp", "3.params_identical_across_ranks", "3.loss_matches_single_node",
+    "1.clips_gradients", "4.tensor_nbytes", "4.expected_allreduce_bytes",
+    "2.shards_disjoint_complete", "2.per_worker_batch_size", "2.set_epoch_reshuffles",
+    "2.same_seed_same_shards", "2.equal_steps_per_rank",
+}
+
+
+@pytest.fixture(scope="module")
+def many_faults(tmp_path_factory):
+    sub = mutant(tmp_path_factory.mktemp("faults"), MANY_FAULTS)
+    return grade(sub, tasks=parse_tasks("1,2,2a,2b,3,4"), settings=Settings(**FAST))
+
+
+def test_each_fault_costs_only_its_own_tests(many_faults):
+    assert not many_faults.grader_errors
+    assert failed_ids(many_faults) == EXPECTED_FAILURES
+    for t in many_faults.tests:
+        if not t.passed:
+            assert t.output.strip(), f"{t.id} failed without a message"
+
+
+def test_fault_messages_say_what_happened(many_faults):
+    out = {t.id: t.output for t in many_faults.tests}
+    assert "deadlock" in out["2a.mean_4_ranks"] and "student_src/sync.py" in out["2a.mean_4_ranks"]
+    assert "boom on rank 2" in out["2b.mean_4_ranks"] and "rank 2" in out["2b.mean_4_ranks"]
+    assert "sys.exit(0)" in out["3.returns_ddp"]
+    assert "did not finish within" in out["1.clips_gradients"] and "train.py" in out["1.clips_gradients"]
+    assert "printed more than" in out["4.expected_allreduce_bytes"]
+    assert "omitted" in out["4.tensor_nbytes"] and len(out["4.tensor_nbytes"]) < 10_000  # truncated
+    assert "no_such_module_anywhere" in out["2.shards_disjoint_complete"]
+
+
+def test_export_zip_grades_each_task_from_its_folder(tmp_path):
+    """The zip `student_src.export` writes: a fault only in task2a/ costs only 2a's test."""
+    from student_src.export import export
+
+    good = mutant(tmp_path / "good", {})
+    bad = mutant(tmp_path / "bad", {"sync": """
+        def gather_scatter_average(model, group=None):
+            for g in _grads(model):
+                dist.all_reduce(g)
+                g.div_(dist.get_world_size())
+    """})
+    out_good, out_bad = export(tmp_path / "eg", source=good / "student_src"), export(tmp_path / "eb", source=bad / "student_src")
+    zpath = tmp_path / "submission.zip"
+    with zipfile.ZipFile(zpath, "w") as zf:
+        for task in ("task1", "task2a", "task2b", "task3"):
+            base = out_bad if task == "task2a" else out_good
+            for f in sorted((base / task).rglob("*.py")):
+                zf.write(f, f.relative_to(base).as_posix())
+    res = grade(zpath, tasks=parse_tasks("1,2a,2b"), settings=Settings(**FAST))
+    assert not res.grader_errors
+    assert failed_ids(res) == {"2a.uses_gather_scatter"}
+    assert "all_reduce" in next(t.output for t in res.tests if t.id == "2a.uses_gather_scatter")
+    sources = {t.id.split(".")[0]: t.source for t in res.tests}
+    assert sources["2a"].startswith("task2a") and sources["2b"].startswith("task2b") and sources["1"].startswith("task1")
+
+
+def test_same_submission_same_score_five_times():
+    scores = []
+    for _ in range(5):
+        res = grade(ROOT, tasks=parse_tasks("1,2,2b"), settings=Settings(**FAST))
+        scores.append((res.score, tuple(sorted(failed_ids(res)))))
+    assert len(set(scores)) == 1 and scores[0][1] == ()
+
+
+def test_nothing_found_is_a_zero_with_a_message(tmp_path):
+    (tmp_path / "notes.txt").write_text("oops, wrong upload")
+    res = grade(tmp_path, tasks=parse_tasks("1"), settings=Settings(**FAST))
+    assert res.score == 0 and res.tests and all(not t.passed for t in res.tests)
+    assert "no student code found" in res.tests[0].output
+
+
+# ------------------------------------------------------------------------- through the CLI
+
+
+def test_cli_exit_zero_broken_kit_and_files_where_results_go(tmp_path):
+    """os._exit on a rank, all_reduce in 2a, a vandalised kit, and student code overwriting the
+    results file: the CLI still exits 0 and writes valid results with exactly the right losses."""
+    results = tmp_path / "out" / "results.json"
+    sub = mutant(tmp_path / "sub", {
+        "sync": """
+            def gather_scatter_average(model, group=None):
+                for g in _grads(model):
+                    dist.all_reduce(g)
+                    g.div_(dist.get_world_size())
+        """,
+        "ddp": """
+            import os as _os
+            import torch.distributed as _dist
+            _wrap = wrap_ddp
+
+            def wrap_ddp(model):
+                if _dist.get_rank() == 3:
+                    _os._exit(0)
+                return _wrap(model)
+        """,
+        "train": f"""
+            _ts = train_step
+
+            def train_step(*args, **kwargs):
+                for target in ({str(results)!r}, "results.json"):
+                    try:
+                        import os as _os
+                        _os.makedirs(_os.path.dirname(target) or ".", exist_ok=True)
+                        with open(target, "w") as f:
+                            f.write('{{"score": 1000}}')
+                    except OSError:
+                        pass
+                return _ts(*args, **kwargs)
+        """}, kit_patch="raise RuntimeError('the student broke the kit')\n")
+    proc = grade_cli(sub, "--results", str(results), "--tasks", "1,2a,3", "--timeout", "20", "--stall", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(results.read_text())
+    validate_results(data)
+    failed = {t["number"] for t in data["tests"] if t["status"] == "failed"}
+    assert failed == {"2a.uses_gather_scatter", "3.returns_ddp", "3.params_identical_across_ranks",
+                      "3.loss_matches_single_node"}, failed
+    assert all("exited with code 0" in t["output"] for t in data["tests"] if t["number"].startswith("3."))
+    assert data["score"] < 1000
+
+
+def test_cli_missing_path_is_a_usage_error(tmp_path):
+    proc = grade_cli(tmp_path / "nope", "--results", str(tmp_path / "r.json"))
+    assert proc.returncode == 2
+    assert json.loads((tmp_path / "r.json").read_text())["score"] == 0
+
+
+def test_grade_all_writes_a_gradebook(tmp_path):
+    subs = tmp_path / "subs"
+    mutant(subs / "alice", {})
+    mutant(subs / "bob", {"train": "def train_step(*a, **k):\n    raise NotImplementedError('TODO(task 1)')\n"})
+    carol = mutant(tmp_path / "carol", {})
+    with zipfile.ZipFile(subs / "carol.zip", "w") as zf:
+        for f in sorted((carol / "student_src").rglob("*.py")):
+            zf.write(f, f.relative_to(carol).as_posix())
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade-all", str(subs), "--jobs", "3", "--tasks", "1",
+                           "--out", str(tmp_path / "grades")], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = (tmp_path / "grades" / "gradebook.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    assert header[:3] == ["student", "score", "max_score"] and "1.lowers_loss" in header
+    by_name = {r.split(",")[0]: r.split(",") for r in rows[1:]}
+    assert set(by_name) == {"alice", "bob", "carol"}
+    assert float(by_name["alice"][1]) == float(by_name["alice"][2]) == float(by_name["carol"][1]) > 0
+    assert float(by_name["bob"][1]) == 0
+    for name in by_name:
+        validate_results(json.loads((tmp_path / "grades" / name / "results.json").read_text()))
