@@ -86,6 +86,9 @@ def test_loopback_and_address_lookup():
     assert lo in ("lo", "lo0") or lo.startswith("lo")
     assert tr.interface_for_address("127.0.0.1") == lo
     assert tr.choose_interface(master_ip="127.0.0.1") == lo
+    assert tr.choose_interface(master_ip="localhost") == lo
+    with pytest.raises(KitError, match="resolve"):
+        tr.choose_interface(master_ip="no-such-host.invalid")
     assert tr.choose_interface() == lo
 
 

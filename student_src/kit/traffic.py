@@ -118,9 +118,13 @@ def choose_interface(interface: Optional[str] = None, master_ip: Optional[str] =
         check_interface(interface)
         return interface
     if master_ip:
-        if ipaddress.ip_address(master_ip).is_loopback:
+        try:
+            ip = socket.gethostbyname(master_ip)       # a host name such as 'localhost' or 'node0'
+        except OSError as e:
+            raise KitError(f"cannot resolve the master address {master_ip!r}: {e}") from e
+        if ipaddress.ip_address(ip).is_loopback:
             return loopback_interface()
-        return interface_for_address(local_address_towards(master_ip))
+        return interface_for_address(local_address_towards(ip))
     return loopback_interface()
 
 
