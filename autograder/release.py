@@ -69,7 +69,7 @@ def verify(root: Path, import_modules: bool = True) -> None:
     problems = []
     for path in root.rglob("*"):
         if path.is_file() and path.suffix in (".py", ".ipynb", ".md", ".txt", ".toml", ".cfg", ".yml", ".yaml"):
-            left = has_markers(path.read_text(encoding="utf-8", errors="replace"))
+            left = has_markers(path.read_text(encoding="utf-8", errors="replace"), notebook=path.suffix == ".ipynb")
             if left:
                 problems.append(f"{path.relative_to(root)} still contains {left}")
             if path.suffix == ".py":

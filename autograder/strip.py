@@ -148,5 +148,15 @@ def strip_notebook(text: str, filename: str) -> str:
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
 
 
-def has_markers(text: str) -> list[str]:
-    return [m for m in MARKERS if f"### {m}" in text]
+_MARKER_LINE = re.compile(r"^[ \t]*### (BEGIN SOLUTION|END SOLUTION|BEGIN HIDDEN TESTS|END HIDDEN TESTS)[ \t]*$", re.M)
+
+
+def has_markers(text: str, notebook: bool = False) -> list[str]:
+    """Markers standing on their own line (prose that merely mentions them does not count)."""
+    if notebook:
+        try:
+            cells = json.loads(text).get("cells", [])
+        except ValueError:
+            return []
+        text = "\n".join(_source_text(c) for c in cells)
+    return sorted(set(_MARKER_LINE.findall(text)))

@@ -1,0 +1,164 @@
+"""The student release: stripping rules, what ships and what does not, and grading it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autograder.pool import Settings  # noqa: E402
+from autograder.strip import StripError, strip_notebook, strip_source  # noqa: E402
+
+SOURCE = '''"""Module docstring."""
+import torch
+
+
+def allreduce_average(model, group=None):
+    """Docstring stays."""
+    x = 1  # before the region stays
+    ### BEGIN SOLUTION
+    for p in model.parameters():
+        pass
+    ### END SOLUTION
+    return x
+
+
+class Thing:
+\tdef method(self):
+\t\t### BEGIN SOLUTION
+\t\treturn 1
+\t\t### END SOLUTION
+
+### BEGIN SOLUTION
+HELPER = 3
+### END SOLUTION
+### BEGIN HIDDEN TESTS
+assert HELPER == 3
+### END HIDDEN TESTS
+'''
+
+
+def test_strip_source_rules():
+    out = strip_source(SOURCE, "student_src/sync.py")
+    assert "BEGIN" not in out and "END SOLUTION" not in out and "HIDDEN" not in out
+    assert '    raise NotImplementedError("TODO(task 2b): implement allreduce_average (see its docstring)")\n' in out
+    assert '\t\traise NotImplementedError("TODO(task 2a/2b): implement Thing.method (see its docstring)")\n' in out
+    assert "pass  # TODO(task 2a/2b)" in out  # module level: the file must still import
+    # everything outside the regions is byte-identical
+    assert out.startswith('"""Module docstring."""\nimport torch\n\n\ndef allreduce_average(model, group=None):\n'
+                          '    """Docstring stays."""\n    x = 1  # before the region stays\n')
+    assert "    return x\n" in out
+    compile(out, "sync.py", "exec")
+
+
+def test_strip_source_crlf_and_unbalanced():
+    crlf = "def train_step():\r\n    ### BEGIN SOLUTION\r\n    return 1\r\n    ### END SOLUTION\r\n"
+    assert strip_source(crlf, "train.py") == 'def train_step():\r\n    raise NotImplementedError("TODO(task 1): implement train_step (see its docstring)")\r\n'
+    with pytest.raises(StripError):
+        strip_source("def f():\n    ### BEGIN SOLUTION\n    return 1\n", "x.py")
+    with pytest.raises(StripError):
+        strip_source("def f():\n    ### END SOLUTION\n", "x.py")
+
+
+def test_strip_notebook():
+    nb = {"cells": [
+        {"cell_type": "code", "metadata": {}, "execution_count": 3, "outputs": [{"output_type": "stream", "text": "hi"}],
+         "source": ["def f():\n", "    ### BEGIN SOLUTION\n", "    return 1\n", "    ### END SOLUTION\n"]},
+        {"cell_type": "code", "metadata": {}, "execution_count": 4, "outputs": [],
+         "source": "### BEGIN HIDDEN TESTS\nassert f() == 1\n### END HIDDEN TESTS\n"},
+        {"cell_type": "code", "metadata": {"nbgrader": {"grade": True, "grade_id": "t"}}, "execution_count": 5, "outputs": [],
+         "source": "assert f is not None\n### BEGIN HIDDEN TESTS\nassert f() == 1\n### END HIDDEN TESTS\n"},
+        {"cell_type": "markdown", "metadata": {}, "source": "Why?\n\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION\n"},
+    ], "metadata": {"widgets": {"state": {}}}, "nbformat": 4, "nbformat_minor": 5}
+    out = json.loads(strip_notebook(json.dumps(nb), "2a_gather_scatter.ipynb"))
+    cells = out["cells"]
+    assert len(cells) == 3  # the hidden-tests-only cell is gone
+    assert "".join(cells[0]["source"]) == 'def f():\n    raise NotImplementedError("TODO(task 2a): implement f (see its docstring)")\n'
+    assert cells[0]["outputs"] == [] and cells[0]["execution_count"] is None
+    assert "".join(cells[1]["source"]) == "assert f is not None\n"
+    assert "YOUR ANSWER HERE" in "".join(cells[2]["source"]) and "Because" not in "".join(cells[2]["source"])
+    assert "widgets" not in out["metadata"]
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rel") / "release"
+    proc = subprocess.run([sys.executable, "-m", "autograder", "release", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_release_ships_the_right_things(release):
+    assert (release / "student_src" / "kit").is_dir()
+    assert (release / "autograder" / "public").is_dir() and (release / "autograder" / "__main__.py").exists()
+    for hidden in ("autograder/checks", "autograder/references.py", "autograder/release.py",
+                   "autograder/gradescope.py", "autograder/nbgrader", "autograder/course"):
+        assert not (release / hidden).exists(), hidden
+    for path in release.rglob("*"):
+        if path.is_file() and path.suffix in (".py", ".ipynb"):
+            text = path.read_text(errors="replace")
+            for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS"):
+                assert f"### {marker}" not in text, (path, marker)
+    for nb in release.rglob("*.ipynb"):
+        for cell in json.loads(nb.read_text())["cells"]:
+            assert not cell.get("outputs"), nb
+
+
+def _outside_regions(text: str) -> str:
+    keep, inside = [], False
+    for line in text.splitlines(keepends=True):
+        if "### BEGIN SOLUTION" in line:
+            inside = True
+        elif "### END SOLUTION" in line:
+            inside = False
+        elif not inside:
+            keep.append(line)
+    return "".join(keep)
+
+
+def test_release_outside_regions_is_byte_identical(release):
+    for name in ("train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py"):
+        src = (ROOT / "student_src" / name).read_text()
+        out = (release / "student_src" / name).read_text()
+        todo_lines = [line for line in out.splitlines(keepends=True) if 'raise NotImplementedError("TODO(task' in line]
+        assert len(todo_lines) == src.count("### BEGIN SOLUTION") > 0, name
+        assert _outside_regions(src) == "".join(line for line in out.splitlines(keepends=True) if line not in todo_lines)
+
+
+def test_release_refuses_non_empty_out_without_force(release, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "autograder", "release", str(release)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--force" in proc.stderr
+
+
+def test_grading_the_release_gives_zero_with_messages(release):
+    from autograder.runner import grade
+
+    res = grade(release, settings=Settings(timeout=60.0, stall=5.0))
+    assert not res.grader_errors
+    graded = [t for t in res.tests if t.max_score > 0]
+    assert graded and res.score == 0
+    for t in graded:
+        assert not t.passed and t.output.strip(), t.id
+        assert "not implemented" in t.output or "NotImplementedError" in t.output, (t.id, t.output[:300])
+    assert res.execution_time < 240  # no test waited for a deadline
+
+
+def test_public_check_runs_in_the_release(release):
+    """`python -m autograder check` inside the release: public checks only, all failing (TODOs)."""
+    proc = subprocess.run([sys.executable, "-m", "autograder", "check", ".", "--tasks", "1,4", "--json-only"],
+                          cwd=release, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(release)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    ids = {t["number"] for t in data["tests"]}
+    assert ids == {"1.lowers_loss", "4.tensor_nbytes"}
+    assert data["score"] == 0
