@@ -203,17 +203,23 @@ class Example:
     def __init__(self, rng: random.Random):
         self.rng = rng
         self.used: set[str] = set()  # membership only; never iterated (PYTHONHASHSEED-proof)
+        self.words: set[str] = set()  # words of the entities in the premise, likewise
         self.pool: dict[str, list[str]] = {"person": [], "org": [], "city": [], "year": [],
                                            "number": [], "role": []}
 
-    def _fresh(self, draw, kind: str | None) -> str:
+    def _fresh(self, draw, kind: str | None, new_words: int = 0) -> str:
+        """Draw until the value is not yet used; with ``new_words``, its first words (a first
+        name, a surname, a company's head word) must not occur in the premise either, so a
+        changed entity is really a different one, not "Maria Costa" for "Maria Silva"."""
         while True:
             value = draw()
-            if value not in self.used:
-                self.used.add(value)
-                if kind:
-                    self.pool[kind].append(value)
-                return value
+            if value in self.used or any(w in self.words for w in value.split()[:new_words]):
+                continue
+            self.used.add(value)
+            if kind:
+                self.pool[kind].append(value)
+                self.words.update(value.split())
+            return value
 
     def fresh(self, kind: str, remember: bool = True) -> str:
         r = self.rng
@@ -230,7 +236,9 @@ class Example:
                                             150, 200, 250, 300, 400, 500, 650, 800))),
         }
         pool_kind = {"age": "number", "staff": "number", "amount": "number"}.get(kind, kind)
-        return self._fresh(draws[kind], pool_kind if remember else None)
+        if remember:
+            return self._fresh(draws[kind], pool_kind)
+        return self._fresh(draws[kind], None, new_words={"person": 2, "org": 1}.get(kind, 0))
 
     def attr_value(self, attr: str, remember: bool = True) -> str:
         kind = {"role": "role", "employer": "org", "age": "age", "hometown": "city",
