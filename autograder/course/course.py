@@ -1,0 +1,115 @@
+"""Set up and release the kit's nbgrader course.
+
+    python -m autograder.course init COURSE [--assignment dp] [--notebooks 1_single_node,2b_allreduce] [--force]
+    python -m autograder.course release COURSE [--assignment dp]
+
+then, in COURSE, nbgrader's own workflow::
+
+    nbgrader collect dp            # or copy submissions to submitted/STUDENT/dp/
+    nbgrader autograde dp
+    nbgrader generate_feedback dp
+
+``init`` writes ``COURSE/nbgrader_config.py`` and copies the source notebooks (``notebooks/``,
+solutions and nbgrader metadata in them) to ``COURSE/source/ASSIGNMENT/``, and nothing else: the
+solution ``student_src`` must never sit where ``generate_assignment`` would copy it to students,
+or where ``autograde`` would copy it over a student's files.
+
+``release`` runs ``nbgrader generate_assignment`` (solutions cleared, outputs cleared, cells
+locked), then adds what students edit and run beside the notebooks: ``student_src`` with every
+solution stripped (the same stripping as ``python -m autograder release``), ``data_scripts`` and
+the public autograder, so ``kit.check(...)`` works in the students' folder. A submission is that
+folder: nbgrader grades its notebooks against the ``student_src`` inside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+KIT = Path(__file__).resolve().parents[2]
+TEMPLATE = Path(__file__).resolve().parent / "nbgrader_config.py"
+#: what release/ASSIGNMENT gets besides the notebooks (taken from the stripped student release)
+KIT_PARTS = ["student_src", "data_scripts", "autograder"]
+
+
+def init(course, assignment: str = "dp", notebooks: list[str] | None = None, force: bool = False, kit: Path = KIT) -> Path:
+    """Create the course folder; return the path of its source assignment."""
+    course = Path(course).resolve()
+    src = course / "source" / assignment
+    if src.exists() and any(src.iterdir()) and not force:
+        raise FileExistsError(f"{src} exists; pass --force to replace its notebooks")
+    src.mkdir(parents=True, exist_ok=True)
+    wanted = sorted((kit / "notebooks").glob("*.ipynb"))
+    if notebooks:
+        names = {n.removesuffix(".ipynb") for n in notebooks}
+        missing = names - {p.stem for p in wanted}
+        if missing:
+            raise FileNotFoundError(f"no such notebook(s) in {kit / 'notebooks'}: {', '.join(sorted(missing))}")
+        wanted = [p for p in wanted if p.stem in names]
+    for nb in wanted:
+        shutil.copy2(nb, src / nb.name)
+    config = TEMPLATE.read_text().replace("@KIT@", str(kit)).replace("@ASSIGNMENT@", assignment)
+    (course / "nbgrader_config.py").write_text(config)
+    return src
+
+
+def nbgrader(course, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``nbgrader ARGS`` in the course folder with this Python (its kernel is this venv's)."""
+    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"nbgrader {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def add_kit(dest, kit: Path = KIT) -> None:
+    """Copy the stripped ``student_src`` (and data scripts, public autograder) into ``dest``."""
+    from autograder.release import build_release
+
+    dest = Path(dest)
+    with tempfile.TemporaryDirectory(prefix="kit-release-") as tmp:
+        rel = build_release(Path(tmp) / "release", verify_imports=False, source=kit)
+        for part in KIT_PARTS:
+            if (rel / part).exists():
+                if (dest / part).exists():
+                    shutil.rmtree(dest / part)
+                shutil.copytree(rel / part, dest / part)
+
+
+def release(course, assignment: str = "dp") -> Path:
+    """``nbgrader generate_assignment`` plus the stripped kit; return ``release/ASSIGNMENT``."""
+    course = Path(course).resolve()
+    nbgrader(course, "generate_assignment", assignment, "--force")
+    out = course / "release" / assignment
+    add_kit(out)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m autograder.course", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    i = sub.add_parser("init", help="create COURSE with nbgrader_config.py and source/ASSIGNMENT/*.ipynb")
+    i.add_argument("course")
+    i.add_argument("--assignment", default="dp")
+    i.add_argument("--notebooks", help="comma-separated notebook names (default: all)")
+    i.add_argument("--force", action="store_true")
+    r = sub.add_parser("release", help="generate_assignment + the stripped student_src in release/ASSIGNMENT")
+    r.add_argument("course")
+    r.add_argument("--assignment", default="dp")
+    args = p.parse_args(argv)
+    try:
+        if args.command == "init":
+            src = init(args.course, args.assignment, args.notebooks.split(",") if args.notebooks else None, args.force)
+            print(f"course ready: {src} ({len(list(src.glob('*.ipynb')))} notebooks); next: python -m autograder.course release {args.course}")
+        else:
+            out = release(args.course, args.assignment)
+            print(f"student release: {out} (notebooks without solutions + stripped student_src)")
+    except (FileExistsError, FileNotFoundError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

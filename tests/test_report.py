@@ -1,0 +1,100 @@
+"""The report helper: tables and plots from metrics.json files, and its command.
+
+Runs on hand-made metrics (no training), so it is fast; the notebooks' tests cover the same
+functions on real runs.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from student_src.kit import plots, report
+
+PNG = b"\x89PNG"
+
+
+def _metrics(task, losses, times, world_size=4, batch=64, **extra):
+    cfg = {"model_name_or_path": "tiny", "seed": 42, "max_seq_length": 32, "learning_rate": 1e-4, "dropout": 0.0}
+    return {"task": task, "world_size": world_size, "global_batch_size": batch, "losses": losses,
+            "iter_times": times, "eval": [], "comm": {}, "config": cfg, **extra}
+
+
+@pytest.fixture
+def runs_dir(tmp_path):
+    t1 = _metrics("1", [0.7, 0.6, 0.5], [2.0] + [1.0] * 44, world_size=1,
+                  eval=[{"epoch": 1, "accuracy": 0.6, "loss": 0.65}])
+    t2b = _metrics("2b", [0.7, 0.6 + 1e-7, 0.5], [3.0, 0.5, 0.7])
+    t3 = _metrics("3", [0.7, 0.6, 0.5, 0.4], [3.0, 0.4, 0.4, 0.4], batch=32)  # different batch: not comparable
+    traffic = {"iterations": 4, "world_size": 4, "interface": "lo", "expected_bytes": 4_000_000,
+               "measured_bytes": 4_100_000, "expected_payload_bytes": 3_900_000, "ratio": 1.025}
+    t4 = _metrics("2b", [0.7, 0.6, 0.5, 0.4], [1, 1, 1, 1], batch=16, traffic=traffic, comm={"bytes_per_step": 1_000_000})
+    for name, m in {"task1": t1, "task2b": t2b, "task3": t3, "traffic_b16": t4}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps(m))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "metrics.json").write_text("{not json")  # a run still writing: skipped
+    return tmp_path
+
+
+def test_load_runs_orders_by_task_and_skips_broken(runs_dir):
+    runs = report.load_runs(runs_dir)
+    assert list(runs) == ["task1", "task2b", "traffic_b16", "task3"]
+    assert report.label("traffic_b16", runs["traffic_b16"]) == "Task 2b (traffic_b16)"
+
+
+def test_loss_table_against_task1(runs_dir):
+    table = report.loss_table(report.load_runs(runs_dir))
+    assert table["columns"][:2] == ["Task 1", "Task 2b"]
+    assert table["rows"][0][:3] == [1, 0.7, 0.7] and len(table["rows"]) == 3  # the shortest run
+    assert table["max_abs_diff"]["Task 2b"] == pytest.approx(1e-7, abs=1e-9)
+    assert any("Task 3" in n and "global batch" in n for n in table["notes"])
+    assert "max |loss - Task 1 loss|" in report.loss_markdown(table)
+
+
+def test_timing_uses_40_iterations_first_dropped(runs_dir):
+    rows = {r["run"]: r for r in report.timing_rows(report.load_runs(runs_dir))}
+    assert rows["task1"]["iterations"] == 39 and rows["task1"]["protocol"] and rows["task1"]["mean_s"] == 1.0
+    assert rows["task2b"]["iterations"] == 2 and not rows["task2b"]["protocol"]
+    assert rows["task2b"]["mean_s"] == pytest.approx(0.6)
+    assert "fewer than 40" in report.timing_markdown(list(rows.values()))
+
+
+def test_traffic_rows(runs_dir):
+    (row,) = report.traffic_rows(report.load_runs(runs_dir))
+    assert row["expected_mb_per_iter"] == pytest.approx(1.0) and row["measured_mb_per_iter"] == pytest.approx(1.025)
+    assert row["commlog_mb_per_step"] == pytest.approx(1.0)
+
+
+def test_no_task1_says_so(tmp_path):
+    (tmp_path / "task2a").mkdir()
+    (tmp_path / "task2a" / "metrics.json").write_text(json.dumps(_metrics("2a", [0.7], [1.0])))
+    table = report.loss_table(report.load_runs(tmp_path))
+    assert table["rows"] == [] and "no Task 1" in report.loss_markdown(table)
+
+
+def test_plots_render_png():
+    assert plots.to_png(plots.collectives_diagram(4)).startswith(PNG)
+    assert plots.to_png(plots.live_losses({0: {1: 0.7}, 1: {1: 0.6}}, {1: 0.65}, total=3)).startswith(PNG)
+    assert plots.to_png(plots.time_per_iteration([])).startswith(PNG)  # empty input: a placeholder, no crash
+    assert plots.to_png(plots.traffic_bars([])).startswith(PNG)
+
+
+def test_report_command_writes_tables_and_plots(runs_dir, tmp_path, repo_root):
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "student_src.kit.report", str(runs_dir), str(out)], cwd=repo_root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("report.md", "loss_vs_task1.csv", "loss_vs_task1.png", "time_per_iteration.csv",
+                 "time_per_iteration.png", "dev_accuracy.csv", "traffic.csv", "traffic.png"):
+        assert (out / name).exists(), name
+    assert (out / "time_per_iteration.png").read_bytes().startswith(PNG)
+    text = (out / "report.md").read_text()
+    assert "## Loss per step against Task 1" in text and "## Network traffic" in text and "| Task 1 | 1 | 0.6000" in text
+
+
+def test_report_command_on_missing_folder(tmp_path, repo_root):
+    proc = subprocess.run([sys.executable, "-m", "student_src.kit.report", str(tmp_path / "nope"), str(tmp_path / "o")],
+                          cwd=repo_root, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not a folder" in proc.stderr
