@@ -168,14 +168,15 @@ def test_cache_keyed_by_length_split_and_content(rte_dir, tokenizer):
     path = rte_dir / "train.tsv"
     stat = path.stat()
     text = path.read_text()
-    swapped = text.replace("\tentailment\n", "\tnot_entailmenX\n", 1).replace("\tnot_entailmenX\n", "\tnot_entailment\n")
-    assert swapped != text
-    path.write_text(swapped)
+    edited = text.replace(" in ", " at ", 1)
+    assert edited != text and len(edited) == len(text)
+    path.write_text(edited)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size
     ds = load_glue_dataset(rte_dir, "rte", "train", tokenizer, max_seq_length=32)
     assert len(cache_files(rte_dir)) == 4
     fresh = load_glue_dataset(rte_dir, "rte", "train", tokenizer, max_seq_length=32, cache=False)
-    assert torch.equal(ds.tensors["labels"], fresh.tensors["labels"])
+    assert torch.equal(ds.tensors["input_ids"], fresh.tensors["input_ids"])
 
 
 def test_cache_keyed_by_tokenizer(rte_dir, tokenizer):
