@@ -91,13 +91,13 @@ class Results:
 
     def table(self, messages: bool = True) -> str:
         """The readable table printed after grading, with each failure's message below it."""
-        rows = [("task", "test", "score", "time", "result")]
+        rows = [("task", f"{'test id':<31} what it checks", "score", "time", "result")]
         for t in self.tests:
             skipped = t.output.startswith("skipped:")
-            rows.append((t.task, f"{t.title} [{t.id}]", f"{t.score:g}/{t.max_score:g}", f"{t.elapsed:.1f}s",
+            rows.append((t.task, f"{t.id:<31} {t.title}", f"{t.score:g}/{t.max_score:g}", f"{t.elapsed:.1f}s",
                          "skipped" if skipped else ("passed" if t.passed else "FAILED")))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        widths[1] = min(widths[1], 78)
+        widths[1] = min(widths[1], 96)
         out = []
         for i, r in enumerate(rows):
             title = r[1] if len(r[1]) <= widths[1] else r[1][: widths[1] - 3] + "..."
