@@ -187,11 +187,11 @@ def _in_private_netns() -> list:
     return ["ip", "netns", "exec", ns], ns
 
 
-@pytest.mark.parametrize("task", ["2b", "2a"])
-def test_four_local_ranks_measured_matches_expected(task):
+@pytest.mark.parametrize("task,n", [("2b", 4), ("2a", 2)])   # kept small: process start-up dominates
+def test_local_ranks_measured_matches_expected(task, n):
     prefix, ns = _in_private_netns()
     try:
-        cmd = prefix + [sys.executable, "-m", "student_src.kit.cluster_check", "--spawn", "4",
+        cmd = prefix + [sys.executable, "-m", "student_src.kit.cluster_check", "--spawn", str(n),
                         "--task", task, "--sizes", "1000000,512,4", "--iters", "2", "--timeout", "60"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
     finally:
@@ -199,7 +199,7 @@ def test_four_local_ranks_measured_matches_expected(task):
             subprocess.run(["ip", "netns", "del", ns])
     assert p.returncode == 0, p.stdout + p.stderr
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    assert sorted(r["rank"] for r in rows) == [0, 1, 2, 3]
+    assert sorted(r["rank"] for r in rows) == list(range(n))
     for r in rows:
         if ns:      # a private loopback: nothing else on it
             assert 0.98 <= r["ratio"] <= 1.05, r
