@@ -60,9 +60,6 @@ class Results:
     def add(self, test: TestResult) -> None:
         self.tests.append(test)
 
-    def fail_all_remaining(self, why: str) -> None:
-        pass  # nothing graded: the header says why; no tests means a score of 0
-
     @property
     def score(self) -> float:
         return sum(t.score for t in self.tests)

@@ -98,6 +98,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     workdir = tempfile.mkdtemp(prefix="autograder-")
     pools = None
     results = Results()
+    checks: list = []
     try:
         checks = select_checks(tasks, public_only)
         sub = Submission(submission_path, workdir)
@@ -168,7 +169,8 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             results.pools_started = pools.started
     except SubmissionError as exc:
         results.header = f"cannot read the submission: {exc}"
-        results.fail_all_remaining(str(exc))
+        for c in checks:  # every test is lost, each with the reason
+            results.add(TestResult.of(c, 0.0, points_for(c), False, results.header, visibility_for(c)))
     except Exception:
         results.grader_errors.append(traceback.format_exc())
     finally:

@@ -299,3 +299,27 @@ def test_grade_all_writes_a_gradebook(tmp_path):
     assert float(by_name["bob"][1]) == 0
     for name in by_name:
         validate_results(json.loads((tmp_path / "grades" / name / "results.json").read_text()))
+
+
+def test_unreadable_zip_loses_every_test_with_the_reason(tmp_path):
+    bad = tmp_path / "submission.zip"
+    bad.write_text("this is not a zip")
+    res = grade(bad, tasks=parse_tasks("1"), settings=Settings(**FAST))
+    assert res.tests and all(not t.passed for t in res.tests)
+    assert all("neither a folder nor a zip" in t.output for t in res.tests)
+
+
+def test_zip_names_cannot_escape_the_workdir(tmp_path):
+    from autograder.submission import Submission
+
+    z = tmp_path / "evil.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("../../escaped.py", "x = 1\n")
+        zf.writestr("student_src/train.py", "def train_step(*a, **k):\n    return 0\n")
+    work = tmp_path / "work" / "inner"
+    work.mkdir(parents=True)
+    sub = Submission(z, work)
+    assert not (tmp_path / "escaped.py").exists() and not (tmp_path / "work" / "escaped.py").exists()
+    assert [s.shown() for s in sub.sources] == ["student_src"]
+    ws = sub.workspace(sub.source_for("1"))
+    assert (ws / "student_src" / "train.py").exists() and (ws / "student_src" / "kit" / "models.py").exists()
