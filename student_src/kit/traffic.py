@@ -538,13 +538,14 @@ class RunTrafficMeter:
             self._barriers += 1 if self.meter.running else 0
 
     def start(self) -> None:
-        """Call on every rank before the first step: read the baseline, then a barrier."""
+        """Call on every rank before the first step: barrier, read the baseline, barrier."""
         if self.sample_csv:
             self.sampler = TrafficSampler(self.interface, self.sample_csv).start()
+        self._barrier()       # earlier collectives (e.g. the parameter broadcast) have landed
         self._t0 = time.monotonic()
         self._barriers = 0
         self.meter.start()
-        self._barrier()
+        self._barrier()       # nobody starts step 1 before every rank has its baseline
 
     def pause(self) -> None:
         """Call on every rank before evaluation: a barrier, then stop counting."""
