@@ -60,8 +60,10 @@ def init(course, assignment: str = "dp", notebooks: list[str] | None = None, for
 
 def nbgrader(course, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``nbgrader ARGS`` in the course folder with this Python (its kernel is this venv's)."""
+    # nbgrader runs the `alembic` command for its database: put this venv's bin/ first on PATH
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, "PATH": path, **(env or {})})
     if check and proc.returncode != 0:
         raise RuntimeError(f"nbgrader {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc

@@ -1,0 +1,121 @@
+"""The course notebooks: built from their script, nbgrader metadata in place, and every one runs.
+
+Each notebook executes headless (nbclient, this venv's ``python3`` kernel) in quick mode
+(``KIT_NOTEBOOK_QUICK=1``: tiny model, 3 steps, 32 tokens) against the solution source, in
+order, sharing one private runs folder (so 2a..5 compare with the Task 1 run of notebook 1).
+We then read what a student would see: the widget state nbclient stores
+(``store_widget_state=True``) must hold one finished progress bar per rank and a drawn loss
+curve, and the runs must agree with Task 1 step by step.
+
+Slow part: one kernel, one public check and one 4-rank launch per notebook. Set
+``KIT_TEST_NOTEBOOKS=1_single_node,2b_allreduce`` to run a subset.
+"""
+
+import base64
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ["1_single_node", "2a_gather_scatter", "2b_allreduce", "3_ddp", "4_traffic", "5_bucketed"]
+SELECTED = [n for n in os.environ.get("KIT_TEST_NOTEBOOKS", ",".join(NOTEBOOKS)).split(",") if n]
+RANKS = {"1_single_node": 1, "4_traffic": 4}
+SOLUTION = "### " + "BEGIN SOLUTION"
+
+
+def _load(name):
+    return nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+
+
+# --------------------------------------------------------------------------- static checks (fast)
+def test_notebooks_match_their_builder():
+    from autograder.course.build_notebooks import build_all
+
+    built = build_all()
+    assert sorted(built) == sorted(f"{n}.ipynb" for n in NOTEBOOKS)
+    stale = [n for n, text in built.items() if (ROOT / "notebooks" / n).read_text() != text]
+    assert not stale, f"run `python -m autograder.course.build_notebooks`: {stale} differ from the script"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_nbgrader_metadata(name):
+    nb = _load(name)
+    nbformat.validate(nb)
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if "nbgrader" in c.metadata]
+    assert len(ids) == len(set(ids)), "grade ids must be unique"
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and "QUICK = " in params[0].source and "nbgrader" not in params[0].metadata
+    checks = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"]
+    assert checks and all("kit.check(" in c.source and c.metadata["nbgrader"]["locked"] for c in checks)
+    answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+    assert answers and all(c.cell_type == "markdown" and SOLUTION in c.source and c.metadata["nbgrader"]["points"] > 0
+                           for c in answers)
+    for c in nb.cells:  # solutions only in answer cells; everything else is read-only
+        if c not in answers and c not in params:
+            assert SOLUTION not in c.source and c.metadata["nbgrader"]["locked"], c.source[:60]
+
+
+def test_release_stripping_of_the_notebooks():
+    """The autograder's release stripper leaves an answer stub and no marker in our notebooks."""
+    strip = pytest.importorskip("autograder.strip")
+    for name in NOTEBOOKS:
+        text = strip.strip_notebook((ROOT / "notebooks" / f"{name}.ipynb").read_text(), f"{name}.ipynb")
+        assert not strip.has_markers(text) and "YOUR ANSWER HERE" in text
+
+
+# --------------------------------------------------------------------------- execution (slow)
+@pytest.fixture(scope="module")
+def notebook_env(tmp_path_factory, small_rte):
+    """Quick mode, a private runs folder, the small synthetic RTE; restored afterwards."""
+    runs = tmp_path_factory.mktemp("nb-runs")
+    env = {"KIT_NOTEBOOK_QUICK": "1", "KIT_RUNS_DIR": str(runs), "KIT_DATA_DIR": str(small_rte),
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TORCH_CPP_LOG_LEVEL": "FATAL"}
+    old = {k: os.environ.get(k) for k in list(env) + ["NBGRADER_EXECUTION"]}
+    os.environ.update(env)
+    os.environ.pop("NBGRADER_EXECUTION", None)
+    yield runs / "quick"
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _widget_models(nb):
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    return list(state.values())
+
+
+@pytest.mark.parametrize("name", SELECTED)
+def test_notebook_executes(name, notebook_env):
+    from nbclient import NotebookClient
+
+    from student_src.kit import report
+
+    nb = _load(name)
+    client = NotebookClient(nb, timeout=900, startup_timeout=120, kernel_name="python3", store_widget_state=True,
+                            resources={"metadata": {"path": str(ROOT / "notebooks")}})
+    client.execute()  # raises CellExecutionError, with the cell and traceback, on any error
+
+    models = _widget_models(nb)
+    bars = [m["state"] for m in models if m["model_name"] in ("FloatProgressModel", "IntProgressModel")]
+    done = [b for b in bars if b.get("max") and b.get("value") == b.get("max") and b.get("bar_style") == "success"]
+    assert len(done) >= RANKS.get(name, 4), f"expected a finished progress bar per rank, got {bars}"
+    pngs = [base64.b64decode(b["data"]) for m in models if m["model_name"] == "ImageModel"
+            for b in m.get("buffers", []) if b.get("path") == ["value"]]  # binary widget values are stored as buffers
+    assert pngs and all(p.startswith(b"\x89PNG") for p in pngs), "the live loss curve was never drawn"
+    outputs = "".join(o.get("text", "") + str(o.get("data", {}).get("text/markdown", ""))
+                      for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "passed" in outputs  # the public check's table
+    assert "Loss per step against Task 1" in outputs and "Time per iteration" in outputs
+
+    runs = report.load_runs(notebook_env)
+    task = {"1_single_node": "1", "2a_gather_scatter": "2a", "2b_allreduce": "2b", "3_ddp": "3", "5_bucketed": "5"}.get(name)
+    if task and task != "1":
+        table = report.loss_table({"task1": runs["task1"], f"task{task}": runs[f"task{task}"]})
+        assert table["max_abs_diff"][f"Task {task}"] < 1e-4, table
+    if name == "4_traffic":
+        rows = report.traffic_rows(runs)
+        assert len(rows) == 2 and all(r["measured_mb_per_iter"] > 0 for r in rows)
