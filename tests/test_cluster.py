@@ -181,3 +181,13 @@ def test_failed_up_removes_what_it_made(clean, monkeypatch):
     with pytest.raises(KitError, match="simulated"):
         cluster.up(2, rate="1gbit", prefix=PREFIX)
     assert net.list_namespaces(PREFIX) == []
+
+
+@needs_root
+def test_isolate_gives_a_private_loopback_and_cleans_up(clean):
+    code = ("import psutil, socket, sys\n"
+            "assert set(psutil.net_if_addrs()) == {'lo'}, psutil.net_if_addrs()\n"
+            "s = socket.socket(); s.bind(('127.0.0.1', 0)); sys.exit(7)")
+    assert cluster.isolate([sys.executable, "-c", code], timeout=60, prefix=PREFIX) == 7
+    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if n.startswith(PREFIX.rstrip("-") + "iso")]
