@@ -33,7 +33,9 @@ loopback counter's ``bytes_sent`` (= ``bytes_recv``) over a run equals the SUM o
 each rank sent. On a cluster node the NIC sees only that node's rank: we compare the node's
 ``bytes_sent + bytes_recv`` with the rank's expected sent + received.
 Any other traffic on the same interface (other programs on loopback) is counted too: measure on
-a quiet machine, or inside the emulated cluster (``python -m student_src.kit.cluster``).
+a quiet machine, or give the run a private loopback (Linux, root):
+``python -m student_src.kit.cluster isolate -- python -m student_src.run_glue --spawn ...``,
+or run it on the emulated cluster (``python -m student_src.kit.cluster run``).
 """
 from __future__ import annotations
 
