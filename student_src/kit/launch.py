@@ -50,13 +50,36 @@ class LaunchTimeout(KitError):
     """The ranks did not finish (or made no progress) in time; all were stopped."""
 
 
+_SINK = None  # an in-process callback (a notebook running Task 1 without spawning)
+
+
 def emit(kind: str, **data) -> None:
-    """Send an event from a rank to the parent (no-op outside a launched rank)."""
+    """Send an event from a rank to the parent, or to the in-process sink (else a no-op)."""
+    event = {"kind": kind, "rank": _RANK, "time": time.time(), **data}
     if _EVENTS is not None:
         try:
-            _EVENTS.put({"kind": kind, "rank": _RANK, "time": time.time(), **data})
+            _EVENTS.put(event)
         except Exception:  # the parent is gone or the queue is closed: events are best-effort
             pass
+    elif _SINK is not None:
+        _SINK(event)
+
+
+class event_sink:
+    """``with event_sink(callback):`` routes ``emit`` to ``callback`` in this process."""
+
+    def __init__(self, callback):
+        self.callback = callback
+
+    def __enter__(self):
+        global _SINK
+        self.previous, _SINK = _SINK, self.callback
+        return self
+
+    def __exit__(self, *exc):
+        global _SINK
+        _SINK = self.previous
+        return False
 
 
 def in_launched_rank() -> bool:

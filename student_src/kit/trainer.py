@@ -394,14 +394,15 @@ def run(cfg: TrainConfig, on_event=None) -> dict:
         results = klaunch.launch(rank_main, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
                                  on_event=on_event or ConsoleEvents(cfg))
         return results[0]
-    if cfg.task == "1" and kdist.resolve_mode(cfg) == "single":
-        ctx = kdist.DistContext(device=kdist.pick_device(cfg, 0)[0])
-        return train(cfg, ctx)
-    ctx = kdist.init_distributed(cfg)
-    try:
-        return train(cfg, ctx)
-    finally:
-        kdist.cleanup()
+    with klaunch.event_sink(on_event):  # in-process runs report to on_event too (notebooks)
+        if cfg.task == "1" and kdist.resolve_mode(cfg) == "single":
+            ctx = kdist.DistContext(device=kdist.pick_device(cfg, 0)[0])
+            return train(cfg, ctx)
+        ctx = kdist.init_distributed(cfg)
+        try:
+            return train(cfg, ctx)
+        finally:
+            kdist.cleanup()
 
 
 class ConsoleEvents:
