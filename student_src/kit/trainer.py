@@ -284,14 +284,14 @@ def _run_epochs(cfg, ctx, model, base_model, loader, optimizer, scheduler, sync_
                 loader.sampler.set_epoch(epoch)
             for batch in loader:
                 batch = _on_device(batch, ctx.device)
-                if comm_log is not None and hasattr(comm_log, "mark_step"):
-                    comm_log.mark_step()
                 t0 = time.perf_counter()
                 loss = train_step(model, batch, optimizer, scheduler, sync_gradients=sync_gradients,
                                   max_grad_norm=cfg.max_grad_norm)
                 if ctx.device.type == "cuda":
                     torch.cuda.synchronize(ctx.device)
                 dt = time.perf_counter() - t0
+                if comm_log is not None:
+                    comm_log.mark_step()
                 mine = torch.tensor([float(loss), dt], dtype=torch.float64)
                 if distributed:  # logging only: one tiny all_gather, outside the timed region
                     everyone = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
