@@ -18,5 +18,30 @@ Layout (what ships to students is marked *public*):
 * ``release.py``, ``strip.py``, ``gradescope.py``, ``gradebook.py``  instructor tools
 """
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "check"]
 __version__ = "0.1.0"
+
+
+def check(tasks=None, path=None, timeout: float = 60.0, quiet: bool = False, raise_on_failure: bool = False):
+    """Run the public checks on your own ``student_src`` (for notebooks): ``autograder.check("2a")``.
+
+    Prints the table (unless ``quiet``) and returns the results; ``raise_on_failure=True`` raises
+    ``AssertionError`` with the messages when a check fails (handy in a notebook's test cell).
+    ``path`` defaults to the checkout whose ``student_src`` Python imports.
+    """
+    from .pool import Settings
+    from .registry import parse_tasks
+    from .runner import grade
+    from .submission import trusted_student_src
+
+    if isinstance(tasks, (list, tuple, set)):
+        tasks = ",".join(map(str, tasks))
+    root = path or trusted_student_src().parent
+    results = grade(root, tasks=parse_tasks(str(tasks) if tasks else None), settings=Settings(timeout=timeout),
+                    public_only=True)
+    if not quiet:
+        print(results.table())
+    failed = [t for t in results.tests if not t.passed]
+    if raise_on_failure and (failed or results.grader_errors):
+        raise AssertionError("\n".join(f"[{t.id}] {t.output}" for t in failed) or "\n".join(results.grader_errors))
+    return results

@@ -23,6 +23,7 @@ def _settings(args):
     s = Settings()
     if getattr(args, "timeout", None):
         s.timeout = float(args.timeout)
+        s.timeout_after_timeout = min(s.timeout_after_timeout, s.timeout)
         s.stall = min(s.stall, max(2.0, s.timeout / 2))
     if getattr(args, "stall", None):
         s.stall = float(args.stall)

@@ -48,6 +48,7 @@ class Settings:
     """Time limits of a grading run (seconds)."""
 
     timeout: float = 60.0        # per check
+    timeout_after_timeout: float = 15.0  # per check, once a test of the same task timed out
     stall: float = 10.0          # no CPU progress on every rank still inside a check = deadlock
     grace: float = 1.0           # after one rank failed, how long the others may still finish
     health_timeout: float = 10.0

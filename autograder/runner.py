@@ -129,6 +129,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             pools.trusted_worker()  # starts now, computes while the first checks run
             ref_jobs = {name: {"kind": "reference", "name": name, "workspace": str(sub.workspace(None))} for name in refs_needed}
         ref_cache: dict[str, tuple] = {}
+        timed_out: dict[str, bool] = {}
         if ref_jobs:  # the first reference computes in the background while other checks run
             first = refs_needed[0]
             pools.trusted_worker().submit(ref_jobs[first])
@@ -156,6 +157,8 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
                     continue
             job = {"kind": "check", "check": c.id, "workspace": str(sub.workspace(src)), "seed": 0}
             timeout = c.timeout or settings.timeout
+            if timed_out.get(c.task):  # an endless loop usually hits every test of the task
+                timeout = min(timeout, settings.timeout_after_timeout)
             try:
                 outcome = pools.get(c.world_size).run(job, timeout)
                 verdict = judge(c, outcome, ref)
@@ -163,6 +166,8 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
                 verdict = Verdict(False, f"autograder problem (not your code): {exc}")
                 results.grader_errors.append(str(exc))
             pools.after_check(c.world_size)
+            if not verdict.passed and "did not finish within" in verdict.message:
+                timed_out[c.task] = True
             results.add(TestResult.of(c, pts if verdict.passed else 0.0, pts, verdict.passed, verdict.message,
                                       visibility_for(c), time.monotonic() - tc, source=src.shown()))
         if pools:

@@ -323,3 +323,11 @@ def test_zip_names_cannot_escape_the_workdir(tmp_path):
     assert [s.shown() for s in sub.sources] == ["student_src"]
     ws = sub.workspace(sub.source_for("1"))
     assert (ws / "student_src" / "train.py").exists() and (ws / "student_src" / "kit" / "models.py").exists()
+
+
+def test_notebook_api_runs_public_checks(capsys):
+    import autograder
+
+    res = autograder.check("1,2b", path=ROOT, raise_on_failure=True)
+    assert {t.id for t in res.tests} == {"1.lowers_loss", "2b.mean_4_ranks"}
+    assert "1.lowers_loss" in capsys.readouterr().out
