@@ -132,6 +132,7 @@ class Bucket:
         self.dtype = self.params[0].dtype
         self.offsets = [0] + list(itertools.accumulate(p.numel() for p in self.params))[:-1]
         self.numel = sum(p.numel() for p in self.params)
+        self._flat: Optional[torch.Tensor] = None  # reused by flat_grads()
         self.reset()
 
     @property
@@ -144,12 +145,21 @@ class Bucket:
         return len(self.ready) == len(self.params)
 
     def flat_grads(self) -> torch.Tensor:
-        """A new flat tensor with the bucket's gradients back to back (zeros where ``.grad`` is None)."""
-        flat = torch.zeros(self.numel, dtype=self.dtype, device=self.params[0].device)
+        """The bucket's gradients back to back in one flat tensor (zeros where ``.grad`` is None).
+
+        The tensor is allocated once and reused every step (as DDP does): allocating tens of MB
+        per bucket per step would cost page faults each time. So it is only valid until the next
+        call; do not hold on to it across steps.
+        """
+        if self._flat is None:
+            self._flat = torch.empty(self.numel, dtype=self.dtype, device=self.params[0].device)
         for p, start in zip(self.params, self.offsets):
-            if p.grad is not None:
-                flat[start:start + p.numel()].copy_(p.grad.reshape(-1))
-        return flat
+            piece = self._flat[start:start + p.numel()]
+            if p.grad is None:
+                piece.zero_()
+            else:
+                piece.copy_(p.grad.reshape(-1))
+        return self._flat
 
     def reset(self) -> None:
         """Forget this step's state; called at the end of every synchronisation."""
