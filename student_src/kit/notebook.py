@@ -179,13 +179,28 @@ def task_argv(task: str, s: Session | None = None, steps: int | None = None, nam
     task = str(task)
     ws = 1 if task == "1" else (world_size or s.world_size)
     steps = steps if steps is not None else s.steps if s.steps is not None else (QUICK_STEPS if s.quick else None)
+    extra = [str(a) for a in extra]
     argv = ["--task", task, "--data_dir", str(s.data_dir), "--output_dir", str(s.runs_dir / run_name(task, name)),
-            "--overwrite_output_dir", "--spawn", "--world_size", str(ws), "--no_progress", *s.flags]
+            "--overwrite_output_dir", "--spawn", "--world_size", str(ws), "--no_progress", *_without(s.flags, extra)]
     if steps:
         argv += ["--max_steps", str(steps)]
     if s.quick and task != "1":
         argv += ["--do_train"]  # quick mode: Task 1 evaluates once; the others only train (faster)
-    return argv + [str(a) for a in extra]
+    return argv + extra
+
+
+def _without(flags: list, extra: list) -> list:
+    """``flags`` minus the ``--name value`` pairs that ``extra`` sets again (the command stays readable)."""
+    given = {a for a in extra if a.startswith("--")}
+    out, skip = [], False
+    for i, a in enumerate(flags):
+        if skip:
+            skip = False
+        elif a in given:
+            skip = i + 1 < len(flags) and not flags[i + 1].startswith("--")
+        else:
+            out.append(a)
+    return out
 
 
 def run_task(task: str, steps: int | None = None, name: str | None = None, extra=(), world_size: int | None = None,
@@ -204,7 +219,8 @@ def run_task(task: str, steps: int | None = None, name: str | None = None, extra
         return None
     argv = task_argv(task, steps=steps, name=name, extra=extra, world_size=world_size)
     cfg = parse_config(argv)
-    title = title or f"Task {task}: {TASK_TITLES.get(str(task), '')} on {cfg.world_size} rank(s), {cfg.model_name_or_path}"
+    title = title or (f"Task {task}: {TASK_TITLES.get(str(task), '')} on {cfg.world_size} rank(s), {cfg.model_name_or_path}"
+                      + (f" [{name}]" if name else ""))
     monitor = RunMonitor(title, cfg.world_size)
     monitor.note("python -m student_src.run_glue " + " ".join(argv))
     try:
@@ -269,7 +285,7 @@ def show_results(task: str, metrics: dict | None = None, name: str | None = None
     evals = report.eval_rows(runs)
     if evals:
         display(Markdown("### Dev accuracy after every epoch\n\n" + report.eval_markdown(evals)))
-    everything = report.load_runs(s.runs_dir)
+    everything = {n: m for n, m in report.load_runs(s.runs_dir).items() if n.startswith("task")}  # not Task 4's variants
     rows = report.timing_rows(everything)
     if rows:
         display(Markdown(f"### Time per iteration, every task so far (`{s.runs_dir}`)\n\n" + report.timing_markdown(rows)))

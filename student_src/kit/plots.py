@@ -18,6 +18,7 @@ import math
 
 from matplotlib.figure import Figure  # no pyplot: never touches the notebook's backend
 from matplotlib.patches import Circle
+from matplotlib.ticker import MaxNLocator
 
 RANK_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 TASK_COLORS = {"1": "#444444", "2a": "#1f77b4", "2b": "#2ca02c", "3": "#d62728", "5": "#9467bd"}
@@ -30,13 +31,18 @@ def to_png(fig: Figure, dpi: int = 90) -> bytes:
     return buf.getvalue()
 
 
+def _wrap(label: str) -> str:
+    """``Task 2b (traffic_b16)`` on two lines, so neighbouring bar labels do not overlap."""
+    return label.replace(" (", "\n(")
+
+
 def live_losses(rank_losses: dict, global_losses: dict, title: str = "", total: int | None = None) -> Figure:
     """Loss per step while training: a thin line per rank (its own batch) and the global mean.
 
     ``rank_losses``: {rank: {step: loss}}; ``global_losses``: {step: mean over ranks}. The ranks'
     lines differ (each sees a different shard); the global mean is what Task 1 should match.
     """
-    fig = Figure(figsize=(6.4, 2.6))
+    fig = Figure(figsize=(7.2, 2.6))
     ax = fig.add_subplot()
     for rank in sorted(rank_losses):
         pts = sorted(rank_losses[rank].items())
@@ -51,10 +57,11 @@ def live_losses(rank_losses: dict, global_losses: dict, title: str = "", total: 
         ax.set_xlim(0.5, max(total, 1) + 0.5)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title or "loss per step", fontsize=10)
     ax.grid(alpha=0.3)
     if pts:
-        ax.legend(fontsize=7, loc="upper right", ncol=2)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     return fig
 
@@ -68,6 +75,7 @@ def loss_curves(series: dict, title: str = "global training loss per step") -> F
         ax.plot(range(1, len(losses) + 1), losses, styles[i % len(styles)], lw=2 if i == 0 else 1.5, label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     if series:
@@ -88,7 +96,7 @@ def time_per_iteration(rows: list[dict], title: str = "") -> Figure:
         x = range(len(rows))
         ax.bar(x, [r["mean_s"] for r in rows], yerr=[r.get("std_s") or 0 for r in rows], capsize=4,
                color=[TASK_COLORS.get(str(r.get("task")), "#888888") for r in rows])
-        ax.set_xticks(list(x), [r["label"] for r in rows], fontsize=8)
+        ax.set_xticks(list(x), [_wrap(r["label"]) for r in rows], fontsize=8)
         for i, r in enumerate(rows):
             ax.annotate(f"{r['mean_s']:.3f} s\n({r['iterations']} it)", (i, r["mean_s"]), ha="center", va="bottom",
                         fontsize=7, xytext=(0, 3), textcoords="offset points")
@@ -112,7 +120,7 @@ def traffic_bars(rows: list[dict], title: str = "") -> Figure:
         xs = list(range(len(rows)))
         ax.bar([x - width / 2 for x in xs], [r["expected_mb_per_iter"] for r in rows], width, label="expected", color="#9ecae1")
         ax.bar([x + width / 2 for x in xs], [r["measured_mb_per_iter"] for r in rows], width, label="measured", color="#3182bd")
-        ax.set_xticks(xs, [r["label"] for r in rows], fontsize=8)
+        ax.set_xticks(xs, [_wrap(r["label"]) for r in rows], fontsize=8)
         for x, r in zip(xs, rows):
             if r.get("ratio"):
                 ax.annotate(f"x{r['ratio']:.3f}", (x + width / 2, r["measured_mb_per_iter"]), ha="center", va="bottom",
