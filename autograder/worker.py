@@ -50,6 +50,23 @@ def _set_pdeathsig() -> None:
         pass
 
 
+def _drop_forkserver_fds() -> None:
+    """Close the fork server's "alive" pipe that multiprocessing hands every forked child.
+
+    While any process holds its write end the fork server never learns that the grader died,
+    so it would not exit, and this rank (which dies with the fork server) would outlive the
+    grader. Closing it keeps the chain grader -> fork server -> ranks tight: no orphans.
+    """
+    try:
+        from multiprocessing import forkserver
+        fd = forkserver._forkserver._forkserver_alive_fd
+        if fd is not None:
+            os.close(fd)
+            forkserver._forkserver._forkserver_alive_fd = None
+    except (ImportError, AttributeError, OSError):
+        pass
+
+
 def _redirect_output(out_conn) -> None:
     fd = out_conn.fileno()
     os.dup2(fd, 1)
@@ -262,6 +279,9 @@ def rank_main(rank, world_size, store_port, prefix, ctrl, out, workdir, settings
     except OSError:
         pass
     _set_pdeathsig()
+    _drop_forkserver_fds()
+    if os.getppid() == 1:  # the parent died before we could ask to die with it
+        os._exit(1)
     _redirect_output(out)
     os.makedirs(workdir, exist_ok=True)
     os.chdir(workdir)

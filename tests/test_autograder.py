@@ -331,3 +331,33 @@ def test_notebook_api_runs_public_checks(capsys):
     res = autograder.check("1,2b", path=ROOT, raise_on_failure=True)
     assert {t.id for t in res.tests} == {"1.lowers_loss", "2b.mean_4_ranks"}
     assert "1.lowers_loss" in capsys.readouterr().out
+
+
+def test_killing_the_grader_leaves_no_orphans(tmp_path):
+    """SIGKILL the grader while a rank spins in an endless loop: every process it started dies."""
+    import signal
+    import time
+
+    import psutil
+
+    sub = mutant(tmp_path / "sub", {"train": """
+        def train_step(*args, **kwargs):
+            while True:
+                pass
+    """})
+    grader = subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(sub), "--tasks", "1", "--quiet"],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        family: list = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # wait for the fork server and a spinning rank
+            family = psutil.Process(grader.pid).children(recursive=True)
+            if any(p.cpu_percent(interval=0.2) > 50 for p in family if "forkserver" in " ".join(p.cmdline())):
+                break
+            time.sleep(0.5)
+        assert len(family) >= 2, "the grader never started its ranks"
+    finally:
+        grader.send_signal(signal.SIGKILL)
+        grader.wait()
+    gone, alive = psutil.wait_procs(family, timeout=15)
+    assert not alive, [p.cmdline()[:3] for p in alive]
