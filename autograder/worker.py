@@ -291,6 +291,8 @@ def rank_main(rank, world_size, store_port, prefix, ctrl, out, workdir, settings
     sys.dont_write_bytecode = True
     me = Rank(rank, world_size, workdir, settings)
     try:
+        import torch
+        torch.set_num_threads(1)  # 4 ranks on a laptop must not oversubscribe; same math everywhere
         if store_port is not None:
             me.init_group(store_port, prefix)
         else:

@@ -361,3 +361,12 @@ def test_killing_the_grader_leaves_no_orphans(tmp_path):
         grader.wait()
     gone, alive = psutil.wait_procs(family, timeout=15)
     assert not alive, [p.cmdline()[:3] for p in alive]
+
+
+def test_task_missing_from_the_kit_is_skipped_with_a_message(monkeypatch):
+    import autograder.runner as runner
+
+    monkeypatch.setattr(runner, "kit_has", lambda module: module != "profiling")
+    res = grade(ROOT, tasks=parse_tasks("4"), settings=Settings(**FAST))
+    assert res.tests and all(t.passed and t.max_score == 0 and t.output.startswith("skipped:") for t in res.tests)
+    assert "profiling.py" in res.tests[0].output
