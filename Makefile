@@ -7,6 +7,7 @@
 #   make test     the test suite
 #   make lab      JupyterLab on the notebooks
 #   make release  the student release into $(RELEASE_DIR)
+#   make cluster-up / cluster-down   an emulated 4-node cluster in network namespaces (Linux, root)
 #
 # With internet, a smaller CPU-only torch wheel:  make setup TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
 
@@ -29,7 +30,7 @@ else
   STAMP := $(ACTIVE_ENV)/.kit-installed
 endif
 
-.PHONY: setup data demo test lab release clean help
+.PHONY: setup data demo test lab release cluster-up cluster-down clean help
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
@@ -61,6 +62,12 @@ lab: setup data
 
 release: setup
 	$(PY) -m autograder release $(RELEASE_DIR)
+
+cluster-up: setup
+	$(PY) -m student_src.kit.cluster up --nodes 4 --rate 1gbit
+
+cluster-down:
+	$(PY) -m student_src.kit.cluster down
 
 clean:
 	rm -rf runs .pytest_cache
