@@ -162,3 +162,24 @@ def test_public_check_runs_in_the_release(release):
     ids = {t["number"] for t in data["tests"]}
     assert ids == {"1.lowers_loss", "4.tensor_nbytes"}
     assert data["score"] == 0
+
+
+def test_gradescope_package(tmp_path):
+    import stat
+    import zipfile
+
+    from autograder.gradescope import build_package
+
+    path = build_package(tmp_path / "gs")
+    with zipfile.ZipFile(path) as zf:
+        names = set(zf.namelist())
+        setup = zf.read("setup.sh").decode()
+        run = zf.read("run_autograder").decode()
+        train = zf.read("kit/student_src/train.py").decode()
+        modes = {i.filename: (i.external_attr >> 16) for i in zf.infolist()}
+    assert {"setup.sh", "run_autograder", "kit/autograder/checks/task1.py", "kit/autograder/points.toml",
+            "kit/student_src/kit/models.py"} <= names
+    assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
+    assert setup.index("torch==2.13.0") < setup.index("pip install /autograder/source/kit")
+    assert "/autograder/submission" in run and "/autograder/results/results.json" in run
+    assert "### BEGIN SOLUTION" not in train and "NotImplementedError" in train  # no solutions in the package
