@@ -430,6 +430,8 @@ class RankPool:
             outcome.outputs = [cap.text() for cap in self.captures]
             self.kill()
             return outcome
+        if any(rep is None or rep.get("status") != "ok" for rep in reports):
+            time.sleep(0.05)  # let the reader threads catch the output printed just before the report
         outcome.outputs = [cap.text() for cap in self.captures]
         if not self._health():
             self.kill()
