@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 #: the order tasks appear in tables and results (unknown tasks go last)
