@@ -7,6 +7,7 @@
 #   make test     the test suite
 #   make lab      JupyterLab on the notebooks
 #   make release  the student release into $(RELEASE_DIR)
+#   make grade    grade this checkout (full marks on the solution source); gradescope: dist/autograder.zip
 #   make cluster-up / cluster-down   an emulated 4-node cluster in network namespaces (Linux, root)
 #
 # With internet, a smaller CPU-only torch wheel:  make setup TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
@@ -18,6 +19,7 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 EXTRAS      ?= dev,notebooks
 RELEASE_DIR ?= release
+RELEASE_FLAGS ?= --force
 DATA_DIR    ?= data/glue_data/RTE
 PYTEST_ARGS ?=
 
@@ -30,7 +32,7 @@ else
   STAMP := $(ACTIVE_ENV)/.kit-installed
 endif
 
-.PHONY: setup data demo test lab release cluster-up cluster-down clean help
+.PHONY: setup data demo test lab release grade gradescope cluster-up cluster-down clean help
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
@@ -61,7 +63,13 @@ lab: setup data
 	$(PY) -m jupyter lab notebooks
 
 release: setup
-	$(PY) -m autograder release $(RELEASE_DIR)
+	$(PY) -m autograder release $(RELEASE_DIR) $(RELEASE_FLAGS)
+
+grade: setup
+	$(PY) -m autograder grade . --results results.json
+
+gradescope: setup
+	$(PY) -m autograder gradescope dist/
 
 cluster-up: setup
 	$(PY) -m student_src.kit.cluster up --nodes 4 --rate 1gbit
