@@ -45,19 +45,31 @@ def test_ddp_replicas_stay_identical():
             assert torch.equal(a, b)
 
 
-def _no_children_left():
+def _children():
+    """Live descendants of this test process (other tests' helpers, e.g. a fork server, included)."""
+    out = set()
+    for c in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(c.cmdline()):
+                out.add(c.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _no_children_left(before):
     time.sleep(0.5)
-    return [c for c in psutil.Process(os.getpid()).children(recursive=True) if c.is_running()
-            and c.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(c.cmdline())]
+    return sorted(_children() - before)
 
 
 def test_a_failing_rank_surfaces_its_traceback_and_stops_the_others():
+    before = _children()
     start = time.monotonic()
     with pytest.raises(RankFailure) as err:
         launch(rank_fns.fails_on_rank_one, 3, threads_per_rank=1, timeout=60)
     assert err.value.rank == 1 and "rank one broke on purpose" in str(err.value)
     assert time.monotonic() - start < 45
-    assert _no_children_left() == []
+    assert _no_children_left(before) == []
 
 
 def test_sys_exit_zero_is_a_failure_not_a_pass():
@@ -66,6 +78,7 @@ def test_sys_exit_zero_is_a_failure_not_a_pass():
 
 
 def test_deadline_stops_a_hanging_launch():
+    before = _children()
     with pytest.raises(LaunchTimeout):
         launch(rank_fns.sleeps_forever, 2, threads_per_rank=1, timeout=8)
-    assert _no_children_left() == []
+    assert _no_children_left(before) == []
