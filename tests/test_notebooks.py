@@ -109,10 +109,11 @@ def test_notebook_executes(name, notebook_env):
     outputs = "".join(o.get("text", "") + str(o.get("data", {}).get("text/markdown", ""))
                       for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "passed" in outputs  # the public check's table
-    assert "Loss per step against Task 1" in outputs and "Time per iteration" in outputs
 
     runs = report.load_runs(notebook_env)
     task = {"1_single_node": "1", "2a_gather_scatter": "2a", "2b_allreduce": "2b", "3_ddp": "3", "5_bucketed": "5"}.get(name)
+    if task:  # the results section: losses against Task 1, time per iteration across tasks
+        assert "Loss per step against Task 1" in outputs and "Time per iteration" in outputs
     if task and task != "1":
         table = report.loss_table({"task1": runs["task1"], f"task{task}": runs[f"task{task}"]})
         assert table["max_abs_diff"][f"Task {task}"] < 1e-4, table

@@ -138,29 +138,32 @@ def session() -> Session:
 def check(*tasks: str) -> None:
     """Run the autograder's public checks of ``tasks`` on this kit's ``student_src``.
 
-    Prints the autograder's table and raises ``AssertionError`` when a point is lost, so
-    nbgrader scores the cell 0 and a student sees at once what to fix. Where a task has no
-    public check, the hidden ones run if this is the instructor's copy of the kit.
+    A thin wrapper of ``autograder.check``: prints the autograder's table and raises
+    ``AssertionError`` when a point is lost, so nbgrader scores the cell 0 and a student sees at
+    once what to fix. Where a task has no public check, the hidden ones run if this is the
+    instructor's copy of the kit (nbgrader grading), else the notebook says so.
     """
     s = session()
     trusted = os.environ.get(ENV_TRUSTED)
     if trusted and trusted not in sys.path:
         sys.path.insert(0, trusted)  # nbgrader: the instructor's autograder, never one shipped in a submission
     try:
-        from autograder.runner import grade
+        import autograder
     except ImportError as exc:
         raise RuntimeError(f"the autograder is not importable ({exc}); it ships with the kit: run this notebook from the kit's "
                            "notebooks/ folder, or `python -m autograder check` in a terminal") from None
-    wanted = {str(t) for t in tasks}
-    results = grade(str(s.root), tasks=wanted, public_only=True)
+    wanted = ",".join(str(t) for t in tasks)
+    results = autograder.check(wanted, path=s.root, quiet=True)
     if not results.tests:
         try:
-            import autograder.checks  # noqa: F401  (instructor's copy only)
-            results = grade(str(s.root), tasks=wanted, public_only=False)
+            import autograder.checks  # noqa: F401  (the instructor's copy only)
         except ImportError:
-            print(f"no public check for Task {'/'.join(sorted(wanted))} in this kit: the run below is your check "
-                  "(its losses must match Task 1's)")
+            print(f"no public check for Task {wanted} in this kit: the run below is your check (its losses must match Task 1's)")
             return
+        from autograder.registry import parse_tasks
+        from autograder.runner import grade
+
+        results = grade(str(s.root), tasks=parse_tasks(wanted), public_only=False)
     print(results.table())
     if results.score < results.max_score or results.grader_errors:
         raise AssertionError(f"{results.max_score - results.score:g} of {results.max_score:g} point(s) lost: "
