@@ -8,16 +8,18 @@ the exact layout and sizes of the real RTE (``train.tsv`` 2490, ``dev.tsv`` 277,
 
 How the examples are made: each premise states a templated fact (people, roles, places,
 organisations, numbers, dates) -- "Maria Costa, a nurse, hired Omar Haddad in Lisbon in
-1998." -- often with an extra clause and one or two distractor sentences. The hypothesis is
-either entailed (a paraphrase, the passive voice, a sub-fact restated) or not (negation,
-swapped roles, a changed person/place/number, or words taken from the distractors so that
-word overlap is high but the claim is false).
+1998." -- sometimes with an extra clause, and sometimes (about one premise in four) with a
+second fact or a background sentence. The hypothesis is either entailed (a paraphrase, the
+passive voice, a sub-fact restated) or not (a person/company or an event the premise never
+mentions, negation, swapped roles, a changed place/number, or words taken from the other
+sentence so that word overlap is high but the claim is false). ``PATTERNS`` lists them with
+their shares; the README written beside the data shows the same table.
 
 Two rules keep the task honest:
   * every hypothesis template is used with both labels, so no single word ("not", "by",
     "is a") or length gives the label away -- a bag-of-words classifier stays far from 100%;
-  * the hard patterns (negation, swapped roles, overlap) are a minority, so a small
-    pretrained model fine-tuned for 3 epochs reaches a clearly-better-than-chance accuracy.
+  * the hard patterns (negated premise, swapped roles, a wrong value or person taken from
+    the premise itself: ``HARD_PATTERNS``) are present but only 20% of the data.
 
 Deterministic: everything comes from one ``random.Random(seed)`` and fixed tuples (never from
 iterating a set), so the same seed gives byte-identical files whatever PYTHONHASHSEED is.
@@ -149,25 +151,30 @@ CLAIMS = {
     "founded": ("{s} was founded in {v}.",),
 }
 
-# Hypothesis patterns: name -> (label, weight within its label). The hard ones (negation,
-# swapped roles, a wrong value taken from elsewhere in the premise) are about a fifth of the data.
+# Hypothesis patterns: name -> (label, weight within its label; each label sums to 50, so a
+# weight is also the pattern's share of the data in percent). Most patterns can be solved by
+# checking that what the hypothesis says is in the premise (a paraphrase or sub-fact against a
+# person / company / event the premise never mentions); the hard ones -- negation of the premise,
+# swapped roles, a wrong value or person taken from the premise itself -- are 20% of the data.
 PATTERNS = {
     # entailment
-    "paraphrase": ("entailment", 14),      # same fact, another verb / word order
+    "paraphrase": ("entailment", 16),      # same fact, another verb / word order
     "passive": ("entailment", 12),         # "B was hired by A"
-    "subfact_attr": ("entailment", 10),    # restates the extra clause ("A is a nurse")
-    "subfact_detail": ("entailment", 8),   # restates the fact with its place / year / amount
-    "other_fact": ("entailment", 3),       # restates the distractor sentence's fact
-    "neg_neg": ("entailment", 3),          # negated premise, negated hypothesis
+    "subfact_attr": ("entailment", 9),     # restates the extra clause ("A is a nurse")
+    "subfact_detail": ("entailment", 7),   # restates the fact with its place / year / amount
+    "other_fact": ("entailment", 3),       # restates the second sentence's fact
+    "neg_neg": ("entailment", 3),          # negated premise, negated hypothesis (hard)
     # not_entailment
-    "negation": ("not_entailment", 3),     # premise positive, hypothesis negated
-    "neg_premise": ("not_entailment", 3),  # premise negated, hypothesis positive
-    "swap": ("not_entailment", 5),         # "B hired A"
     "changed_entity": ("not_entailment", 15),  # a person / company not in the premise
-    "changed_detail": ("not_entailment", 10),  # wrong place / year / amount
-    "overlap_entity": ("not_entailment", 3),   # someone from the distractor sentence instead
-    "wrong_attr": ("not_entailment", 11),      # the clause with a wrong value or wrong person
+    "changed_event": ("not_entailment", 13),   # the same people, an event the premise never states
+    "negation": ("not_entailment", 5),     # premise positive, hypothesis negated
+    "neg_premise": ("not_entailment", 3),  # premise negated, hypothesis positive (hard)
+    "swap": ("not_entailment", 4),         # "B hired A" (hard: every word is in the premise)
+    "changed_detail": ("not_entailment", 4),   # wrong place / year / amount (hard)
+    "overlap_entity": ("not_entailment", 2),   # someone from the other sentence instead (hard)
+    "wrong_attr": ("not_entailment", 4),       # the clause with a wrong value or person (hard)
 }
+HARD_PATTERNS = ("neg_neg", "neg_premise", "swap", "changed_detail", "overlap_entity", "wrong_attr")
 NEEDS_ATTR = {"subfact_attr", "wrong_attr"}
 NEEDS_OTHER = {"other_fact", "overlap_entity"}
 NEGATED_PREMISE = {"neg_neg", "neg_premise"}
@@ -390,6 +397,12 @@ def hypothesis(pattern: str, ex: Example, f: Fact, g: Fact | None) -> str:
         if replace_agent:
             return relation(f, r, agent=new)
         return relation(f, r, patient=new)
+    if pattern == "changed_event":  # another verb of the same kind, never in the premise
+        verbs = PERSON_VERBS if f.kind == "person" else ORG_VERBS
+        verb = r.choice([v for v in verbs if v is not f.verb
+                         and not set(v.participles) & set(f.verb.participles)])
+        other = replace(f, verb=verb, form=r.randrange(len(verb.forms)))
+        return relation(other, r, paraphrase=False)
     if pattern in ("subfact_detail", "changed_detail"):
         kind, value = r.choice(fact_details(f))
         if pattern == "changed_detail":
@@ -421,14 +434,14 @@ def make_example(rng: random.Random, pattern: str) -> tuple[str, str, str]:
     ex = Example(rng)
     kind = "person" if rng.random() < 0.65 else "org"
     negated = pattern in NEGATED_PREMISE or (pattern in NEEDS_ATTR and rng.random() < 0.1)
-    f = ex.fact(kind, with_attr=pattern in NEEDS_ATTR or rng.random() < 0.5, negated=negated)
+    f = ex.fact(kind, with_attr=pattern in NEEDS_ATTR or rng.random() < 0.35, negated=negated)
     g = None
-    if pattern in NEEDS_OTHER or rng.random() < 0.3:
+    if pattern in NEEDS_OTHER or rng.random() < 0.12:
         g = ex.fact(kind, with_attr=rng.random() < 0.3)
     sentences = [render_premise_fact(f, rng)]
     if g is not None:
         sentences.append(render_premise_fact(g, rng))
-    if rng.random() < (0.25 if g is None else 0.1):
+    if rng.random() < (0.12 if g is None else 0.08):
         sentences.append(background_sentence(ex, f))
     if len(sentences) > 1 and rng.random() < 0.3:  # the key fact is not always first
         sentences[0], sentences[1] = sentences[1], sentences[0]
@@ -456,6 +469,39 @@ def generate_split(rng: random.Random, n: int, seen: set[str]) -> list[tuple[str
     return rows
 
 
+PATTERN_TEXT = {
+    "paraphrase": "the premise's fact with another verb of the same meaning (\"hired\" / \"recruited\")",
+    "passive": "the fact in the passive voice (\"B was hired by A\")",
+    "subfact_attr": "restates the premise's extra clause (\"A is a nurse\")",
+    "subfact_detail": "the fact with its correct place, year or amount",
+    "other_fact": "restates the fact of the premise's other sentence",
+    "neg_neg": "premise negated (\"did not hire\"), hypothesis negated too",
+    "changed_entity": "a person or company that is not in the premise",
+    "changed_event": "the same two people/companies, but an event the premise does not state",
+    "negation": "premise positive, hypothesis negated",
+    "neg_premise": "premise negated, hypothesis positive",
+    "swap": "agent and patient swapped (\"B hired A\"): every word is in the premise",
+    "changed_detail": "a wrong place, year or amount (sometimes one from the premise)",
+    "overlap_entity": "a person/company from the premise's other sentence instead",
+    "wrong_attr": "the clause with a wrong value, or the right value for the wrong person",
+}
+
+
+def pattern_table() -> str:
+    """A Markdown table of the hypothesis patterns and their expected shares of the data."""
+    lines = ["| pattern | label | share | hard | what the hypothesis does |",
+             "|---|---|---|---|---|"]
+    total = sum(w for _, w in PATTERNS.values())
+    for name, (label, weight) in PATTERNS.items():
+        hard = "yes" if name in HARD_PATTERNS else ""
+        lines.append(f"| {name} | {label} | {100 * weight / total:.0f}% | {hard} | {PATTERN_TEXT[name]} |")
+    hard_share = sum(PATTERNS[p][1] for p in HARD_PATTERNS) / total
+    lines.append("")
+    lines.append(f"Hard patterns (every word of the hypothesis is, or nearly is, in the premise, or the "
+                 f"premise is negated): {100 * hard_share:.0f}% of the data.")
+    return "\n".join(lines)
+
+
 def readme_text(seed: int, n_train: int, n_dev: int, n_test: int) -> str:
     return f"""# SYNTHETIC RTE (not the real GLUE RTE)
 
@@ -470,6 +516,20 @@ measured on them are NOT comparable with published RTE results.
 - made with seed {seed}; the same command writes byte-identical files:
 
       python data_scripts/make_synthetic_rte.py --seed {seed} --train {n_train} --dev {n_dev} --test {n_test}
+
+## How the examples are made
+
+Each premise states one templated fact about made-up people or companies ("Maria Costa hired
+Omar Haddad in Lisbon in 1998."), sometimes with an extra clause ("Maria Costa, a nurse, ...")
+and sometimes with a second fact or a background sentence. Most premises are one sentence.
+The hypothesis follows one of these patterns (shares are expected values; labels are exactly
+balanced):
+
+{pattern_table()}
+
+Every hypothesis template is used with both labels, so no single word ("not", "by", "was")
+or the length gives the label away; a bag-of-words logistic regression stays near 57% on dev
+(see `benchmarks/task1/README.md`).
 
 To use the real RTE instead (needs internet):
 
