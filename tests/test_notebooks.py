@@ -65,6 +65,45 @@ def test_release_stripping_of_the_notebooks():
         assert not strip.has_markers(text) and "YOUR ANSWER HERE" in text
 
 
+@pytest.mark.parametrize("quick", [True, False])
+def test_run_flags_of_both_modes(quick, tmp_path, monkeypatch):
+    """The flags a notebook run passes are valid, and full mode means the assignment's settings."""
+    from student_src.kit import notebook as kit
+    from student_src.kit.config import parse_config
+
+    (tmp_path / "RTE").mkdir()
+    (tmp_path / "RTE" / "train.tsv").write_text("")  # present: start() must not generate data
+    monkeypatch.delenv("KIT_NOTEBOOK_QUICK", raising=False)
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.chdir(ROOT / "notebooks")
+    s = kit.start(quick=quick, runs_dir=tmp_path / "runs", data_dir=tmp_path / "RTE")
+    assert s.root == ROOT and s.runs_dir == tmp_path / "runs" / ("quick" if quick else "full")
+    for task in ("1", "2a", "2b", "3", "5"):
+        cfg = parse_config(kit.task_argv(task, extra=["--global_batch_size", 32] if task == "2b" else ()))
+        assert cfg.spawn and cfg.world_size == (1 if task == "1" else 4) and cfg.dropout == 0.0
+        assert cfg.output_dir == str(s.runs_dir / f"task{task}")
+        if quick:
+            assert (cfg.model_name_or_path, cfg.max_seq_length, cfg.max_steps) == ("tiny", 32, 3)
+        else:
+            assert (cfg.model_name_or_path, cfg.max_seq_length, cfg.learning_rate, cfg.num_train_epochs, cfg.max_steps) == \
+                ("minilm", 128, 2e-5, 3.0, -1)
+            assert cfg.global_batch_size == (32 if task == "2b" else 64) and cfg.do_eval
+    monkeypatch.setenv("KIT_NOTEBOOK_QUICK", "1")
+    assert kit.quick_mode(False) is True
+
+
+def test_graded_notebook_uses_only_its_own_student_src(tmp_path, monkeypatch):
+    """While nbgrader executes, a submission without student_src is not graded on one further up."""
+    from student_src.kit import notebook as kit
+
+    inside = ROOT / "notebooks"
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    with pytest.raises(FileNotFoundError, match="no student_src"):
+        kit.find_root(inside)
+    monkeypatch.delenv("NBGRADER_EXECUTION")
+    assert kit.find_root(inside) == ROOT
+
+
 # --------------------------------------------------------------------------- execution (slow)
 @pytest.fixture(scope="module")
 def notebook_env(tmp_path_factory, small_rte):
