@@ -5,7 +5,8 @@
 #   make data     generate the synthetic GLUE RTE into data/glue_data/RTE (offline, deterministic)
 #   make demo     Task 1 on MiniLM, then Tasks 2a/2b/3 on 4 local ranks: agreement and time/iteration
 #   make test     the test suite
-#   make lab      JupyterLab on the notebooks
+#   make lab      JupyterLab on the notebooks (make notebooks regenerates them from their builder)
+#   make report   every task's metrics.json (runs/full) into report/: tables and PNG plots
 #   make release  the student release into $(RELEASE_DIR)
 #   make grade    grade this checkout (full marks on the solution source); gradescope: dist/autograder.zip
 #   make cluster-up / cluster-down   an emulated 4-node cluster in network namespaces (Linux, root)
@@ -32,7 +33,7 @@ else
   STAMP := $(ACTIVE_ENV)/.kit-installed
 endif
 
-.PHONY: setup data demo test lab release grade gradescope cluster-up cluster-down clean help
+.PHONY: setup data demo test lab notebooks report release grade gradescope cluster-up cluster-down clean help
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
@@ -61,6 +62,12 @@ test: setup data
 
 lab: setup data
 	$(PY) -m jupyter lab notebooks
+
+notebooks: setup
+	$(PY) -m autograder.course.build_notebooks
+
+report: setup
+	$(PY) -m student_src.kit.report runs/full report
 
 release: setup
 	$(PY) -m autograder release $(RELEASE_DIR) $(RELEASE_FLAGS)
