@@ -102,7 +102,10 @@ def run_rank(rank: int, n: int, a) -> dict:
 
 def _emit(out: dict, path) -> None:
     line = json.dumps(out)
-    print(line, flush=True)
+    # One write per line: ranks share stdout, and print() writes the text and the newline
+    # separately, which lets two ranks' lines interleave.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
     if path:
         with open(path, "a") as f:
             f.write(line + "\n")
