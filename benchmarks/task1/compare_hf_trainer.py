@@ -4,7 +4,7 @@ Same model, data, batch size, sequence length, optimizer (AdamW, linear schedule
 threads; dropout off so both do the same arithmetic. Each runs STEPS steps; the first is dropped
 (warm-up) and examples/s is computed from the remaining steps' wall time.
 
-    python benchmarks/task1/compare_hf_trainer.py --model minilm --steps 11 --threads 2
+    python benchmarks/task1/compare_hf_trainer.py --model minilm --steps 6 --threads 2 --rounds 2
 
 Needs `pip install accelerate` (the Trainer's dependency; not needed by the kit itself).
 """
@@ -75,6 +75,7 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--max_seq_length", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", default=str(Path(__file__).with_name("hf_trainer_results.json")))
     a = p.parse_args()
     torch.set_num_threads(a.threads)
@@ -84,10 +85,15 @@ def main():
     ds = load_glue_dataset(ROOT / "data/glue_data/RTE", "RTE", "train", load_tokenizer(a.model), a.max_seq_length)
     result = {"model": a.model, "batch": a.batch, "max_seq_length": a.max_seq_length, "threads": a.threads,
               "steps": a.steps, "torch": torch.__version__}
-    for name, fn in (("kit", kit_loop), ("hf_trainer", hf_trainer), ("kit_again", kit_loop)):
-        times = fn(a.model, ds, a.batch, a.steps, 2e-5)[1:]
-        result[name] = {"examples_per_s": a.batch * len(times) / sum(times), "mean_step_s": sum(times) / len(times)}
-        print(name, result[name], flush=True)
+    # Interleaved (kit, hf, kit, hf, ...) so a change in machine load hits both alike.
+    runs = {"kit": [], "hf_trainer": []}
+    for r in range(a.rounds):
+        for name, fn in (("kit", kit_loop), ("hf_trainer", hf_trainer)):
+            times = fn(a.model, ds, a.batch, a.steps, 2e-5)[1:]
+            runs[name].append(a.batch * len(times) / sum(times))
+            print(f"round {r}: {name} {runs[name][-1]:.2f} examples/s", flush=True)
+    for name, values in runs.items():
+        result[name] = {"examples_per_s_runs": values, "examples_per_s": sum(values) / len(values)}
     result["ratio_kit_over_hf"] = result["kit"]["examples_per_s"] / result["hf_trainer"]["examples_per_s"]
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))

@@ -74,7 +74,10 @@ def build_optimizer(model, cfg: TrainConfig, total_steps: int):
             continue
         (no_decay if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate)
+    try:  # the fused kernel is several times faster than the per-tensor loop (CPU and CUDA)
+        optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate)
     scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, max(total_steps, 1))
     return optimizer, scheduler
 
