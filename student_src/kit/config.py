@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--global_batch_size", type=int, help="total batch over all workers (default 64); per-worker = global / world_size")
-    g.add_argument("--per_device_train_batch_size", "--per_gpu_train_batch_size", type=int,
+    g.add_argument("--per_device_train_batch_size", "--per_gpu_train_batch_size", "--per_worker_batch_size", type=int,
                    help="per-worker batch size; overrides --global_batch_size")
     g.add_argument("--per_device_eval_batch_size", "--per_gpu_eval_batch_size", type=int)
     g.add_argument("--learning_rate", type=float, help="AdamW learning rate (default 2e-5)")
