@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 import socket
 import subprocess
 import sys
@@ -9,6 +10,8 @@ import sys
 import pytest
 
 from student_src.export import export
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SCHEMA = {"task", "world_size", "global_batch_size", "losses", "rank_losses", "iter_times", "eval", "comm", "config"}
 
@@ -76,3 +79,20 @@ def test_exported_task2a_runs_as_two_processes_with_the_multi_node_flags(small_r
             p.kill()
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert "Task 2a (gather/scatter)" in outputs[0] and "on 2 rank(s)" in outputs[0]
+
+
+def test_torchrun_standalone_runs_task3_with_the_single_node_losses(small_rte):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed next to this Python")
+    args = ["--model_name_or_path", "tiny", "--data_dir", str(small_rte), "--max_seq_length", "32",
+            "--global_batch_size", "16", "--max_steps", "3", "--do_train", "--dropout", "0", "--no_progress",
+            "--num_threads", "1"]
+    proc = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "run_glue.py", "--task", "3", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Task 3 (DistributedDataParallel) on 2 rank(s)" in proc.stdout
+    single = subprocess.run([sys.executable, "run_glue.py", "--task", "1", *args], cwd=ROOT,
+                            capture_output=True, text=True, timeout=240)
+    losses = lambda out: re.search(r"first losses: (.*?)\s+final", out).group(1)
+    assert losses(proc.stdout) == losses(single.stdout)

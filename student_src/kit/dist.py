@@ -164,6 +164,9 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        if os.environ.get("MASTER_PORT") == "0":
+            raise KitError("torchrun was given --master_port 0, which its workers cannot connect to; "
+                           "use `torchrun --standalone` on one machine or a real port (above 1023)")
         if cfg.world_size is not None and cfg.world_size != world_size:
             raise KitError(f"--world_size {cfg.world_size} disagrees with torchrun's WORLD_SIZE={world_size}; drop --world_size under torchrun")
     elif mode == "single":
