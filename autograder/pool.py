@@ -355,9 +355,11 @@ class RankPool:
         for cap in self.captures:
             cap.reset()
         self._t0 = time.monotonic()
+        secrets = job.get("secrets") or [0] * self.world_size
         for r, c in enumerate(self.ctrls):
+            one = {k: v for k, v in job.items() if k != "secrets"}  # each rank gets its own secret only
             try:
-                wire.send(c, dict(job, seed=job.get("seed", 0) + 1000 * r))
+                wire.send(c, dict(one, seed=job.get("seed", 0) + 1000 * r, secret=secrets[r]))
             except (OSError, ValueError):
                 pass
 

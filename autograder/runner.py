@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import random
 import shutil
 import tempfile
 import time
@@ -155,13 +156,14 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
                                               visibility_for(c), time.monotonic() - tc))
                     results.grader_errors.append(f"reference {c.reference}: {ref}")
                     continue
-            job = {"kind": "check", "check": c.id, "workspace": str(sub.workspace(src)), "seed": 0}
+            secrets = draw_secrets(c.world_size)
+            job = {"kind": "check", "check": c.id, "workspace": str(sub.workspace(src)), "seed": 0, "secrets": secrets}
             timeout = c.timeout or settings.timeout
             if timed_out.get(c.task):  # an endless loop usually hits every test of the task
                 timeout = min(timeout, settings.timeout_after_timeout)
             try:
                 outcome = pools.get(c.world_size).run(job, timeout)
-                verdict = judge(c, outcome, ref)
+                verdict = judge(c, outcome, ref, secrets)
             except PoolError as exc:
                 verdict = Verdict(False, f"autograder problem (not your code): {exc}")
                 results.grader_errors.append(str(exc))
@@ -217,7 +219,26 @@ def _output_excerpt(outcome, limit: int = 1500) -> str:
     return ("\n" + "\n".join(parts)) if parts else ""
 
 
-def judge(c: registry.Check, outcome, ref) -> Verdict:
+def draw_secrets(world_size: int) -> list[int]:
+    """One fresh random number per rank for this check (see ``RankContext.secret``)."""
+    rng = random.SystemRandom()
+    return [rng.randrange(1, 2**31 - 1) for _ in range(world_size)]
+
+
+def _call_judge(fn, payloads, ref, secrets) -> None:
+    """Judges take ``(payloads, ref)`` or ``(payloads, ref, secrets)``."""
+    import inspect
+    try:
+        n = len(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        n = 2
+    if n >= 3:
+        fn(payloads, ref, secrets)
+    else:
+        fn(payloads, ref)
+
+
+def judge(c: registry.Check, outcome, ref, secrets=None) -> Verdict:
     """Turn what the ranks reported into pass/fail and a message a student can act on."""
     reports = outcome.reports
     if outcome.problem == "died":  # the other ranks' errors ("connection reset") are its echo
@@ -261,7 +282,7 @@ def judge(c: registry.Check, outcome, ref) -> Verdict:
     payloads = [rep.get("payload") for rep in reports]
     if c.judge_fn is not None:
         try:
-            c.judge_fn(payloads, ref)
+            _call_judge(c.judge_fn, payloads, ref, secrets or [0] * c.world_size)
         except (registry.CheckFailure, AssertionError) as exc:
             return Verdict(False, (str(exc) or "the result is wrong") + _output_excerpt(outcome))
         except Exception as exc:  # a payload shaped in a way the judge did not expect

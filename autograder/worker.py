@@ -106,8 +106,12 @@ def _short(text: str, limit: int = 1500) -> str:
 class RankContext:
     """What a check's ``run(ctx)`` gets: who it is, the student's modules, tools."""
 
-    def __init__(self, rank: int, world_size: int, workdir: str, workspace: str | None, originals: dict):
+    def __init__(self, rank: int, world_size: int, workdir: str, workspace: str | None, originals: dict,
+                 secret: int = 0):
         self.rank = rank
+        #: this rank's own random number, drawn by the grader per grading run; only this rank
+        #: gets it, so no rank can recompute another rank's inputs without communicating
+        self.secret = secret
         self.world_size = world_size
         self.workdir = workdir
         self.workspace = workspace
@@ -220,7 +224,8 @@ class Rank:
                 payload = getattr(refs, msg["name"])()
             else:
                 chk = registry.get(msg["check"])
-                ctx = RankContext(self.rank, self.world_size, self.workdir, self.workspace, self.originals)
+                ctx = RankContext(self.rank, self.world_size, self.workdir, self.workspace, self.originals,
+                                  secret=int(msg.get("secret", 0)))
                 payload = chk.run(ctx)
             res.update(status="ok", payload=payload)
         except CheckFailure as exc:
