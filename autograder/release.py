@@ -1,6 +1,9 @@
 """``python -m autograder release OUT``: the folder students get (push it as their repo).
 
-What ships (``MANIFEST``; edit it here): the README, Makefile, pyproject/environment files,
+What ships (``MANIFEST``; edit it here): the students' own README and Makefile (from
+``autograder/student/``: the README's ``{{shared:NAME}}`` placeholders are filled with the
+instructor README's ``<!-- shared:NAME -->`` sections, so the two cannot drift), the
+pyproject/environment files, the root ``run_glue.py`` (the assignment's command),
 ``student_src`` with the kit (solutions stripped), ``data_scripts``, the notebooks (solutions
 stripped, hidden tests removed, outputs cleared), the public tests, and the part of the
 autograder that runs the public checks (``python -m autograder check``).
@@ -17,6 +20,7 @@ modules import (a subprocess imports them with OUT first on ``sys.path``).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,8 +32,12 @@ from .strip import has_markers, strip_notebook, strip_source
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 
 #: top-level files and folders that ship (missing ones are skipped)
-MANIFEST = ["README.md", "LICENSE", "LICENSE.md", "Makefile", "pyproject.toml", "environment.yml",
-            "requirements.txt", ".gitignore", "student_src", "data_scripts", "notebooks", "tests/public"]
+MANIFEST = ["LICENSE", "LICENSE.md", "pyproject.toml", "environment.yml", "requirements.txt", ".gitignore",
+            "run_glue.py", "student_src", "data_scripts", "notebooks", "tests/public"]
+#: the students' README (a template) and Makefile
+STUDENT_DIR = Path(__file__).resolve().parent / "student"
+SHARED = re.compile(r"<!-- shared:(\w+)[^>]*-->\n(.*?)<!-- /shared -->", re.S)
+PLACEHOLDER = re.compile(r"\{\{shared:(\w+)\}\}")
 #: the public part of the autograder (what `python -m autograder check` needs)
 AUTOGRADER_PUBLIC = ["__init__.py", "__main__.py", "_preload.py", "cli.py", "registry.py", "points.py", "points.toml",
                      "fixtures.py", "pool.py", "worker.py", "wire.py", "spy.py", "runner.py", "results.py",
@@ -48,6 +56,25 @@ def _copy(src: Path, dst: Path) -> None:
     else:
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dst)
+
+
+def shared_sections(readme_text: str) -> dict[str, str]:
+    """The instructor README's ``<!-- shared:NAME -->`` ... ``<!-- /shared -->`` sections."""
+    return {m.group(1): m.group(2).strip("\n") + "\n" for m in SHARED.finditer(readme_text)}
+
+
+def student_readme(source: Path = SOURCE_ROOT, template: Path | None = None) -> str:
+    """The students' README: ``autograder/student/README.md`` with the shared sections filled in."""
+    sections = shared_sections((source / "README.md").read_text(encoding="utf-8"))
+    text = (template or STUDENT_DIR / "README.md").read_text(encoding="utf-8")
+
+    def fill(m):
+        if m.group(1) not in sections:
+            raise ValueError(f"the students' README asks for section {m.group(1)!r}, which README.md does not mark "
+                             f"(<!-- shared:{m.group(1)} --> ... <!-- /shared -->)")
+        return sections[m.group(1)].rstrip("\n")
+
+    return PLACEHOLDER.sub(fill, text)
 
 
 def _strip_tree(root: Path) -> None:
@@ -77,7 +104,7 @@ def verify(root: Path, import_modules: bool = True) -> None:
                     compile(path.read_text(encoding="utf-8"), str(path), "exec")
                 except SyntaxError as exc:
                     problems.append(f"{path.relative_to(root)} does not compile after stripping: {exc}")
-    for hidden in ("autograder/checks", "autograder/references.py"):
+    for hidden in ("autograder/checks", "autograder/references.py", "autograder/student"):
         if (root / hidden).exists():
             problems.append(f"{hidden} must not ship")
     if problems:
@@ -104,6 +131,8 @@ def build_release(out, force: bool = False, verify_imports: bool = True, source:
         for name in MANIFEST:
             if (source / name).exists():
                 _copy(source / name, tmp / name)
+        (tmp / "README.md").write_text(student_readme(source), encoding="utf-8")
+        shutil.copy2(STUDENT_DIR / "Makefile", tmp / "Makefile")
         for name in AUTOGRADER_PUBLIC:
             if (source / "autograder" / name).exists():
                 _copy(source / "autograder" / name, tmp / "autograder" / name)

@@ -183,3 +183,50 @@ def test_gradescope_package(tmp_path):
     assert setup.index("torch==2.13.0") < setup.index("pip install /autograder/source/kit")
     assert "/autograder/submission" in run and "/autograder/results/results.json" in run
     assert "### BEGIN SOLUTION" not in train and "NotImplementedError" in train  # no solutions in the package
+
+
+# --------------------------------------------------------------------------- the students' repository
+sys.path.insert(0, str(ROOT / "tests"))
+from mentions import check_tree, makefile_targets, problems_in  # noqa: E402
+
+
+def test_release_is_a_repository_of_its_own(release):
+    from autograder.release import shared_sections
+
+    readme = (release / "README.md").read_text()
+    assert "For instructors" not in readme and "solutions" not in readme.lower()
+    assert "{{shared" not in readme and "<!-- shared" not in readme
+    # the sections both READMEs share are the instructor README's, word for word
+    sections = shared_sections((ROOT / "README.md").read_text())
+    assert {"students", "cluster"} <= sections.keys()
+    for name, body in sections.items():
+        assert body.strip() in readme, name
+    assert "python run_glue.py --task 2a --master_ip 10.10.1.1 --master_port 6585 --world_size 4 --local_rank 0" in readme
+    for command in ("make setup", "make data", "make lab", "make test", "make export", "python -m autograder check"):
+        assert command in readme, command
+    targets = makefile_targets((release / "Makefile").read_text()) - {"help"}
+    assert {t for t in targets if not t.startswith((".", "$"))} == {"setup", "data", "lab", "test", "export"}
+    mk = (release / "Makefile").read_text()
+    assert "-m autograder check" in mk and "data_scripts/make_synthetic_rte.py" in mk
+    assert (release / "run_glue.py").is_file() and (release / "data_scripts" / "make_synthetic_rte.py").is_file()
+    proc = subprocess.run([sys.executable, "run_glue.py", "--help"], cwd=release, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=str(release)))
+    assert proc.returncode == 0 and "--master_ip" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_every_command_path_and_file_the_release_mentions_exists(release):
+    problems, checked = check_tree(release)
+    assert checked > 100  # README, Makefile, six notebooks and the kit's messages were read
+    assert problems == []
+
+
+def test_the_mention_checker_catches_what_the_instructor_readme_got_wrong(release, tmp_path):
+    makefile = release / "Makefile"
+    bad = ["make grade", "make release RELEASE_DIR=release", "python -m autograder.course init COURSE",
+           "tests/test_release.py", "benchmarks/task1/", "python data_scripts/missing.py", "3_ddpp"]
+    for mention in bad:
+        assert problems_in(mention, release, "README.md", makefile), mention
+    for mention in ("make setup && make lab", "python -m student_src.run_glue --task 1 --output_dir runs/task1",
+                    "python run_glue.py --task 2a --local_rank 0", "student_src/kit/trainer.py", "2b_allreduce"):
+        assert problems_in(mention, release, "README.md", makefile) == [], mention
+    assert problems_in("make data", tmp_path, "CLOUDLAB.md")  # no Makefile there
