@@ -1,9 +1,15 @@
-"""Small synthetic models, batches and gradients that the checks share.
+"""Rank-side builders the checks share: small synthetic models, batches, gradients, recorders.
 
 Checks use these instead of BERT because they build in microseconds and fail loudly: a
 three-layer classifier with the same ``forward(**batch) -> .loss`` contract as a Hugging Face
 model, batches with the same keys the kit's loader produces, and per-rank gradients drawn from
-seeded generators so that the grader's own process can recompute the exact mean.
+generators seeded by the rank's **secret** (``ctx.secret``: a fresh random number per check and
+rank, drawn by the grader; each rank gets only its own).
+
+Everything here runs in rank processes, next to student code, so nothing here may let one rank
+compute another rank's values: every per-rank input is a function of that rank's secret, which
+the other ranks never see. The expected values and the comparisons live in
+:mod:`autograder.judging`, which the grader's parent process runs with *every* rank's secret.
 """
 
 from __future__ import annotations
@@ -14,6 +20,16 @@ from torch import nn
 VOCAB = 50
 SEQ = 6
 HIDDEN = 8
+
+
+def derive_seed(secret: int, *salt) -> int:
+    """A generator seed from a rank's secret and a label (distinct labels, distinct seeds)."""
+    h = int(secret) & 0x7FFFFFFF
+    for s in salt:
+        for c in str(s):
+            h = (h * 1_000_003 + ord(c)) % 0x7FFFFFFF
+        h = (h * 1_000_003 + 0x5F) % 0x7FFFFFFF
+    return h
 
 
 class Output(dict):
@@ -66,9 +82,10 @@ class TinyClassifier(nn.Module):
         return out
 
 
-def make_model(seed: int = 0, **kwargs) -> TinyClassifier:
+def make_model(seed: int = 0, dtype: torch.dtype | None = None, **kwargs) -> TinyClassifier:
     torch.manual_seed(seed)
-    return TinyClassifier(**kwargs)
+    model = TinyClassifier(**kwargs)
+    return model if dtype is None else model.to(dtype)
 
 
 def make_batch(seed: int = 0, batch_size: int = 8) -> dict:
@@ -82,66 +99,45 @@ def make_batch(seed: int = 0, batch_size: int = 8) -> dict:
             "labels": torch.randint(0, 2, (batch_size,), generator=g)}
 
 
-def rank_grad(rank: int, name: str, shape) -> torch.Tensor:
-    """The gradient rank ``rank`` holds for parameter ``name`` (distinct per rank and name)."""
-    seed = 1_000 * (rank + 1) + sum(ord(c) * (i + 1) for i, c in enumerate(name))
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(tuple(shape), generator=g) * (rank + 1)
+# ---------------------------------------------------------------- per-rank gradients (2a, 2b)
+
+def rank_grad(secret: int, name: str, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The gradient the rank holding ``secret`` has for parameter ``name`` (contiguous)."""
+    g = torch.Generator().manual_seed(derive_seed(secret, "grad", name))
+    scale = 0.5 + (derive_seed(secret, "scale", name) % 1000) / 250.0  # 0.5 .. 4.5: ranks differ in size too
+    return torch.randn(tuple(shape), generator=g, dtype=dtype) * scale
 
 
-def set_rank_grads(model: nn.Module, rank: int) -> None:
-    """Give every trainable, used parameter its rank's gradient; leave the others' grad None."""
+def non_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a tensor that is not contiguous (a transposed copy, or a strided view)."""
+    if t.dim() >= 2:
+        return t.transpose(0, 1).contiguous().transpose(0, 1)
+    if t.dim() == 1:
+        out = torch.zeros(2 * t.numel(), dtype=t.dtype)[::2]
+        out.copy_(t)
+        return out
+    return t.clone()
+
+
+def trainable_names(model: nn.Module) -> list[str]:
+    """The parameters that get a gradient (trainable and used by forward)."""
+    return [n for n, p in model.named_parameters() if p.requires_grad and not n.startswith("unused")]
+
+
+def set_rank_grads(model: nn.Module, secret: int, layout: str = "contiguous") -> None:
+    """Give every trainable, used parameter this rank's gradient; leave the others' grad None."""
+    names = set(trainable_names(model))
     for name, p in model.named_parameters():
-        if p.requires_grad and not name.startswith("unused"):
-            p.grad = rank_grad(rank, name, p.shape)
+        if name in names:
+            g = rank_grad(secret, name, p.shape, p.dtype)
+            p.grad = non_contiguous(g) if layout == "non_contiguous" else g
         else:
             p.grad = None
 
 
-def expected_mean_grads(model_kwargs: dict, world_size: int) -> dict:
-    """What every rank's gradients must be after averaging (computed without student code)."""
-    model = TinyClassifier(**model_kwargs)
-    out = {}
-    for name, p in model.named_parameters():
-        if p.requires_grad and not name.startswith("unused"):
-            out[name] = sum(rank_grad(r, name, p.shape) for r in range(world_size)) / world_size
-        else:
-            out[name] = None
-    return out
-
-
 def grads_payload(model: nn.Module) -> dict:
-    return {name: (None if p.grad is None else p.grad.detach().clone()) for name, p in model.named_parameters()}
-
-
-def compare_grads(got: dict, want: dict, rank: int, atol: float = 1e-5) -> str | None:
-    """A message about the first gradient that is wrong, or None."""
-    for name, w in want.items():
-        g = got.get(name)
-        if w is None:
-            if g is not None:
-                return f"rank {rank}: {name} had no gradient (None) but got one; skip parameters whose .grad is None"
-            continue
-        if g is None:
-            return f"rank {rank}: {name}.grad is None after the sync"
-        if tuple(g.shape) != tuple(w.shape):
-            return f"rank {rank}: {name}.grad has shape {tuple(g.shape)}, expected {tuple(w.shape)}"
-        err = (g.double() - w.double()).abs().max().item()
-        if not err <= atol:
-            ratio = (g.double().norm() / w.double().norm()).item() if w.norm() > 0 else float("nan")
-            hint = ""
-            if abs(ratio - 4.0) < 0.05:
-                hint = " (it looks like the sum: divide by the world size)"
-            return (f"rank {rank}: {name}.grad is not the mean over the ranks (max abs error {err:.3g}, "
-                    f"norm ratio {ratio:.3g}){hint}")
-    return None
-
-
-# ---------------------------------------------------------------- gradient-sync checks (2a, 2b)
-
-SYNC_FUNCTIONS = {"2a": "gather_scatter_average", "2b": "allreduce_average"}
-ALLOWED_COLLECTIVES = {"2a": {"gather", "scatter", "barrier"}, "2b": {"all_reduce", "barrier"}}
-REQUIRED_COLLECTIVES = {"2a": {"gather", "scatter"}, "2b": {"all_reduce"}}
+    return {name: (None if p.grad is None else p.grad.detach().contiguous().clone())
+            for name, p in model.named_parameters()}
 
 
 def student_function(ctx, module: str, name: str):
@@ -152,48 +148,24 @@ def student_function(ctx, module: str, name: str):
     return fn
 
 
-def run_sync(ctx, task: str, model_kwargs: dict, **call_kwargs) -> dict:
-    """Rank side: give this rank its own gradients, call the student's sync, report what it did."""
-    model = make_model(seed=0, **model_kwargs)
-    set_rank_grads(model, ctx.rank)
+SYNC_FUNCTIONS = {"2a": "gather_scatter_average", "2b": "allreduce_average"}
+
+
+def run_sync(ctx, task: str, model_kwargs: dict, dtype: torch.dtype | None = None,
+             layout: str = "contiguous", **call_kwargs) -> dict:
+    """Rank side: give this rank its own gradients, call the student's sync, report what it did.
+
+    The payload is raw observations (the gradients after the call, the collectives seen); the
+    judge (:func:`autograder.judging.judge_mean`) decides whether they are the mean.
+    """
+    model = make_model(seed=0, dtype=dtype, **model_kwargs)
+    set_rank_grads(model, ctx.secret, layout)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with ctx.spy() as spy:
         fn = student_function(ctx, "sync", SYNC_FUNCTIONS[task])
         fn(model, **call_kwargs)
-    for n, p in model.named_parameters():
-        if not torch.equal(p.detach(), before[n]):
-            ctx.fail(f"{SYNC_FUNCTIONS[task]} changed the parameter {n} itself; it must only average .grad")
-    return {"grads": grads_payload(model), "calls": spy.calls}
-
-
-def judge_mean(payloads, task: str, model_kwargs: dict) -> None:
-    from .registry import CheckFailure
-    world = len(payloads)
-    want = expected_mean_grads(model_kwargs, world)
-    for r, p in enumerate(payloads):
-        msg = compare_grads(p["grads"], want, r)
-        if msg:
-            raise CheckFailure(f"{SYNC_FUNCTIONS[task]} on {world} rank(s) with a different random gradient per rank: {msg}")
-
-
-def judge_collectives(payloads, task: str) -> None:
-    from .registry import CheckFailure
-    allowed, required = ALLOWED_COLLECTIVES[task], REQUIRED_COLLECTIVES[task]
-    fn = SYNC_FUNCTIONS[task]
-    for r, p in enumerate(payloads):
-        names = [n for n, _ in p["calls"]]
-        counts = {n: names.count(n) for n in sorted(set(names))}
-        extra = sorted(set(names) - allowed)
-        if extra:
-            raise CheckFailure(f"rank {r}: {fn} must use only {' and '.join(sorted(required))}, "
-                               f"but it called {', '.join(f'{n} x{counts[n]}' for n in extra)}")
-        missing = sorted(required - set(names))
-        if missing:
-            raise CheckFailure(f"rank {r}: {fn} never called {' / '.join(missing)} (collectives seen: {counts or 'none'})")
-        if task == "2b":
-            ops = {info.get("op", "SUM") for n, info in p["calls"] if n == "all_reduce"}
-            if ops - {"SUM"}:
-                raise CheckFailure(f"rank {r}: all_reduce was called with op {sorted(ops)}; use ReduceOp.SUM and divide by the world size")
+    changed = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    return {"grads": grads_payload(model), "calls": spy.calls, "params_changed": changed}
 
 
 # ---------------------------------------------------------------- training-step helpers
@@ -214,6 +186,85 @@ def trusted_step(model, batch, optimizer, sync=None, max_grad_norm=None):
 
 def params_payload(model) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+# ---------------------------------------------------------------- Task 1 recorders
+
+class RecordingSGD(torch.optim.SGD):
+    """An SGD that logs each ``step`` (with a copy of the gradients it saw) and ``zero_grad``."""
+
+    def __init__(self, params, events, lr=0.1):
+        super().__init__(params, lr=lr)
+        self.events = events
+
+    def step(self, closure=None):
+        self.events.append({"kind": "step", "grads": [None if p.grad is None else p.grad.detach().clone()
+                                                      for g in self.param_groups for p in g["params"]]})
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        self.events.append({"kind": "zero_grad"})
+        return super().zero_grad(set_to_none=set_to_none)
+
+
+class RecordingScheduler(torch.optim.lr_scheduler.LambdaLR):
+    def __init__(self, optimizer, events):
+        self.events = events
+        super().__init__(optimizer, lambda step: 1.0)
+        self._ready = True
+
+    def step(self, *args, **kwargs):
+        if getattr(self, "_ready", False):
+            self.events.append({"kind": "scheduler"})
+        return super().step(*args, **kwargs)
+
+
+#: what the fake ``sync_gradients`` multiplies the gradients by: a huge gradient that only
+#: clipping *after* the sync tames
+SYNC_SCALE = 1000.0
+
+
+def record_train_calls(ctx, calls: list[dict], lr: float, salt: str, clear_between: bool) -> dict:
+    """Rank side of Task 1's checks: call the student's ``train_step`` and record what it did.
+
+    ``calls``: one dict per call, ``{"batch": label, "scheduler": bool, "sync": bool,
+    "max_grad_norm": x}``. The model and batches derive from this rank's secret (the judge
+    rebuilds them). ``clear_between``: the grader clears the gradients before each call (so a
+    missing ``zero_grad`` cannot be mistaken for another fault). Records, per call: the events
+    (optimizer steps with the gradients they saw, zero_grad, scheduler steps, sync calls with
+    the gradients it got), what ``train_step`` returned, and the gradients left afterwards.
+    """
+    train_step = student_function(ctx, "train", "train_step")
+    model = make_model(seed=derive_seed(ctx.secret, salt, "model"))
+    events: list = []
+    opt = RecordingSGD(model.parameters(), events, lr=lr)
+    sched = RecordingScheduler(opt, events)
+    out = []
+    for c in calls:
+        if clear_between:
+            for p in model.parameters():
+                p.grad = None
+        start = len(events)
+
+        def fake_sync(m):
+            grads = [p.grad for p in model.parameters() if p.requires_grad]
+            events.append({"kind": "sync", "is_model": m is model,
+                           "grads": [None if g is None else g.detach().clone() for g in grads]})
+            for g in grads:
+                if g is not None:
+                    g.mul_(SYNC_SCALE)
+
+        batch = make_batch(derive_seed(ctx.secret, salt, "batch", c["batch"]))
+        ret = train_step(model, batch, opt, sched if c.get("scheduler") else None,
+                         fake_sync if c.get("sync") else None, c.get("max_grad_norm"))
+        info = {"type": type(ret).__name__, "is_tensor": isinstance(ret, torch.Tensor)}
+        if isinstance(ret, torch.Tensor):
+            info.update(shape=list(ret.shape), requires_grad=bool(ret.requires_grad),
+                        has_grad_fn=ret.grad_fn is not None,
+                        value=float(ret.detach().double().reshape(-1)[0]) if ret.numel() else None)
+        left = [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+        out.append({"events": events[start:], "returned": info, "left": left})
+    return {"calls": out}
 
 
 # ---------------------------------------------------------------- data-loader checks (2)

@@ -1,54 +1,71 @@
-"""Trusted reference runs (hidden; never shipped). They run in the *trusted* worker, a process
-that never imports student code, and their results are what the equivalence checks compare to.
+"""The loss-equivalence runs (hidden; never shipped): the student's 2a, 2b and 3 train the
+``tiny`` BERT exactly like one node.
 
-The loss-equivalence setup: the kit's ``tiny`` BERT (dropout 0, seeded identically), a fixed
-sequence of global batches of 8 examples, plain SGD without clipping (Adam would hide a sum
-taken for a mean: it is invariant to the gradient's scale). The single-process reference trains
-on the whole global batch; rank r of 4 trains on rows r, r+4 of it, and averaging the gradients
-of equal-sized shards gives exactly the global batch's gradient. So the mean over ranks of the
-local losses must equal the reference loss at every step, and after the steps every replica
-must give the reference's loss on a probe batch.
+The setup: the kit's ``tiny`` BERT (dropout 0, seeded identically on every rank), ``STEPS``
+global batches of ``GLOBAL_BATCH`` examples, plain SGD without clipping (Adam would hide a sum
+taken for a mean: it is invariant to the gradient's scale). Rank r's share of each global batch
+(``GLOBAL_BATCH / world`` rows) is drawn from **rank r's secret**; the global batch is the
+ranks' shares together. Averaging the gradients of equal-sized shards gives exactly the global
+batch's gradient, so the mean over ranks of the local losses must equal the single-node loss on
+the global batch at every step, and after the steps every replica must give the single-node
+model's loss on a probe batch.
+
+Why the shares come from the secrets: with a fixed global batch that every rank can rebuild
+(this module is importable in a rank), a ``sync`` that never communicates could compute the
+global batch's gradient by itself and pass. Now no rank knows the other ranks' rows, so only
+an exchange of gradients can produce the global mean. The single-node reference therefore needs
+every secret: the judge computes it in the grader's own process (which has them), not the
+trusted worker (which is started without them). The initial weights and the probe batch stay
+fixed: they are the same on every rank by design and say nothing about other ranks' data.
 """
 
 from __future__ import annotations
 
 import torch
 
-from autograder.fixtures import trusted_step
+from autograder.fixtures import derive_seed, trusted_step
 
 STEPS = 3
 GLOBAL_BATCH = 8
 SEQ = 16
 LR = 0.5
 TOL = 1e-4
+VOCAB = 30522
 
 
 def tiny_model():
-    from student_src.kit.models import load_model  # the trusted kit in the workspace
+    """The kit's ``tiny`` model (``student_src.kit.models.tiny_config``, dropout 0), built from
+    transformers directly so that the grader's own process never imports ``student_src``."""
+    from transformers import BertConfig, BertForSequenceClassification
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_error()
+    config = BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=128, max_position_embeddings=512, type_vocab_size=2, num_labels=2,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
     torch.manual_seed(0)
-    model = load_model("tiny", num_labels=2, dropout=0.0)
+    model = BertForSequenceClassification(config)
     model.train()
     return model
 
 
-def tiny_batches(vocab_size: int):
-    """``STEPS`` training batches and one probe batch, all of ``GLOBAL_BATCH`` rows."""
-    g = torch.Generator().manual_seed(1234)
-    out = []
-    for _ in range(STEPS + 1):
-        ids = torch.randint(1000, min(vocab_size, 20000), (GLOBAL_BATCH, SEQ), generator=g)
-        mask = torch.ones(GLOBAL_BATCH, SEQ, dtype=torch.long)
-        mask[::2, SEQ - 5:] = 0
-        types = torch.zeros(GLOBAL_BATCH, SEQ, dtype=torch.long)
-        types[:, SEQ // 2:] = 1
-        labels = torch.randint(0, 2, (GLOBAL_BATCH,), generator=g)
-        out.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "labels": labels})
-    return out[:-1], out[-1]
+def _batch(g: torch.Generator, rows: int) -> dict:
+    ids = torch.randint(1000, 20000, (rows, SEQ), generator=g)
+    mask = torch.ones(rows, SEQ, dtype=torch.long)
+    mask[::2, SEQ - 5:] = 0
+    types = torch.zeros(rows, SEQ, dtype=torch.long)
+    types[:, SEQ // 2:] = 1
+    labels = torch.randint(0, 2, (rows,), generator=g)
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "labels": labels}
 
 
-def shard(batch: dict, rank: int, world_size: int) -> dict:
-    return {k: v[rank::world_size] for k, v in batch.items()}
+def rank_batch(secret: int, step: int, world_size: int) -> dict:
+    """The rows the rank holding ``secret`` trains on at ``step``."""
+    return _batch(torch.Generator().manual_seed(derive_seed(secret, "tiny-bert", step)), GLOBAL_BATCH // world_size)
+
+
+def probe_batch() -> dict:
+    return _batch(torch.Generator().manual_seed(1234), GLOBAL_BATCH)
 
 
 def probe_loss(model, probe) -> float:
@@ -60,38 +77,45 @@ def probe_loss(model, probe) -> float:
     return loss
 
 
-def tiny_equivalence() -> dict:
-    """The single-process reference run."""
+def single_node(secrets: list[int]) -> dict:
+    """The single-process reference (grader's process): every rank's rows, one model."""
+    world = len(secrets)
     model = tiny_model()
-    batches, probe = tiny_batches(model.config.vocab_size)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = [trusted_step(model, b, opt).item() for b in batches]
-    return {"losses": losses, "probe": probe_loss(model, probe)}
+    losses = []
+    for step in range(STEPS):
+        parts = [rank_batch(s, step, world) for s in secrets]
+        losses.append(trusted_step(model, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, opt).item())
+    return {"losses": losses, "probe": probe_loss(model, probe_batch())}
 
 
-def distributed_run(rank: int, world_size: int, sync=None, wrap=None) -> dict:
-    """Rank side: the same run on this rank's shards, with the student's ``sync`` or ``wrap``."""
+def distributed_run(ctx, sync=None, wrap=None) -> dict:
+    """Rank side: the same run on this rank's rows, with the student's ``sync`` or ``wrap``."""
     model = tiny_model()
-    batches, probe = tiny_batches(model.config.vocab_size)
     trained = wrap(model) if wrap is not None else model
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = [trusted_step(trained, shard(b, rank, world_size), opt, sync=sync).item() for b in batches]
-    return {"losses": losses, "probe": probe_loss(model, probe)}
+    losses = [trusted_step(trained, rank_batch(ctx.secret, s, ctx.world_size), opt, sync=sync).item()
+              for s in range(STEPS)]
+    return {"losses": losses, "probe": probe_loss(model, probe_batch())}
 
 
-def judge_equivalence(payloads, ref, what: str) -> None:
+def judge_equivalence(payloads, secrets, what: str) -> None:
     from autograder.registry import CheckFailure
 
     world = len(payloads)
+    ref = single_node(secrets)
+    for r, p in enumerate(payloads):
+        if not isinstance(p, dict) or len(p.get("losses") or []) != STEPS:
+            raise CheckFailure(f"{what}: rank {r} did not report its {STEPS} losses")
     for step, want in enumerate(ref["losses"]):
-        got = sum(p["losses"][step] for p in payloads) / world
+        got = sum(float(p["losses"][step]) for p in payloads) / world
         if not abs(got - want) <= TOL:
             raise CheckFailure(
                 f"{what}: at step {step + 1} the mean loss over the {world} ranks is {got:.6f} but single-node "
                 f"training on the same global batch gives {want:.6f} (tolerance {TOL:g}); "
-                + ("the gradients are not the exact average (a sum, a missing parameter, a wrong order?)"
+                + ("the gradients are not the exact average (a sum, a missing parameter, no exchange at all?)"
                    if step else "the first step's loss differs: do the ranks start from the same weights?"))
     for r, p in enumerate(payloads):
-        if not abs(p["probe"] - ref["probe"]) <= TOL:
-            raise CheckFailure(f"{what}: after {len(ref['losses'])} steps rank {r}'s model gives loss {p['probe']:.6f} on a "
+        if not abs(float(p["probe"]) - ref["probe"]) <= TOL:
+            raise CheckFailure(f"{what}: after {STEPS} steps rank {r}'s model gives loss {p['probe']:.6f} on a "
                                f"probe batch, single-node training gives {ref['probe']:.6f}: the replicas drifted apart")

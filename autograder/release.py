@@ -40,7 +40,7 @@ SHARED = re.compile(r"<!-- shared:(\w+)[^>]*-->\n(.*?)<!-- /shared -->", re.S)
 PLACEHOLDER = re.compile(r"\{\{shared:(\w+)\}\}")
 #: the public part of the autograder (what `python -m autograder check` needs)
 AUTOGRADER_PUBLIC = ["__init__.py", "__main__.py", "_preload.py", "cli.py", "registry.py", "points.py", "points.toml",
-                     "fixtures.py", "pool.py", "worker.py", "wire.py", "spy.py", "runner.py", "results.py",
+                     "fixtures.py", "judging.py", "pool.py", "worker.py", "wire.py", "spy.py", "runner.py", "results.py",
                      "submission.py", "public"]
 #: public test files at the top of tests/ (glob patterns)
 PUBLIC_TESTS = ["test_public*.py"]

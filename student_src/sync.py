@@ -57,14 +57,19 @@ def gather_scatter_average(model, group=None):
     rank = dist.get_rank(group)
     root = 0 if group is None else dist.get_global_rank(group, 0)
     for grad in _grads(model):
+        # collectives need contiguous memory: a non-contiguous .grad (a transposed view, say) is
+        # exchanged through a contiguous copy, and the result is written back into .grad
+        buf = grad.contiguous()
         if rank == 0:
-            gathered = [torch.empty_like(grad) for _ in range(world_size)]
-            dist.gather(grad, gather_list=gathered, dst=root, group=group)
+            gathered = [torch.empty_like(buf) for _ in range(world_size)]
+            dist.gather(buf, gather_list=gathered, dst=root, group=group)
             mean = torch.stack(gathered).sum(0).div_(world_size)
-            dist.scatter(grad, scatter_list=[mean] * world_size, src=root, group=group)
+            dist.scatter(buf, scatter_list=[mean] * world_size, src=root, group=group)
         else:
-            dist.gather(grad, dst=root, group=group)
-            dist.scatter(grad, src=root, group=group)
+            dist.gather(buf, dst=root, group=group)
+            dist.scatter(buf, src=root, group=group)
+        if buf is not grad:
+            grad.copy_(buf)
     ### END SOLUTION
 
 
@@ -91,6 +96,9 @@ def allreduce_average(model, group=None, comm_log=None):
     for grad in _grads(model):
         if comm_log is not None:
             comm_log.record("all_reduce", grad)
-        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=group)
-        grad.div_(world_size)
+        buf = grad.contiguous()  # the same tensor unless .grad is non-contiguous
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+        buf.div_(world_size)
+        if buf is not grad:
+            grad.copy_(buf)  # write the mean back into .grad itself
     ### END SOLUTION

@@ -1,48 +1,15 @@
 """Hidden checks for Task 2b: ``allreduce_average`` beyond the public mean check.
 
-Every rank holds a different random gradient for each parameter (``fixtures.rank_grad``); the
-grader's own process recomputes the exact mean and compares every rank's result with it. The
-collectives the function calls are recorded by wrapping ``torch.distributed`` in the rank.
+None gradients, world sizes 1 and 3, non-contiguous and float64 gradients, the collectives used
+(definitions shared with 2a in ``_sync.py``), and the ``comm_log`` records.
 """
 
-from autograder import fixtures
+from autograder import fixtures, judging
+from autograder.checks._sync import WITH_NONE, define_all
 from autograder.registry import check
 
 TASK = "2b"
-WITH_NONE = {"frozen": True, "unused": True}
-
-
-@check(f"{TASK}.none_grads_skipped", task=TASK, world_size=4, needs="sync", points=1,
-       title="allreduce_average skips parameters whose .grad is None (frozen, unused)")
-def none_grads(ctx):
-    return fixtures.run_sync(ctx, TASK, WITH_NONE)
-
-
-@none_grads.judge
-def _(payloads, ref):
-    fixtures.judge_mean(payloads, TASK, WITH_NONE)
-
-
-@check(f"{TASK}.world_size_1", task=TASK, world_size=1, needs="sync", points=1,
-       title="allreduce_average works on a single rank (world size 1)")
-def world_size_1(ctx):
-    return fixtures.run_sync(ctx, TASK, {})
-
-
-@world_size_1.judge
-def _(payloads, ref):
-    fixtures.judge_mean(payloads, TASK, {})
-
-
-@check(f"{TASK}.uses_all_reduce", task=TASK, world_size=4, needs="sync", points=2,
-       title="allreduce_average uses dist.all_reduce (SUM) only")
-def uses_collectives(ctx):
-    return fixtures.run_sync(ctx, TASK, {})
-
-
-@uses_collectives.judge
-def _(payloads, ref):
-    fixtures.judge_collectives(payloads, TASK)
+CHECKS = define_all(TASK)
 
 
 class RecordingLog:
@@ -67,9 +34,9 @@ def comm_log_entries(ctx):
 
 
 @comm_log_entries.judge
-def _(payloads, ref):
+def _(payloads, ref, secrets):
     from autograder.registry import CheckFailure
-    fixtures.judge_mean(payloads, TASK, WITH_NONE)
+    judging.judge_mean(payloads, TASK, WITH_NONE, secrets)
     for r, p in enumerate(payloads):
         calls = [info for name, info in p["calls"] if name == "all_reduce"]
         recs = p["records"]

@@ -1,18 +1,27 @@
-"""Public check for Task 1: ``train_step`` learns."""
+"""Public checks for Task 1: ``train_step`` learns, and does each step the docstring asks for.
+
+The same properties are graded by the hidden checks (``checks/task1.py``) with other values:
+the returned loss is this step's, 0-dim and detached; the optimizer and the scheduler step once
+each, in that order; each step uses only its own batch's gradient and clears it afterwards;
+``sync_gradients`` runs once, after backward, before clipping and the step; clipping uses
+``max_grad_norm`` (None or 0: none). The rank only records what the student's ``train_step``
+did (:func:`autograder.fixtures.record_train_calls`); the judge, in the grader's process,
+replays a correct step on the same secret-seeded model and batches and decides
+(:mod:`autograder.judging`).
+"""
 
 import torch
 
-from autograder import fixtures
+from autograder import fixtures, judging
 from autograder.registry import CheckFailure, check
 
 
 @check("1.lowers_loss", task="1", needs="train", points=3,
        title="train_step lowers the loss on a fixed batch and returns it")
 def lowers_loss(ctx):
-    model = fixtures.make_model(seed=0)
-    batch = fixtures.make_batch(seed=0)
-    with torch.no_grad():
-        first = model(**batch)["loss"].item()  # computed before any student code runs
+    seed = fixtures.derive_seed(ctx.secret, "lowers", "model")
+    model = fixtures.make_model(seed=seed)
+    batch = fixtures.make_batch(seed=fixtures.derive_seed(ctx.secret, "lowers", "batch"))
     train_step = fixtures.student_function(ctx, "train", "train_step")
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     losses = []
@@ -22,16 +31,70 @@ def lowers_loss(ctx):
             ctx.fail(f"train_step must return the loss as a 0-dim tensor, got {type(out).__name__}"
                      + (f" of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else ""))
         losses.append(float(out.detach().float()))
-    return {"first": first, "losses": losses}
+    return {"losses": losses}
 
 
 @lowers_loss.judge
-def _(payloads, ref):
-    p = payloads[0]
-    losses = p["losses"]
-    if abs(losses[0] - p["first"]) > 1e-4:
+def _(payloads, ref, secrets):
+    model = fixtures.make_model(seed=fixtures.derive_seed(secrets[0], "lowers", "model"))
+    batch = fixtures.make_batch(seed=fixtures.derive_seed(secrets[0], "lowers", "batch"))
+    with torch.no_grad():
+        first = model(**batch)["loss"].item()
+    losses = payloads[0]["losses"]
+    if len(losses) != 6:
+        raise CheckFailure("the rank did not report the 6 losses")
+    if abs(losses[0] - first) > 1e-4:
         raise CheckFailure(f"the first call returned {losses[0]:.5f}, but the batch's loss before the step is "
-                           f"{p['first']:.5f}: return the loss of the forward pass of this step")
+                           f"{first:.5f}: return the loss of the forward pass of this step")
     if not losses[-1] < losses[0] - 0.05:
         raise CheckFailure(f"6 steps of AdamW (lr 0.05) on one fixed batch did not lower the loss: {', '.join(f'{x:.4f}' for x in losses)}"
                            " — are backward() and optimizer.step() both called?")
+
+
+# ---------------------------------------------------------------- the step-by-step properties
+
+PROPERTIES = {
+    # name: (title, judge, clear gradients between calls)
+    "returns_detached_loss": ("train_step returns the loss as a 0-dim tensor detached from the graph",
+                              judging.judge_returned_loss, True),
+    "steps_optimizer_and_scheduler": ("train_step steps the optimizer, then the scheduler, once per call",
+                                      judging.judge_steps, True),
+    "fresh_gradients": ("each step uses only its own batch's gradient and clears it afterwards",
+                        judging.judge_fresh, False),
+    "sync_before_clip_and_step": ("sync_gradients runs once, after backward, before clipping and the optimizer step",
+                                  judging.judge_sync_order, True),
+    "clips_gradients": ("train_step clips the gradient norm to max_grad_norm (None or 0: no clipping)",
+                        judging.judge_clips, True),
+}
+
+
+def define(check_id: str, prop: str, calls: list[dict], lr: float, points: float, public: bool):
+    """Register one Task 1 check: property ``prop`` exercised with ``calls`` (see record_train_calls)."""
+    title, judge_fn, clear = PROPERTIES[prop]
+    salt = check_id
+
+    def run(ctx):
+        return fixtures.record_train_calls(ctx, calls, lr, salt, clear)
+
+    run.__name__ = check_id.replace(".", "_")
+    c = check(check_id, task="1", needs="train", points=points, title=title, public=public)(run)
+
+    @c.judge
+    def _(payloads, ref, secrets):
+        judge_fn(payloads, secrets, calls, lr, salt)
+
+    return c
+
+
+PUBLIC_CASES = {
+    "returns_detached_loss": ([{"batch": 0, "max_grad_norm": 5.0}, {"batch": 1, "max_grad_norm": 5.0}], 0.05),
+    "steps_optimizer_and_scheduler": ([{"batch": i, "scheduler": True, "max_grad_norm": None} for i in range(2)]
+                                      + [{"batch": 2, "scheduler": False, "max_grad_norm": None}], 0.05),
+    "fresh_gradients": ([{"batch": i, "max_grad_norm": None} for i in range(3)], 0.05),
+    "sync_before_clip_and_step": ([{"batch": i, "sync": True, "max_grad_norm": 2.0} for i in range(2)], 0.05),
+    "clips_gradients": ([{"batch": 0, "max_grad_norm": 0.02}, {"batch": 0, "max_grad_norm": None},
+                         {"batch": 1, "max_grad_norm": 0}], 0.05),
+}
+
+for _prop, (_calls, _lr) in PUBLIC_CASES.items():
+    define(f"1.public_{_prop}", _prop, _calls, _lr, points=1, public=True)

@@ -1,6 +1,10 @@
-"""Public check for Task 2a: ``gather_scatter_average`` computes the mean on 4 ranks."""
+"""Public check for Task 2a: ``gather_scatter_average`` computes the mean on 4 ranks.
 
-from autograder import fixtures
+Each rank's gradients are drawn from its own secret (``ctx.secret``), which no other rank
+knows: the mean can only be had by communicating. The judge recomputes it from every secret.
+"""
+
+from autograder import fixtures, judging
 from autograder.registry import check
 
 
@@ -11,5 +15,5 @@ def mean_4_ranks(ctx):
 
 
 @mean_4_ranks.judge
-def _(payloads, ref):
-    fixtures.judge_mean(payloads, "2a", {})
+def _(payloads, ref, secrets):
+    judging.judge_mean(payloads, "2a", {}, secrets)

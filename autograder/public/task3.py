@@ -9,7 +9,8 @@ from autograder.registry import CheckFailure, check
 @check("3.returns_ddp", task="3", world_size=4, needs="ddp", points=2,
        title="wrap_ddp returns DistributedDataParallel; replicas start from rank 0's weights")
 def returns_ddp(ctx):
-    model = fixtures.make_model(seed=ctx.rank)  # a different start on every rank
+    # a different start on every rank, from its secret: no rank can rebuild rank 0's weights
+    model = fixtures.make_model(seed=fixtures.derive_seed(ctx.secret, "ddp-init"))
     wrap_ddp = fixtures.student_function(ctx, "ddp", "wrap_ddp")
     wrapped = wrap_ddp(model)
     if not isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
@@ -21,8 +22,8 @@ def returns_ddp(ctx):
 
 
 @returns_ddp.judge
-def _(payloads, ref):
-    want = fixtures.params_payload(fixtures.make_model(seed=0))
+def _(payloads, ref, secrets):
+    want = fixtures.params_payload(fixtures.make_model(seed=fixtures.derive_seed(secrets[0], "ddp-init")))
     for r, p in enumerate(payloads):
         for n, w in want.items():
             if not torch.allclose(p["params"][n], w, atol=1e-6):

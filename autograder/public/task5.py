@@ -17,8 +17,9 @@ LR = 0.1
 CAP_MB = 0.004  # about 1000 floats: the small model needs several buckets
 
 
-def _batch(rank: int, step: int) -> dict:
-    return fixtures.make_batch(seed=100 * step + rank, batch_size=4)
+def _batch(secret: int, step: int) -> dict:
+    """Rank data from the rank's secret: no rank can rebuild another rank's half of the batch."""
+    return fixtures.make_batch(seed=fixtures.derive_seed(secret, "bucketed", step), batch_size=4)
 
 
 @check("5.public_matches_single_process", task="5", world_size=2, needs="bucketed", points=1,
@@ -31,7 +32,7 @@ def matches_single_process(ctx):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     history = []
     for step in range(STEPS):
-        model(**_batch(ctx.rank, step)).loss.backward()
+        model(**_batch(ctx.secret, step)).loss.backward()
         model.finish_gradient_synchronization()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -40,11 +41,11 @@ def matches_single_process(ctx):
 
 
 @matches_single_process.judge
-def _(payloads, ref):
+def _(payloads, ref, secrets):
     base = fixtures.make_model(seed=0)
     opt = torch.optim.SGD(base.parameters(), lr=LR)
     for step in range(STEPS):
-        halves = [_batch(r, step) for r in range(len(payloads))]
+        halves = [_batch(secrets[r], step) for r in range(len(payloads))]
         batch = {k: torch.cat([h[k] for h in halves]) for k in halves[0]}
         base(**batch).loss.backward()
         opt.step()

@@ -1,0 +1,67 @@
+"""The hidden gradient-sync checks that 2a and 2b share (one definition, both tasks).
+
+Every rank holds a different random gradient for each parameter, drawn from its secret
+(``fixtures.rank_grad``); the grader's own process recomputes the exact mean from every rank's
+secret and compares every rank's result with it (``judging.judge_mean``). The collectives the
+function calls are recorded by wrapping ``torch.distributed`` in the rank.
+"""
+
+import torch
+
+from autograder import fixtures, judging
+from autograder.registry import check
+
+WITH_NONE = {"frozen": True, "unused": True}
+
+
+def mean_check(task: str, id_suffix: str, title: str, world_size: int, points: float, model_kwargs=None,
+               dtype=None, layout: str = "contiguous", **call_kwargs):
+    kwargs = dict(model_kwargs or {})
+
+    def run(ctx):
+        return fixtures.run_sync(ctx, task, kwargs, dtype=dtype, layout=layout, **call_kwargs)
+
+    run.__name__ = f"{task}_{id_suffix}"
+    c = check(f"{task}.{id_suffix}", task=task, world_size=world_size, needs="sync", points=points,
+              title=f"{fixtures.SYNC_FUNCTIONS[task]} {title}")(run)
+
+    @c.judge
+    def _(payloads, ref, secrets):
+        judging.judge_mean(payloads, task, kwargs, secrets, dtype=dtype, layout=layout)
+
+    return c
+
+
+def define_all(task: str) -> dict:
+    """The hidden mean checks of ``task`` ("2a" or "2b") and its collectives check."""
+    out = {
+        "none_grads": mean_check(task, "none_grads_skipped", "skips parameters whose .grad is None (frozen, unused)",
+                                 4, 1, WITH_NONE),
+        "world_size_1": mean_check(task, "world_size_1", "works on a single rank (world size 1)", 1, 1),
+        "odd_world": mean_check(task, "mean_3_ranks", "averages over an odd number of ranks (3)", 3, 1),
+        "non_contiguous": mean_check(task, "non_contiguous_grads",
+                                     "averages non-contiguous gradients (transposed / strided .grad) in place",
+                                     4, 1, layout="non_contiguous"),
+        "float64": mean_check(task, "float64_grads", "averages float64 gradients (a model in double) and keeps "
+                                                     "their dtype", 4, 1, dtype=torch.float64),
+    }
+    collectives = {"2a": ("uses_gather_scatter", "uses dist.gather and dist.scatter only"),
+                   "2b": ("uses_all_reduce", "uses dist.all_reduce (SUM) only")}[task]
+
+    def run(ctx):
+        return fixtures.run_sync(ctx, task, {})
+
+    run.__name__ = f"{task}_{collectives[0]}"
+    c = check(f"{task}.{collectives[0]}", task=task, world_size=4, needs="sync", points=2,
+              title=f"{fixtures.SYNC_FUNCTIONS[task]} {collectives[1]}")(run)
+
+    @c.judge
+    def _(payloads, ref, secrets):
+        # the right collectives, and they carried the gradients (calling them on a dummy tensor
+        # and making the gradients up does not pass); whether the result is the mean is for
+        # the mean tests
+        judging.judge_collectives(payloads, task)
+        judging.judge_exchanged(payloads, task, {}, secrets)
+
+    out["collectives"] = c
+    return out
