@@ -82,3 +82,63 @@ def test_deadline_stops_a_hanging_launch():
     with pytest.raises(LaunchTimeout):
         launch(rank_fns.sleeps_forever, 2, threads_per_rank=1, timeout=8)
     assert _no_children_left(before) == []
+
+
+# --------------------------------------------------------------------------- threads per rank
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ranks_started_with_the_multi_node_flags_share_the_hosts_cores(small_rte, tmp_path):
+    """Two ranks on one host via --master_ip/--local_rank: each takes cores // 2 threads (not all cores)."""
+    import json
+    import subprocess
+    import sys
+
+    from student_src.kit.launch import available_cores
+
+    port, out = _free_port(), tmp_path / "out"
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "student_src.run_glue", "--task", "2b", "--model_name_or_path", "tiny", "--data_dir",
+         str(small_rte), "--max_seq_length", "32", "--global_batch_size", "8", "--max_steps", "1", "--do_train",
+         "--master_ip", "127.0.0.1", "--master_port", str(port), "--world_size", "2", "--local_rank", str(rank),
+         "--no_progress", *(["--output_dir", str(out)] if rank == 0 else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    try:
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["ranks_on_host"] == 2
+    assert metrics["threads"] == max(1, available_cores() // 2)
+    assert f"{max(1, available_cores() // 2)} thread(s) per rank, 2 rank(s) on this host" in outputs[0]
+
+
+def test_torchrun_local_world_size_sets_the_share_and_num_threads_overrides(monkeypatch):
+    from student_src.kit import dist as kdist
+    from student_src.kit.config import parse_config
+    from student_src.kit.launch import available_cores
+
+    before = torch.get_num_threads()
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    try:
+        ctx = kdist.init_distributed(parse_config(["--task", "3"]))
+        kdist.cleanup()
+        assert ctx.mode == "env" and ctx.ranks_on_host == 2
+        assert ctx.threads == torch.get_num_threads() == max(1, available_cores() // 2)
+        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+        ctx = kdist.init_distributed(parse_config(["--task", "3", "--num_threads", "3"]))
+        kdist.cleanup()
+        assert ctx.threads == torch.get_num_threads() == 3
+    finally:
+        kdist.cleanup()
+        torch.set_num_threads(before)

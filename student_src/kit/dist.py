@@ -19,6 +19,7 @@ in use, ranks started with different ``--world_size``, a rank that never shows u
 import datetime
 import ipaddress
 import os
+import socket
 import time
 from dataclasses import dataclass
 
@@ -43,6 +44,9 @@ class DistContext:
     device: torch.device = torch.device("cpu")
     mode: str = "single"
     master: str = ""
+    ranks_on_host: int = 1   # ranks of this run on this machine (they share its cores)
+    threads: int = 0         # torch threads this rank uses
+
 
     @property
     def is_main(self) -> bool:
@@ -127,20 +131,43 @@ def connect_store(host: str, port: int, rank: int, world_size: int, timeout_s: f
         ) from None
 
 
-def rendezvous(store, rank: int, world_size: int, timeout_s: float) -> None:
-    """Check that every rank agrees on the world size and that all of them joined in time."""
+def host_id() -> str:
+    """Names this machine for counting ranks per host (network namespaces on one machine are one host)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def threads_per_rank(cfg, ranks_on_host: int) -> int:
+    """``--num_threads`` if given, else this machine's cores shared by the ranks on it."""
+    from .launch import default_threads
+
+    return cfg.num_threads or default_threads(ranks_on_host)
+
+
+def rendezvous(store, rank: int, world_size: int, timeout_s: float) -> int:
+    """Check that every rank agrees on the world size and that all of them joined in time.
+
+    Returns how many ranks run on this rank's host (each rank registers its host before it
+    counts as joined, so once all have joined the count is final).
+    """
     if rank == 0:
         store.set("kit/world_size", str(world_size))
     else:
         theirs = int(store.get("kit/world_size"))
         if theirs != world_size:
             raise KitError(f"rank {rank} was started with --world_size {world_size} but rank 0 with {theirs}; start every rank with the same --world_size")
+    host_key = f"kit/host/{host_id()}"
+    store.add(host_key, 1)
     store.add("kit/joined", 1)
     deadline = time.monotonic() + timeout_s
     while True:
         joined = store.add("kit/joined", 0)
         if joined >= world_size:
-            return
+            return int(store.add(host_key, 0))
         if time.monotonic() > deadline:
             raise KitError(f"only {joined} of {world_size} ranks joined within {timeout_s:g} s; start the missing ranks (or raise --dist_timeout)")
         time.sleep(0.05)
@@ -154,6 +181,7 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
     """
     mode = "spawn" if store is not None else resolve_mode(cfg)
     timeout_s = float(cfg.dist_timeout)
+    ranks_on_host = 1
     pg_timeout = _timeout(max(timeout_s, MIN_COLLECTIVE_TIMEOUT_S))
     master = ""
     if mode == "spawn":
@@ -192,7 +220,7 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
             if ifname and not os.environ.get("GLOO_SOCKET_IFNAME"):
                 os.environ["GLOO_SOCKET_IFNAME"] = ifname
             store = connect_store(host, port, rank, world_size, timeout_s, is_master=(rank == 0))
-        rendezvous(store, rank, world_size, timeout_s)
+        ranks_on_host = rendezvous(store, rank, world_size, timeout_s)
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank,
                                 world_size=world_size, timeout=pg_timeout)
     elif mode == "single":
@@ -208,10 +236,21 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
             dist.init_process_group(backend, init_method=init, timeout=_timeout(timeout_s), **kwargs)
         except dist.DistError as exc:
             raise KitError(f"process group init via {init} failed: {str(exc).splitlines()[0]}") from None
+        if mode == "env" and os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
+            ranks_on_host = int(os.environ["LOCAL_WORLD_SIZE"])  # torchrun's ranks on this node
+        else:
+            hosts = [None] * world_size
+            dist.all_gather_object(hosts, host_id())
+            ranks_on_host = hosts.count(host_id())
+    if mode == "spawn":  # the launcher already gave each rank its share (or what its caller asked)
+        threads = torch.get_num_threads()
+    else:
+        threads = threads_per_rank(cfg, ranks_on_host)
+        torch.set_num_threads(threads)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend,
-                       device=device, mode=mode, master=master)
+                       device=device, mode=mode, master=master, ranks_on_host=ranks_on_host, threads=threads)
 
 
 def cleanup() -> None:

@@ -12,7 +12,9 @@ Why each piece is here:
 * The parent opens the rendezvous ``TCPStore`` on port 0 and hands the port to the children:
   the OS picks a free port and nothing can grab it between "pick" and "bind".
 * Each rank gets ``cores // world_size`` threads so four ranks on a laptop do not fight over
-  the same cores (oversubscription can make a step 10x slower).
+  the same cores (oversubscription can make a step 10x slower). Ranks started any other way
+  (multi-node flags, torchrun, ``cluster run``) get the same share from ``dist.init_distributed``,
+  which counts the ranks on each host.
 * Children report progress through a queue (``emit``), so a notebook can draw one progress bar
   per rank and a live loss curve while the ranks train.
 * The parent polls results *and* liveness: the first rank that raises or dies takes the others
@@ -86,8 +88,17 @@ def in_launched_rank() -> bool:
     return _EVENTS is not None
 
 
-def default_threads(world_size: int) -> int:
-    return max(1, (os.cpu_count() or 1) // max(1, world_size))
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. a container's share), else all."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def default_threads(ranks_on_host: int) -> int:
+    """Torch threads per rank when ``ranks_on_host`` ranks share this machine's cores."""
+    return max(1, available_cores() // max(1, ranks_on_host))
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -116,7 +127,8 @@ def _child(fn, rank, world_size, store_port, threads, events, results, args, kwa
                                    datetime.timedelta(seconds=cfg.dist_timeout))
             ctx = kdist.init_distributed(cfg, rank=rank, world_size=world_size, store=store)
         else:
-            ctx = kdist.DistContext(rank=rank, world_size=world_size, local_rank=rank, mode="spawn")
+            ctx = kdist.DistContext(rank=rank, world_size=world_size, local_rank=rank, mode="spawn",
+                                    ranks_on_host=world_size, threads=threads)
         value = fn(ctx, *args, **kwargs)
         # Plain pickle, not the queue's: torch would share tensors through file descriptors
         # that vanish when this process exits, before the parent has read them.

@@ -218,6 +218,7 @@ def train(cfg: TrainConfig, ctx) -> dict | None:
         "model": {"name": cfg.model_name_or_path, "parameters": count_parameters(base_model)},
         "losses": [], "rank_losses": [[] for _ in range(ctx.world_size)], "iter_times": [],
         "eval": [], "comm": {}, "config": cfg.to_dict(),
+        "threads": torch.get_num_threads(), "ranks_on_host": ctx.ranks_on_host,
     }
     if cfg.do_train:
         per_worker, how = per_worker_batch_size(cfg, ctx.world_size)
@@ -236,7 +237,8 @@ def train(cfg: TrainConfig, ctx) -> dict | None:
         metrics.update(global_batch_size=per_worker * ctx.world_size, per_worker_batch_size=per_worker,
                        steps_per_epoch=steps_per_epoch, total_steps=total_steps)
         log(f"Task {cfg.task} ({TASK_TITLES[cfg.task]}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
-            f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}]")
+            f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "
+            f"{torch.get_num_threads()} thread(s) per rank, {ctx.ranks_on_host} rank(s) on this host]")
         optimizer, scheduler = build_optimizer(base_model, cfg, total_steps)
         meter = _traffic_meter(cfg, ctx)
         _run_epochs(cfg, ctx, model, base_model, loader, optimizer, scheduler, sync_gradients, comm_log,
