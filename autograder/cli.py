@@ -8,14 +8,27 @@
 
 ``grade`` exits 0 whenever it could grade: a student's failure is a score, not a crash. It
 always writes the results file, with an "autograder failed" entry if the grader broke.
+
+SIGTERM (a platform's time limit, a TA's kill) or SIGINT at any moment leaves a truthful results
+file: the handler is installed before anything heavy is imported; ``grade`` writes a "grading did
+not finish" file before it starts and updates it before every test; on the signal the tests
+graded so far are written with a "grading was stopped by SIGTERM (signal 15) after N of M tests"
+entry, every process the grader started is killed, and it exits with 128 + the signal number.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import inspect
 import json
+import os
+import signal
 import sys
+import time
 import traceback
+
+from . import results as _results  # light (json, os): the signal handler must not import anything
 
 
 def _settings(args):
@@ -37,10 +50,198 @@ def _tasks(args):
     return parse_tasks(getattr(args, "tasks", None))
 
 
+# --------------------------------------------------------------------------- stopping on a signal
+
+#: what the signal handler needs; filled in as grading goes
+_STOP: dict = {"path": None, "json_only": False, "t0": time.monotonic(), "total": None, "in_loop": False,
+               "final": None, "handling": False, "grading": False}
+
+#: seconds the runner gets to close its pools after a signal before the process ends anyway
+STOP_GRACE = 10.0
+
+NOT_FINISHED = ("grading did not finish: the grader was killed before it could write its results "
+                "(SIGKILL, out of memory, or a platform's time limit?)")
+
+
+class Interrupted(BaseException):
+    """Raised by the signal handler into a grading loop so the runner's ``finally`` closes its pools.
+
+    A BaseException, like KeyboardInterrupt: the runner's and the checks' ``except Exception``
+    must not turn it into a failed test and carry on."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _results_arg(argv) -> str | None:
+    """``--results PATH`` from the raw command line (a signal may come before argparse ran)."""
+    argv = list(argv)
+    if not argv or argv[0] not in ("grade", "check"):
+        return None
+    for i, a in enumerate(argv):
+        if a == "--results" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--results="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _live_results():
+    """The runner's Results while it grades (the tests graded so far), else None."""
+    return _results.Results.latest if _STOP["grading"] else None
+
+
+def _snapshot(stopped: str):
+    """A copy of the results so far, with ``stopped`` set (never the runner's own object)."""
+    return _results.Results.copy_of(_live_results(), stopped=stopped,
+                                    execution_time=time.monotonic() - _STOP["t0"])
+
+
+def _stop_message(signum: int) -> str:
+    live = _live_results()
+    n = len(live.tests) if live is not None else 0
+    how = f"grading was stopped by {_signal_name(signum)} (signal {signum})"
+    if _STOP["total"]:
+        return f"{how} after {n} of {_STOP['total']} tests; the rest were not graded."
+    if n:
+        return f"{how} after {n} tests; the rest were not graded."
+    return f"{how} while the grader was starting (before the first test); no test was graded."
+
+
+def _descendants(root: int | None = None) -> list[int]:
+    """Every process below ``root`` (this process), from /proc; [] where there is no /proc."""
+    root = os.getpid() if root is None else root
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every process the grader started (pools, fork server, ranks, their process groups)."""
+    mine = os.getpgrp()
+    for pid in _descendants():
+        try:
+            pgid = os.getpgid(pid)
+            if pgid == pid and pgid != mine:
+                os.killpg(pgid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _say(fd: int, text: str) -> None:
+    try:  # os.write: print() may be half-way through a write of its own
+        os.write(fd, text.encode(errors="replace"))
+    except OSError:
+        pass
+
+
+def _on_signal(signum, frame):
+    """Write what is known, then stop: see the module docstring."""
+    if _STOP["handling"]:
+        return
+    _STOP["handling"] = True
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (ValueError, OSError):
+            pass
+    if _STOP["final"] is not None:  # grading had finished: its results stand
+        data, message = _STOP["final"], None
+    else:
+        message = _stop_message(signum)
+        data = _snapshot(message).gradescope()
+    path = _STOP["path"] or _results_arg(sys.argv[1:])
+    if path:
+        try:
+            _results.write_json_atomic(path, data)
+        except Exception as exc:  # a results folder we cannot write: say so, still stop
+            _say(2, f"error: could not write {path}: {exc}\n")
+    if message:
+        if _STOP["json_only"]:
+            _say(1, json.dumps(data, indent=2) + "\n")
+        _say(2, message + (f" Results written to {path}.\n" if path else "\n"))
+    if _STOP["grading"] and _STOP["final"] is None and not _importing(frame):
+        # starting pools, between two tests or inside one: let the runner's finally close its
+        # pools and remove its temp folder; a watchdog ends the process if that hangs
+        faulthandler.dump_traceback_later(STOP_GRACE, exit=True)
+        raise Interrupted(signum, message or "")
+    # importing torch or the checks (an exception there crashes the interpreter later: a second
+    # import of half-initialised torch aborts), or already done: nothing worth unwinding
+    _kill_descendants()
+    os._exit(128 + signum)
+
+
+def install_stop_handlers() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(sig, _on_signal)
+        except ValueError:  # not the main thread (the CLI called from a thread): no handler
+            pass
+
+
+def _progress(show: bool, public_only: bool, tasks):
+    """The runner's per-test callback: counts the tests, keeps the results file current."""
+    def progress(c):
+        if _STOP["total"] is None:
+            try:
+                from .registry import all_checks
+                _STOP["total"] = len([x for x in all_checks(public_only) if tasks is None or x.task in tasks])
+            except Exception:
+                _STOP["total"] = 0
+        _STOP["in_loop"] = True
+        if _STOP["path"]:  # a SIGKILL from now on still leaves the tests graded so far
+            live = _live_results()
+            n = len(live.tests) if live is not None else 0
+            note = f"{NOT_FINISHED}; {n} of {_STOP['total'] or '?'} tests were graded before that."
+            try:
+                _results.write_json_atomic(_STOP["path"], _snapshot(note).gradescope())
+            except Exception:
+                pass
+        if show:
+            print(f"  running [{c.id}] {c.title}", file=sys.stderr, flush=True)
+    return progress
+
+
+# --------------------------------------------------------------------------- commands
+
+
 def cmd_grade(args, public_only: bool = False) -> int:
     from .results import Results, write_json_atomic
 
-    import os
     tasks = _tasks(args)  # a bad --tasks is a usage error (exit 2), not a grade
     if not os.path.exists(args.submission):
         results = Results()
@@ -49,17 +250,31 @@ def cmd_grade(args, public_only: bool = False) -> int:
             write_json_atomic(args.results, results.gradescope())
         print(f"error: {args.submission} does not exist", file=sys.stderr)
         return 2
+    _STOP.update(path=args.results, json_only=args.json_only)
+    if args.results:  # a kill at any moment from here on leaves a truthful file
+        write_json_atomic(args.results, Results(stopped=NOT_FINISHED + "; no test was graded before that.").gradescope())
+    Results.latest = None
+    _STOP["grading"] = True
     results = None
-    _stop_on_sigterm()
     try:
-        from .runner import grade
-        show = None if args.json_only or args.quiet else (lambda c: print(f"  running [{c.id}] {c.title}", file=sys.stderr, flush=True))
-        results = grade(args.submission, tasks=tasks, settings=_settings(args), public_only=public_only,
-                        fresh_per_check=getattr(args, "spawn_per_test", False), progress=show)
+        from . import runner
+        kwargs = dict(tasks=tasks, settings=_settings(args), public_only=public_only,
+                      fresh_per_check=getattr(args, "spawn_per_test", False),
+                      progress=_progress(not (args.json_only or args.quiet), public_only, tasks))
+        if "sandbox" in inspect.signature(runner.grade).parameters:
+            kwargs["sandbox"] = getattr(args, "sandbox", "auto")
+        results = runner.grade(args.submission, **kwargs)
+    except Interrupted as exc:  # the handler already wrote the results; the pools are closed
+        faulthandler.cancel_dump_traceback_later()
+        _kill_descendants()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + exc.signum)
     except Exception:
         results = Results()
         results.grader_errors.append(traceback.format_exc())
     data = results.gradescope()
+    _STOP["final"] = data
     if args.results:
         write_json_atomic(args.results, data)
     if args.json_only:
@@ -72,23 +287,6 @@ def cmd_grade(args, public_only: bool = False) -> int:
     return 0
 
 
-class Interrupted(Exception):
-    """SIGTERM (a platform's time limit, a TA's kill): stop grading, still write the results."""
-
-
-def _stop_on_sigterm() -> None:
-    import signal
-
-    def handler(signum, frame):
-        raise Interrupted(f"grading was stopped by signal {signum} (a time limit?); the tests "
-                          "not listed were not run")
-
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        pass
-
-
 def cmd_check(args) -> int:
     """The public subset on a local checkout (what students run before they submit)."""
     args.results = getattr(args, "results", None)
@@ -97,7 +295,8 @@ def cmd_check(args) -> int:
 
 def cmd_grade_all(args) -> int:
     from .gradebook import grade_all
-    return grade_all(args.folder, out=args.out, jobs=args.jobs, tasks=args.tasks, timeout=args.timeout)
+    return grade_all(args.folder, out=args.out, jobs=args.jobs, tasks=args.tasks, timeout=args.timeout,
+                     sandbox=args.sandbox)
 
 
 def cmd_gradescope(args) -> int:
@@ -124,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--stall", type=float, help="seconds without progress on the waiting ranks that count as a deadlock (default 10)")
         sp.add_argument("--json-only", action="store_true", help="print results.json to stdout instead of the table")
         sp.add_argument("--quiet", action="store_true", help="no progress lines")
+        sp.add_argument("--sandbox", choices=("auto", "bwrap", "user", "process", "fallback"), default="auto",
+                        help="how student code is isolated: bubblewrap, the best fallback the host allows, "
+                             "or auto (bubblewrap where it works; default)")
 
     g = sub.add_parser("grade", help="grade one submission (folder, checkout or export zip)")
     g.add_argument("submission")
@@ -144,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     ga.add_argument("--out", help="where the gradebook and per-student results go (default FOLDER-grades)")
     ga.add_argument("--tasks")
     ga.add_argument("--timeout", type=float)
+    ga.add_argument("--sandbox", choices=("auto", "bwrap", "user", "process", "fallback"), default="auto")
     ga.set_defaults(func=cmd_grade_all)
 
     gs = sub.add_parser("gradescope", help="build autograder.zip for Gradescope")

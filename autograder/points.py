@@ -1,8 +1,13 @@
-"""Reads ``points.toml``: points and Gradescope visibility per test id."""
+"""Reads ``points.toml``: points per test, Gradescope visibility, and which tasks are extra credit.
+
+``AUTOGRADER_POINTS=/path/to/points.toml`` makes the grader read another file (to try a change
+without editing the kit's copy).
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -12,11 +17,27 @@ except ImportError:  # Python 3.10 (Gradescope's Ubuntu 22.04 image): points.tom
     tomllib = None
 
 POINTS_FILE = Path(__file__).with_name("points.toml")
-VISIBILITIES = {"visible", "hidden", "after_due_date", "after_published"}
+VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
+
+#: what ``[settings]`` means when points.toml says nothing
+DEFAULTS = {
+    "visibility": "visible",              # results.json's top-level visibility (Gradescope's default for tests)
+    "public_visibility": "visible",       # tests students can run themselves (autograder/public/)
+    "hidden_visibility": "after_published",  # hidden tests: names and messages once grades are published
+    "stdout_visibility": "hidden",        # the grader's stdout (the table): instructors only
+}
+
+
+def points_file() -> Path:
+    return Path(os.environ.get("AUTOGRADER_POINTS") or POINTS_FILE)
+
+
+def _load(path: str | None = None) -> dict:
+    return _load_file(str(path or points_file()))
 
 
 @functools.lru_cache(maxsize=None)
-def _load(path: str = str(POINTS_FILE)) -> dict:
+def _load_file(path: str) -> dict:
     p = Path(path)
     if not p.exists():
         return {}
@@ -26,24 +47,42 @@ def _load(path: str = str(POINTS_FILE)) -> dict:
     return _parse_simple_toml(p.read_text())
 
 
+def _value(text: str):
+    text = text.strip()
+    if text.startswith("["):
+        inner = text[1:text.rindex("]")].strip()
+        return [_value(v) for v in re.findall(r'"[^"]*"|[^,\s]+', inner)]
+    if text.startswith('"'):
+        return text[1:text.index('"', 1)]
+    if text in ("true", "false"):
+        return text == "true"
+    return float(text)
+
+
 def _parse_simple_toml(text: str) -> dict:
-    """``[section]`` and ``"key" = number | "string"`` lines, ``#`` comments: all points.toml uses."""
+    """``[section]``, ``key = number | "string" | true/false | [list on one line]``, ``#`` comments:
+    all points.toml uses (tomllib does this on Python 3.11+)."""
     data: dict = {}
     section = data
     for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip() if not raw.strip().startswith('"') else raw.strip()
+        line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        m = re.fullmatch(r"\[([\w.-]+)\]", line)
+        m = re.fullmatch(r"\[([\w.-]+)\]\s*(#.*)?", line)
         if m:
             section = data.setdefault(m.group(1), {})
             continue
-        m = re.fullmatch(r'("?)([^"=]+)\1\s*=\s*(.+?)\s*(#.*)?', line)
+        m = re.fullmatch(r'(?:"([^"]+)"|([\w.-]+))\s*=\s*("[^"]*"|\[[^\]]*\]|[^#\s]+)\s*(#.*)?', line)
         if not m:
             raise ValueError(f"points.toml: cannot read line {raw!r}")
-        value = m.group(3)
-        section[m.group(2).strip()] = value.strip('"') if value.startswith('"') else float(value)
+        section[(m.group(1) or m.group(2)).strip()] = _value(m.group(3))
     return data
+
+
+def setting(name: str) -> str:
+    """A visibility setting of ``[settings]`` (see ``DEFAULTS``); an unknown value falls back."""
+    value = _load().get("settings", {}).get(name, DEFAULTS[name])
+    return value if value in VISIBILITIES else DEFAULTS[name]
 
 
 def points_for(check) -> float:
@@ -52,9 +91,24 @@ def points_for(check) -> float:
 
 
 def visibility_for(check) -> str:
-    data = _load()
-    vis = data.get("visibility", {}).get(check.id) or data.get("settings", {}).get("default_visibility", "visible")
-    return vis if vis in VISIBILITIES else "visible"
+    """Gradescope visibility of a test: ``[visibility]``'s entry for its id, else public tests
+    ``public_visibility`` (visible) and hidden ones ``hidden_visibility`` (after_published)."""
+    override = _load().get("visibility", {}).get(check.id)
+    if override in VISIBILITIES:
+        return override
+    return setting("public_visibility" if getattr(check, "public", False) else "hidden_visibility")
+
+
+def extra_credit_tasks() -> frozenset[str]:
+    """Tasks whose tests are extra credit (``[tasks] extra_credit``; Task 5 unless the file says otherwise)."""
+    tasks = _load().get("tasks", {}).get("extra_credit", ["5"])
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    return frozenset(str(t).strip().lower().removeprefix("task") for t in tasks)
+
+
+def is_extra_credit(check) -> bool:
+    return str(getattr(check, "task", "")) in extra_credit_tasks()
 
 
 def table_order() -> dict[str, int]:

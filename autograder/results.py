@@ -1,10 +1,17 @@
 """Results of a grading run: Gradescope's ``results.json``, a readable table, gradebook rows.
 
-Gradescope's format (https://gradescope-autograders.readthedocs.io/en/latest/specs/):
-``{"score", "execution_time", "output", "visibility", "stdout_visibility",
-"tests": [{"name", "score", "max_score", "status", "output", "visibility"}]}``; ``status`` is
-"passed" or "failed". We add ``"number"`` (the test id) and ``"tags"`` (the task) to each test,
-which Gradescope accepts and shows.
+Gradescope's format (https://gradescope-autograders.readthedocs.io/en/latest/specs/): top level
+``score`` (overrides the sum of the tests' scores), ``execution_time`` (seconds), ``output``
+(shown to students), ``visibility`` (the default for tests), ``stdout_visibility`` (who sees what
+the grader printed), ``extra_data``, ``tests``; per test ``name``, ``number``, ``score``,
+``max_score``, ``status`` ("passed"/"failed"), ``output``, ``tags``, ``visibility``,
+``extra_data``. Visibility is one of "visible", "hidden", "after_due_date", "after_published".
+
+Extra credit: Gradescope takes the assignment's total from the instructor's settings and accepts
+a score above it. An extra-credit test is written with ``max_score: 0`` (its points are in its
+``extra_data`` and its name), so the required tests alone add up to the maximum and Task 5's
+points lift the score above it. ``extra_data`` at the top level has the split:
+``required_score``, ``required_max_score``, ``extra_credit_score``, ``extra_credit_max_score``.
 """
 
 from __future__ import annotations
@@ -12,9 +19,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import points as _points
 
 MAX_TEST_OUTPUT = 8000
 
@@ -29,24 +37,52 @@ class TestResult:
     task: str
     title: str
     score: float
-    max_score: float
+    max_score: float          # the test's points (also for an extra-credit test)
     passed: bool
     output: str
     visibility: str = "visible"
     elapsed: float = 0.0
     source: str = ""
+    extra_credit: bool = False
 
     @classmethod
-    def of(cls, check, score, max_score, passed, output, visibility="visible", elapsed=0.0, source=""):
+    def of(cls, check, score, max_score, passed, output, visibility=None, elapsed=0.0, source="",
+           extra_credit=None):
+        if visibility is None:
+            visibility = _points.visibility_for(check)
+        if extra_credit is None:
+            extra_credit = _points.is_extra_credit(check)
         return cls(check.id, check.task, check.title, float(score), float(max_score), bool(passed),
-                   _clip(output or ""), visibility, elapsed, source)
+                   _clip(output or ""), visibility, elapsed, source, bool(extra_credit))
 
     def gradescope(self) -> dict:
-        return {"name": f"Task {self.task}: {self.title}", "number": self.id, "tags": [f"task{self.task}"],
-                "score": round(self.score, 4), "max_score": round(self.max_score, 4),
-                "status": "passed" if self.passed else "failed",
-                "output": self.output or ("passed" if self.passed else "failed"),
-                "visibility": self.visibility}
+        d = {"name": f"Task {self.task}: {self.title}", "number": self.id, "tags": [f"task{self.task}"],
+             "score": round(self.score, 4), "max_score": round(self.max_score, 4),
+             "status": "passed" if self.passed else "failed",
+             "output": self.output or ("passed" if self.passed else "failed"),
+             "visibility": self.visibility}
+        if self.extra_credit:
+            d["name"] = f"Task {self.task} (extra credit, {self.max_score:g} pt): {self.title}"
+            d["tags"].append("extra_credit")
+            d["max_score"] = 0
+            d["extra_data"] = {"extra_credit": True, "points": round(self.max_score, 4)}
+        return d
+
+
+def _fmt(x: float) -> str:
+    return f"{round(x, 4):g}"
+
+
+def _score_line(tests) -> str:
+    """``score R / RMAX`` over the required tests, then ``+ extra credit E / EMAX (Task 5)``."""
+    req = [t for t in tests if not t.extra_credit]
+    line = f"score {_fmt(sum(t.score for t in req))} / {_fmt(sum(t.max_score for t in req))}"
+    extra = [t for t in tests if t.extra_credit]
+    if extra:
+        tasks = sorted({t.task for t in extra})
+        line += (f" + extra credit {_fmt(sum(t.score for t in extra))} / {_fmt(sum(t.max_score for t in extra))}"
+                 f" (Task {', '.join(tasks)})")
+    return line
 
 
 @dataclass
@@ -56,34 +92,109 @@ class Results:
     execution_time: float = 0.0
     grader_errors: list = field(default_factory=list)
     pools_started: int = 0
+    isolation: str = ""       # how student code was isolated (set by the runner); shown first
+    stopped: str = ""         # why grading stopped before the end (a signal); shown as its own entry
+
+    #: the Results most recently created in this process: what the CLI's SIGTERM handler writes
+    #: (the runner builds its Results first thing, then adds each test as it is graded)
+    latest = None
+
+    def __post_init__(self):
+        Results.latest = self
+
+    @classmethod
+    def copy_of(cls, other: "Results | None", **changes) -> "Results":
+        """A copy of ``other`` (or an empty Results) that does not become ``Results.latest``."""
+        keep = cls.latest
+        r = cls()
+        if other is not None:
+            r.tests, r.header, r.grader_errors = list(other.tests), other.header, list(other.grader_errors)
+            r.isolation, r.stopped = getattr(other, "isolation", ""), getattr(other, "stopped", "")
+            r.execution_time, r.pools_started = other.execution_time, other.pools_started
+        for k, v in changes.items():
+            setattr(r, k, v)
+        cls.latest = keep
+        return r
 
     def add(self, test: TestResult) -> None:
         self.tests.append(test)
 
+    # scores: every test / required tests only / extra-credit tests only
     @property
     def score(self) -> float:
         return sum(t.score for t in self.tests)
 
     @property
     def max_score(self) -> float:
+        """Every test's points, extra credit included (``score < max_score``: something was lost)."""
         return sum(t.max_score for t in self.tests)
 
-    def summary(self) -> str:
-        lines = [self.header] if self.header else []
-        lines.append(f"score {self.score:g} / {self.max_score:g} in {self.execution_time:.1f} s")
+    @property
+    def required_score(self) -> float:
+        return sum(t.score for t in self.tests if not t.extra_credit)
+
+    @property
+    def required_max(self) -> float:
+        return sum(t.max_score for t in self.tests if not t.extra_credit)
+
+    @property
+    def extra_score(self) -> float:
+        return sum(t.score for t in self.tests if t.extra_credit)
+
+    @property
+    def extra_max(self) -> float:
+        return sum(t.max_score for t in self.tests if t.extra_credit)
+
+    def score_line(self) -> str:
+        return _score_line(self.tests)
+
+    def _notes(self) -> list[str]:
+        lines = []
+        if self.stopped:
+            lines.append(self.stopped)
         if self.grader_errors:
             lines.append("autograder failed (not your code; tell the course staff):\n" + "\n".join(self.grader_errors))
-        return "\n".join(lines)
+        return lines
+
+    def summary(self) -> str:
+        lines = [f"isolation: {self.isolation}"] if self.isolation else []
+        if self.header:
+            lines.append(self.header)
+        lines.append(f"{self.score_line()} in {self.execution_time:.1f} s")
+        return "\n".join(lines + self._notes())
+
+    def student_summary(self) -> str:
+        """results.json's ``output``: like ``summary`` but, while some tests are not visible, only
+        the visible tests' score (the total would give the hidden ones away)."""
+        shown = [t for t in self.tests if t.visibility == "visible"]
+        if len(shown) == len(self.tests):
+            return self.summary()
+        lines = [f"isolation: {self.isolation}"] if self.isolation else []
+        if self.header:
+            lines.append(self.header)
+        lines.append(f"tests shown now: {_score_line(shown)}; {len(self.tests) - len(shown)} more test(s) "
+                     f"are shown once grades are published")
+        return "\n".join(lines + self._notes())
+
+    def extra_data(self) -> dict:
+        return {"required_score": round(self.required_score, 4), "required_max_score": round(self.required_max, 4),
+                "extra_credit_score": round(self.extra_score, 4), "extra_credit_max_score": round(self.extra_max, 4),
+                "isolation": self.isolation, "stopped": bool(self.stopped),
+                "autograder_failed": bool(self.grader_errors)}
 
     def gradescope(self) -> dict:
         tests = [t.gradescope() for t in self.tests]
+        if self.stopped:
+            tests.append({"name": "grading stopped", "number": "stopped", "score": 0, "max_score": 0,
+                          "status": "failed", "visibility": "visible", "output": _clip(self.stopped)})
         if self.grader_errors:
             tests.append({"name": "autograder failed", "number": "autograder", "score": 0, "max_score": 0,
                           "status": "failed", "visibility": "visible",
                           "output": _clip("The autograder itself failed (not your code); the course staff has "
                                           "been told by this message.\n" + "\n".join(self.grader_errors))})
         return {"score": round(self.score, 4), "execution_time": round(self.execution_time, 2),
-                "output": _clip(self.summary()), "visibility": "visible", "stdout_visibility": "hidden",
+                "output": _clip(self.student_summary()), "visibility": _points.setting("visibility"),
+                "stdout_visibility": _points.setting("stdout_visibility"), "extra_data": self.extra_data(),
                 "tests": tests}
 
     def table(self, messages: bool = True) -> str:
@@ -91,18 +202,21 @@ class Results:
         rows = [("task", f"{'test id':<31} what it checks", "score", "time", "result")]
         for t in self.tests:
             skipped = t.output.startswith("skipped:")
-            rows.append((t.task, f"{t.id:<31} {t.title}", f"{t.score:g}/{t.max_score:g}", f"{t.elapsed:.1f}s",
+            rows.append((t.task + ("*" if t.extra_credit else ""), f"{t.id:<31} {t.title}",
+                         f"{t.score:g}/{t.max_score:g}", f"{t.elapsed:.1f}s",
                          "skipped" if skipped else ("passed" if t.passed else "FAILED")))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         widths[1] = min(widths[1], 96)
-        out = []
+        out = [f"isolation: {self.isolation}"] if self.isolation else []
         for i, r in enumerate(rows):
             title = r[1] if len(r[1]) <= widths[1] else r[1][: widths[1] - 3] + "..."
             out.append(f"{r[0]:<{widths[0]}}  {title:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:>{widths[3]}}  {r[4]}")
             if i == 0:
-                out.append("-" * len(out[0]))
-        out.append("-" * len(out[0]))
-        out.append(self.summary())
+                out.append("-" * len(out[-1]))
+        out.append("-" * len(out[-1]))
+        if any(t.extra_credit for t in self.tests):
+            out.append("* extra credit: adds to the score, not to the maximum")
+        out.append(self.summary().removeprefix(f"isolation: {self.isolation}\n" if self.isolation else ""))
         if messages:
             failed = [t for t in self.tests if not t.passed]
             if failed:
@@ -117,17 +231,25 @@ def write_json_atomic(path: str | os.PathLike, data: dict) -> Path:
     """Write ``data`` as JSON to ``path`` via a temp file and a rename; replaces whatever is there.
 
     A student's code may have put a file, a link or a folder where results go; the grader's
-    results replace it.
+    results replace it. Safe to call from a signal handler (no locks: no ``tempfile``).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink() or path.is_file():
+    if path.is_symlink():
         path.unlink()
     elif path.is_dir():
         shutil.rmtree(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=2) + "\n"
+    tmp = path.parent / f".results-{os.getpid()}-{os.urandom(4).hex()}.json"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path
