@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import os
 import re
+import socket
 import signal
 import threading
 import time
@@ -47,7 +48,8 @@ _prefix_counter = itertools.count()
 class Settings:
     """Time limits of a grading run (seconds)."""
 
-    timeout: float = 60.0        # per check
+    timeout: float = 60.0        # per check: CPU seconds of the busiest rank
+    wall_factor: float = 4.0     # ... and at most this many times as many seconds of wall time
     timeout_after_timeout: float = 15.0  # per check, once a test of the same task timed out
     stall: float = 10.0          # no CPU progress on every rank still inside a check = deadlock
     grace: float = 1.0           # after one rank failed, how long the others may still finish
@@ -371,6 +373,7 @@ class RankPool:
         dead: dict[int, int | None] = {}
         pending = set(range(self.world_size))
         cpu = {r: self._cpu(r) for r in pending}
+        cpu_start = dict(cpu)  # the deadline counts CPU seconds: a loaded machine costs no points
         progress = {r: t0 for r in pending}
         first_failure_at = None
         outcome = Outcome(reports=reports)
@@ -420,10 +423,11 @@ class RankPool:
                 outcome.problem = "deadlock"
                 outcome.message = _stall_message(sorted(pending), done, where, s.stall)
                 break
-            if now - t0 > timeout:
+            used = max((cpu[r] - cpu_start[r] for r in pending if cpu[r] >= 0), default=0.0)
+            if used > timeout or now - t0 > timeout * s.wall_factor:
                 where = self._dump_stacks(sorted(pending))
                 outcome.problem = "timeout"
-                outcome.message = (f"did not finish within {timeout:g} s (an endless loop?); "
+                outcome.message = (f"did not finish within {timeout:g} s of CPU time (an endless loop?); "
                                    + "; ".join(f"rank {r} was at {w or 'an unknown place'}" for r, w in where.items()))
                 break
         outcome.elapsed = time.monotonic() - t0
@@ -506,3 +510,120 @@ def _kill_all_pools() -> None:  # pragma: no cover - safety net at interpreter e
             pool.kill()
         except Exception:
             pass
+
+
+# ----------------------------------------------------------------------------- sandboxed ranks
+class _SandboxProc:
+    """A rank forked inside the sandbox, seen from the grader: the parts of
+    ``multiprocessing.Process`` that ``RankPool`` uses (``pid``, ``sentinel``, ``is_alive``,
+    ``join``, ``exitcode``), built on a pidfd (readable once the process has ended)."""
+
+    def __init__(self, sandbox, inner: int, host: int | None):
+        self.sandbox = sandbox
+        self.inner = inner
+        self.pid = host if host is not None else -1
+        self._code = None
+        try:
+            self.sentinel = os.pidfd_open(host) if host is not None else None
+        except (OSError, AttributeError):
+            self.sentinel = None
+        if self.sentinel is None:  # ended before we could look, or no pidfds: an always-ready pipe
+            r, w = os.pipe()
+            os.close(w)
+            self.sentinel = r
+
+    def is_alive(self) -> bool:
+        import select
+        r, _, _ = select.select([self.sentinel], [], [], 0)
+        return not r
+
+    def join(self, timeout: float | None = None) -> None:
+        import select
+        select.select([self.sentinel], [], [], timeout)
+
+    @property
+    def exitcode(self):
+        if self._code is None and not self.is_alive():
+            self._code = self.sandbox.exit_codes([self.inner]).get(self.inner)
+        return self._code
+
+    def close(self) -> None:
+        try:
+            os.close(self.sentinel)
+        except OSError:
+            pass
+
+
+class SandboxGroup(RankPool):
+    """``world_size`` fresh ranks forked inside the sandbox for exactly one check.
+
+    Nothing is reused: the ranks, their rendezvous store, their scratch folders and everything
+    they started are gone when the check ends (``finish``), so no thread, child or patched
+    module of one check can reach the next.
+    """
+
+    def __init__(self, world_size: int, sandbox, settings: Settings, name: str = "group"):
+        super().__init__(world_size, None, None, "", settings, name=name)
+        self.sandbox = sandbox
+
+    def launch(self) -> "SandboxGroup":
+        from multiprocessing.connection import Connection
+        prefix = f"{self.name}-{os.getpid()}-{next(_prefix_counter)}"
+        child_fds, mine = [], []
+        for _ in range(self.world_size):
+            a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            out_r, out_w = os.pipe()
+            child_fds += [b.detach(), out_w]
+            mine.append((a.detach(), out_r))
+        try:
+            inner = self.sandbox.spawn(self.world_size, prefix, {"pg_timeout": self.settings.pg_timeout}, child_fds)
+        except Exception as exc:
+            for fd in child_fds + [fd for pair in mine for fd in pair]:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            raise PoolError(str(exc)) from None
+        finally:
+            for fd in child_fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        hosts = self.sandbox.host_pids(inner)
+        for (ctrl_fd, out_r), i, h in zip(mine, inner, hosts):
+            self.ctrls.append(Connection(ctrl_fd))
+            self.captures.append(Capture(out_r))
+            self.procs.append(_SandboxProc(self.sandbox, i, h))
+        self.pids = [p.pid for p in self.procs]
+        self.alive = True
+        _LIVE_POOLS.add(self)
+        return self
+
+    def _health(self) -> bool:
+        return True  # the group ends with its check
+
+    def kill(self) -> None:
+        """End the check: every process in the sandbox but its server dies, scratch is emptied."""
+        if not self.alive:
+            return
+        self.alive = False
+        for p in self.procs:
+            if p.pid > 0:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        try:
+            self.sandbox.cleanup()
+        except Exception:
+            pass
+        for c in self.ctrls:
+            c.close()
+        for cap in self.captures:
+            cap.thread.join(timeout=1.0)
+        for p in self.procs:
+            p.close()
+
+    def close(self) -> None:
+        self.kill()

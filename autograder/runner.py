@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import os
 import random
 import shutil
 import tempfile
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from . import registry
 from .points import points_for, visibility_for
-from .pool import PoolError, RankPool, Settings, mp_context
+from .pool import PoolError, RankPool, SandboxGroup, Settings, mp_context
 from .results import Results, TestResult
 from .submission import Submission, SubmissionError, kit_has
 
@@ -34,50 +35,46 @@ class Verdict:
 
 
 class Pools:
-    """One live pool per world size, replaced when a check kills it."""
+    """Fresh rank groups for every check, forked inside one sandbox; and the trusted worker.
 
-    def __init__(self, settings: Settings, workdir: str, fresh_per_check: bool = False):
-        import torch.distributed as dist
+    Student code runs only in the sandbox (``sandbox.py``), in ranks that exist for one check.
+    The trusted reference worker never sees student code: it is a plain process of the grader.
+    """
+
+    def __init__(self, settings: Settings, workdir: str, isolation, transformers: bool = True):
+        from .sandbox import Sandbox
 
         self.settings = settings
         self.workdir = workdir
-        self.fresh = fresh_per_check
         self.ctx = mp.get_context(settings.start_method)
-        self.store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=settings.start_timeout),
-                                   wait_for_workers=False)
-        self.pools: dict[int, RankPool] = {}
+        self.sandbox = Sandbox(isolation, readable=[workdir], transformers=transformers,
+                               start_timeout=settings.start_timeout).start(wait=False)
         self.started = 0
         self.trusted: RankPool | None = None
 
-    def get(self, world_size: int) -> RankPool:
-        pool = self.pools.get(world_size)
-        if pool is None or not pool.alive:
-            pool = RankPool(world_size, self.ctx, self.store, self.workdir, self.settings, name=f"w{world_size}")
-            pool.launch()
-            self.pools[world_size] = pool
-            self.started += 1
-        return pool
-
-    def prelaunch(self, sizes) -> None:
-        """Start the pools we will need now, so that they come up side by side."""
-        if self.fresh:
-            return
-        for n in sizes:
-            self.get(n)
-
-    def after_check(self, world_size: int) -> None:
-        if self.fresh and world_size in self.pools:
-            self.pools.pop(world_size).close()
+    def group(self, world_size: int) -> SandboxGroup:
+        """``world_size`` new ranks for one check (killed, with all they started, by ``kill()``)."""
+        from .sandbox import SandboxError
+        try:
+            self.sandbox.wait_ready()
+            if not self.sandbox.alive():  # student code took the sandbox down: a new one
+                self.sandbox.restart()
+        except SandboxError as exc:
+            raise PoolError(str(exc)) from None
+        group = SandboxGroup(world_size, self.sandbox, self.settings, name=f"w{world_size}")
+        group.launch()
+        self.started += 1
+        return group
 
     def trusted_worker(self) -> RankPool:
         if self.trusted is None or not self.trusted.alive:
             self.trusted = RankPool(1, self.ctx, None, self.workdir, self.settings, name="trusted").launch()
-            self.started += 1
         return self.trusted
 
     def close(self) -> None:
-        for pool in list(self.pools.values()) + ([self.trusted] if self.trusted else []):
-            pool.close()
+        if self.trusted:
+            self.trusted.close()
+        self.sandbox.close()
 
 
 def select_checks(tasks: set[str] | None, public_only: bool) -> list[registry.Check]:
@@ -88,17 +85,35 @@ def select_checks(tasks: set[str] | None, public_only: bool) -> list[registry.Ch
 
 
 def grade(submission_path, tasks: set[str] | None = None, settings: Settings | None = None,
-          public_only: bool = False, fresh_per_check: bool = False, progress=None) -> Results:
-    """Grade ``submission_path``; never raises for anything the student's code does."""
+          public_only: bool = False, fresh_per_check: bool = True, progress=None,
+          sandbox: str = "auto") -> Results:
+    """Grade ``submission_path``; never raises for anything the student's code does.
+
+    ``sandbox``: the isolation level for student code (``auto`` takes the strongest this host
+    allows; see ``autograder.sandbox``). ``fresh_per_check`` is kept for compatibility: every
+    check always gets fresh ranks now.
+    """
+    from .sandbox import GraderFiles, choose, SandboxError
     settings = settings or Settings()
     t0 = time.monotonic()
+    results = Results()
+    try:
+        isolation = choose(sandbox)
+    except (SandboxError, ValueError) as exc:
+        results.grader_errors.append(str(exc))
+        results.execution_time = time.monotonic() - t0
+        return results
+    if hasattr(results, "isolation"):
+        results.isolation = isolation.describe()
+    guard = GraderFiles(_grader_roots()) if isolation.level == "process" else None
     if settings.start_method == "forkserver":
         # start the fork server first: it imports torch while this process does the same
         mp_context(settings.start_method, start=True,
                    transformers=tasks is None or bool(tasks & NEEDS_TRANSFORMERS))
     workdir = tempfile.mkdtemp(prefix="autograder-")
+    if isolation.level == "user":
+        os.chmod(workdir, 0o755)  # ranks run as nobody and must read their workspace
     pools = None
-    results = Results()
     checks: list = []
     try:
         checks = select_checks(tasks, public_only)
@@ -114,17 +129,21 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             if src is None:
                 plan.append((c, None, f"no student code found for Task {c.task}. {sub.describe()}"))
                 continue
-            absent = [m for m in c.needs if not src.has(m)]
-            if absent:
-                plan.append((c, src, f"student_src/{absent[0]}.py is missing from the submission ({src.shown()})"))
+            problems = [p for p in (src.problem(m) for m in c.needs) if p]
+            if problems:
+                plan.append((c, src, problems[0]))
                 continue
             plan.append((c, src, None))
 
         runnable = [(c, s) for c, s, skip in plan if skip is None]
         refs_needed = sorted({c.reference for c, _ in runnable if c.reference})
+        for c, src in runnable:  # every workspace exists before the sandbox maps the folder
+            sub.workspace(src)
+        if isolation.level == "user":
+            _readable_by_all(workdir)
         if runnable:
-            pools = Pools(settings, workdir, fresh_per_check)
-            pools.prelaunch(sorted({c.world_size for c, _ in runnable}))
+            pools = Pools(settings, workdir, isolation,
+                          transformers=any(c.task in NEEDS_TRANSFORMERS for c, _ in runnable))
         ref_jobs = {}
         if refs_needed:
             pools.trusted_worker()  # starts now, computes while the first checks run
@@ -161,13 +180,17 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             timeout = c.timeout or settings.timeout
             if timed_out.get(c.task):  # an endless loop usually hits every test of the task
                 timeout = min(timeout, settings.timeout_after_timeout)
+            group = None
             try:
-                outcome = pools.get(c.world_size).run(job, timeout)
+                group = pools.group(c.world_size)
+                outcome = group.run(job, timeout)
                 verdict = judge(c, outcome, ref, secrets)
             except PoolError as exc:
                 verdict = Verdict(False, f"autograder problem (not your code): {exc}")
                 results.grader_errors.append(str(exc))
-            pools.after_check(c.world_size)
+            finally:
+                if group is not None:
+                    group.kill()
             if not verdict.passed and "did not finish within" in verdict.message:
                 timed_out[c.task] = True
             results.add(TestResult.of(c, pts if verdict.passed else 0.0, pts, verdict.passed, verdict.message,
@@ -187,6 +210,10 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         if pools is not None:
             pools.close()
         shutil.rmtree(workdir, ignore_errors=True)
+    if guard is not None and guard.changed():
+        results.grader_errors.append("the grader's own files changed while this submission was graded "
+                                     f"(isolation level {isolation.level}): do not trust this grade or any later one; "
+                                     "restore the grader and grade with --sandbox bwrap")
     results.execution_time = time.monotonic() - t0
     return results
 
@@ -217,6 +244,25 @@ def _output_excerpt(outcome, limit: int = 1500) -> str:
         if len(parts) >= 2:
             break
     return ("\n" + "\n".join(parts)) if parts else ""
+
+
+def _grader_roots() -> list:
+    """The grader's own files: the autograder package and the trusted kit."""
+    from pathlib import Path
+    from .submission import SubmissionError, trusted_student_src
+    roots = [Path(__file__).resolve().parent]
+    try:
+        roots.append(trusted_student_src() / "kit")
+    except SubmissionError:
+        pass
+    return roots
+
+
+def _readable_by_all(folder: str) -> None:
+    for dirpath, dirnames, filenames in os.walk(folder):
+        os.chmod(dirpath, 0o755)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o644)
 
 
 def draw_secrets(world_size: int) -> list[int]:

@@ -95,6 +95,28 @@ class Source:
     def has(self, module: str) -> bool:
         return (self.path / f"{module}.py").is_file()
 
+    def problem(self, module: str) -> str | None:
+        """Why ``student_src/<module>.py`` cannot be graded from this copy (None: it can)."""
+        f = self.path / f"{module}.py"
+        shown = f"student_src/{module}.py" if self.path.name == "student_src" else f"{self.shown()}/{module}.py"
+        if f.is_symlink():
+            return (f"{shown} is a symbolic link; the grader takes only real files from a submission: "
+                    "replace the link by the file itself")
+        if not f.exists():
+            return f"{shown} is missing from the submission ({self.shown()})"
+        if not f.is_file():
+            return f"{shown} is not a regular file"
+        try:
+            size = f.stat().st_size
+            with open(f, "rb") as fh:
+                fh.read(1)
+        except OSError as exc:
+            return f"{shown} cannot be read ({exc.strerror or exc}); check its permissions"
+        if size > MAX_FILE_BYTES:
+            return (f"{shown} is {size / 2**20:.1f} MB, over the grader's limit of {MAX_FILE_BYTES >> 20} MB "
+                    "for one module: remove the data or output pasted into it")
+        return None
+
     def shown(self) -> str:
         try:
             return str(self.path.relative_to(self.root)) or "."

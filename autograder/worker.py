@@ -37,6 +37,39 @@ STUDENT_PACKAGE = "student_src"
 KIT_PACKAGE = "student_src.kit"
 
 
+class WorkspaceOnlyFinder:
+    """Resolves ``student_src`` and its modules from the check's workspace, and nowhere else.
+
+    Without it, a module missing from the workspace (not submitted, a symlink, too large) could
+    fall through to another ``student_src`` that Python can find: an editable install's finder
+    pointing at the instructor's tree with its solutions, or a kit installed in site-packages.
+    """
+
+    def __init__(self, workspace: str):
+        self.root = os.path.join(workspace, STUDENT_PACKAGE)
+
+    def find_spec(self, name, path=None, target=None):
+        if name != STUDENT_PACKAGE and not name.startswith(STUDENT_PACKAGE + "."):
+            return None
+        from importlib.machinery import PathFinder
+        parts = name.split(".")
+        where = [os.path.dirname(self.root)] if len(parts) == 1 else list(path or [])
+        spec = PathFinder.find_spec(name, where)
+        origin = (spec.origin or "") if spec is not None else ""
+        locations = list(spec.submodule_search_locations or []) if spec is not None else []
+        inside = [p for p in ([origin] if origin not in ("", "namespace") else []) + locations
+                  if os.path.realpath(p).startswith(os.path.realpath(self.root))]
+        if spec is None or not inside:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return spec
+
+
+def install_workspace_finder(workspace: str | None) -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, WorkspaceOnlyFinder)]
+    if workspace:
+        sys.meta_path.insert(0, WorkspaceOnlyFinder(workspace))
+
+
 class StudentImportError(Exception):
     """The student's module could not be imported (missing, syntax error, raised on import)."""
 
@@ -172,6 +205,7 @@ class Rank:
 
     # --- isolation helpers -------------------------------------------------------------
     def enter_workspace(self, workspace: str | None) -> None:
+        install_workspace_finder(workspace)
         for name in list(sys.modules):
             if name == STUDENT_PACKAGE or name.startswith(STUDENT_PACKAGE + "."):
                 del sys.modules[name]

@@ -1,0 +1,415 @@
+"""Where student code runs: a bubblewrap sandbox, or the strongest fallback the host allows.
+
+Every process that runs student code is a rank forked by ``autograder.zygote``, the one trusted
+server inside the sandbox. The grader (this side) decides every verdict; the sandbox only keeps
+student code away from what it must not touch, and makes sure nothing it starts outlives its
+check.
+
+Levels, strongest first (``--sandbox auto`` takes the first that works on this host):
+
+``bwrap``
+    Debian's ``bubblewrap`` (the sandbox Flatpak uses): its own PID namespace (the grader kills
+    the whole namespace; ``--die-with-parent``), its own network namespace (loopback only), IPC
+    and UTS namespaces, no capabilities, a new session (no terminal injection). The file system
+    is a read-only view of just what a rank needs: the system's libraries, Python and its
+    packages, the grader's ``autograder`` package and the submission's workspaces. The
+    instructor's ``student_src`` (with its solutions), other students' submissions and the
+    results file are not there at all. ``/tmp`` is a private, writable scratch that is emptied
+    after every check.
+``user`` (fallback, the grader runs as root but cannot make namespaces, e.g. Docker)
+    Ranks switch to an unprivileged user (``nobody``) before they run anything, so the grader's
+    files (owned by root) are read-only to them and they cannot signal the grader. Every
+    descendant dies after each check (the server is a child subreaper). No network isolation.
+``process`` (fallback, no root and no namespaces)
+    Same user as the grader: every descendant still dies after each check, imports still come
+    only from the submission, and the grader checks that its own files did not change while a
+    submission was graded (``GraderFiles``). A determined student could read or write what the
+    grader's user can; use a level above for untrusted submissions.
+
+``python -m autograder sandbox`` prints the level this host gets and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import site
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+LEVELS = ("bwrap", "user", "process")
+NOBODY = 65534
+GRADER_PACKAGE = Path(__file__).resolve().parent
+
+DESCRIPTIONS = {
+    "bwrap": ("bubblewrap sandbox: own PID, network (loopback only), IPC and mount namespaces, no "
+              "capabilities; grader and kit read-only, the instructor's tree invisible; private scratch "
+              "emptied after every check"),
+    "user": ("fallback (no namespaces on this host): ranks run as user nobody, grader files read-only to "
+             "them; every process they start is killed after each check; no network isolation"),
+    "process": ("fallback (no namespaces, not root): ranks run as the grader's user; every process they start "
+                "is killed after each check; the grader's files are checked for changes; no file or "
+                "network isolation"),
+}
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not start (a grader problem, never the student's)."""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    level: str
+    reason: str = ""    # why a stronger level was not used
+
+    def describe(self) -> str:
+        text = f"{self.level}: {DESCRIPTIONS[self.level]}"
+        return text + (f" [{self.reason}]" if self.reason else "")
+
+
+# ----------------------------------------------------------------------------- choosing a level
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+SYSTEM_DIRS = ["/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin"]
+
+
+def _readonly_roots() -> list[str]:
+    """What a rank must read: system libraries, Python, its packages, the grader package."""
+    roots = [p for p in SYSTEM_DIRS if not os.path.islink(p)]
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    paths = set(filter(None, sysconfig.get_paths().values()))
+    try:
+        paths.update(site.getsitepackages())
+    except AttributeError:  # pragma: no cover
+        pass
+    paths.update(p for p in sys.path if p and os.path.isdir(p) and ("site-packages" in p or "dist-packages" in p))
+    for p in sorted(prefixes | paths):
+        if p and os.path.exists(p):
+            roots.append(os.path.realpath(p))
+    exe = os.path.realpath(sys.executable)
+    roots.append(os.path.dirname(exe))
+    return _minimal(roots)
+
+
+def _minimal(paths) -> list[str]:
+    """Existing paths, without those inside another one of the list."""
+    out: list[str] = []
+    for p in sorted({os.path.realpath(p) for p in paths if os.path.exists(p)}, key=len):
+        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out):
+            out.append(p)
+    return out
+
+
+ETC_FILES = ["/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd",
+             "/etc/group", "/etc/nsswitch.conf", "/etc/hosts", "/etc/host.conf", "/etc/ssl", "/etc/alternatives",
+             "/etc/mime.types", "/etc/python3", "/etc/python3.11", "/etc/os-release"]
+
+
+def hidden_student_src() -> list[str]:
+    """Installed copies of ``student_src`` (a non-editable kit install) that must not be importable."""
+    out = []
+    for base in set(site.getsitepackages() if hasattr(site, "getsitepackages") else []) | {
+            p for p in sys.path if "site-packages" in p or "dist-packages" in p}:
+        cand = os.path.join(base, "student_src")
+        if os.path.isdir(cand):
+            out.append(os.path.realpath(cand))
+    return sorted(set(out))
+
+
+def bwrap_argv(scratch: str, readable: list[str]) -> list[str]:
+    """The bubblewrap command line (the command to run follows it)."""
+    argv = [bwrap_path() or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
+            "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL",
+            "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp"]
+    for root in _readonly_roots():
+        argv += ["--ro-bind", root, root]
+    for link in SYSTEM_DIRS:  # usr-merged systems: /bin -> usr/bin and so on
+        if os.path.islink(link):
+            argv += ["--symlink", os.readlink(link), link]
+    for f in ETC_FILES:
+        if os.path.exists(f):
+            argv += ["--ro-bind", f, f]
+    argv += ["--ro-bind", str(GRADER_PACKAGE), str(GRADER_PACKAGE)]
+    for path in _minimal(readable):
+        argv += ["--ro-bind", path, path]
+    for path in hidden_student_src():
+        argv += ["--tmpfs", path]
+    argv += ["--dir", scratch, "--chdir", scratch, "--setenv", "HOME", scratch, "--setenv", "TMPDIR", scratch]
+    return argv
+
+
+@lru_cache(maxsize=None)
+def _bwrap_works() -> str:
+    """'' if bubblewrap can make its namespaces here, else why not."""
+    if not bwrap_path():
+        return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    try:
+        probe = subprocess.run(bwrap_argv("/tmp/probe", []) + [sys.executable, "-c", "print('ok')"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap did not run: {exc}"
+    if probe.returncode != 0 or "ok" not in probe.stdout:
+        lines = (probe.stderr or probe.stdout).strip().splitlines()
+        return f"bubblewrap cannot create namespaces here ({lines[-1] if lines else probe.returncode})"
+    return ""
+
+
+def choose(requested: str = "auto") -> Isolation:
+    """The isolation level for ``requested`` (auto, bwrap, user, process or fallback)."""
+    requested = (requested or "auto").lower()
+    if requested not in ("auto", "fallback", *LEVELS):
+        raise ValueError(f"unknown sandbox level {requested!r}; choose auto, bwrap, user, process or fallback")
+    reason = ""
+    if requested in ("auto", "bwrap"):
+        why = _bwrap_works()
+        if not why:
+            return Isolation("bwrap")
+        if requested == "bwrap":
+            raise SandboxError(f"--sandbox bwrap was asked for, but {why}")
+        reason = why
+    elif requested in ("fallback", "user", "process"):
+        reason = "fallback asked for"
+    if requested in ("auto", "fallback", "user") and os.geteuid() == 0:
+        return Isolation("user", reason)
+    if requested == "user":
+        raise SandboxError("--sandbox user needs the grader to run as root (to switch ranks to nobody)")
+    if requested == "process":
+        return Isolation("process", reason)
+    return Isolation("process", reason + ("; " if reason else "") + "the grader is not root")
+
+
+# ----------------------------------------------------------------------------- the grader's files
+class GraderFiles:
+    """A fingerprint of the grader's own files, to notice a submission that changed them."""
+
+    def __init__(self, roots):
+        self.roots = [Path(r) for r in roots]
+        self.digest = self.compute()
+
+    def compute(self) -> str:
+        h = hashlib.sha256()
+        for root in self.roots:
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+                for name in sorted(filenames):
+                    if name.endswith((".pyc", ".pyo")):
+                        continue
+                    p = Path(dirpath, name)
+                    try:
+                        h.update(str(p).encode() + b"\0" + p.read_bytes())
+                    except OSError:
+                        h.update(str(p).encode() + b"\0?")
+        return h.hexdigest()
+
+    def changed(self) -> bool:
+        return self.compute() != self.digest
+
+
+# ----------------------------------------------------------------------------- the running sandbox
+def _ns_pid(host_pid: int) -> int | None:
+    """The innermost PID of a host process (its PID inside its own namespace)."""
+    try:
+        with open(f"/proc/{host_pid}/status") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class Sandbox:
+    """One sandbox (one zygote) per grading run; ranks for each check are forked inside it."""
+
+    def __init__(self, isolation: Isolation, readable: list[str], transformers: bool = True,
+                 start_timeout: float = 180.0):
+        self.isolation = isolation
+        self.readable = [str(p) for p in readable]
+        self.transformers = transformers
+        self.start_timeout = start_timeout
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.scratch = ""
+        self.host_scratch: str | None = None
+        self.zygote_pid: int | None = None  # host PID
+        self.log = b""
+        self._ready = False
+
+    # --- life cycle ------------------------------------------------------------------------
+    def start(self, wait: bool = True) -> "Sandbox":
+        """Start the server (it imports torch: seconds); ``wait=False`` returns at once."""
+        self._launch()
+        self._ready = False
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        if self._ready:
+            return
+        reply = self._recv(self.start_timeout)
+        if reply.get("status") != "ready":
+            self.close()
+            raise SandboxError(f"the sandbox did not start: {reply.get('message', reply)}")
+        self.zygote_pid = self._host_pid_of(reply["pid"], root=self.proc.pid)
+        self._ready = True
+
+    def restart(self) -> None:
+        self.close()
+        self.start(wait=True)
+
+    def _launch(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTOGRADER_", "PYTHONSTARTUP"))}
+        env.update({"AUTOGRADER_PRELOAD_TRANSFORMERS": "1" if self.transformers else "0",
+                    "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                    "TORCH_CPP_LOG_LEVEL": env.get("TORCH_CPP_LOG_LEVEL", "FATAL"),
+                    "PYTHONPATH": str(GRADER_PACKAGE.parent)})
+        level = self.isolation.level
+        if level == "bwrap":
+            self.scratch = "/tmp/sandbox"
+            prefix = bwrap_argv(self.scratch, self.readable)
+            in_ns, run_as = "1", "-"
+        else:
+            self.host_scratch = tempfile.mkdtemp(prefix="autograder-scratch-")
+            self.scratch = self.host_scratch
+            prefix = []
+            in_ns = "0"
+            run_as = str(NOBODY) if level == "user" else "-"
+            if level == "user":
+                os.chmod(self.host_scratch, 0o711)
+        cmd = prefix + [sys.executable, "-m", "autograder.zygote", str(theirs.fileno()), self.scratch, in_ns, run_as]
+        try:
+            self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         cwd=self.host_scratch or "/")
+        except OSError as exc:
+            raise SandboxError(f"could not start the sandbox ({' '.join(prefix[:1]) or 'python'}): {exc}") from None
+        theirs.close()
+        self.sock = ours
+        os.set_blocking(self.proc.stderr.fileno(), False)
+
+    def _stderr(self) -> str:
+        try:
+            data = self.proc.stderr.read() if self.proc and self.proc.stderr else b""
+        except (OSError, ValueError):
+            data = b""
+        self.log += data or b""
+        return self.log[-2000:].decode("utf-8", "replace")
+
+    def _recv(self, timeout: float) -> dict:
+        import select
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return {"status": "timeout", "message": f"no answer from the sandbox within {timeout:g} s. {self._stderr()}"}
+            r, _, _ = select.select([self.sock], [], [], min(left, 0.5))
+            if r:
+                data = self.sock.recv(1 << 20)
+                if not data:
+                    return {"status": "died", "message": f"the sandbox ended: {self._stderr()}"}
+                return json.loads(data.decode())
+            if self.proc.poll() is not None:
+                return {"status": "died", "message": f"the sandbox exited ({self.proc.returncode}): {self._stderr()}"}
+
+    def request(self, msg: dict, fds=(), timeout: float = 60.0) -> dict:
+        if self.sock is None:
+            raise SandboxError("the sandbox is not running")
+        try:
+            socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
+        except OSError as exc:
+            raise SandboxError(f"the sandbox is gone ({exc}). {self._stderr()}") from None
+        return self._recv(timeout)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _host_pid_of(self, inner: int, root: int) -> int | None:
+        """The host PID of the process that is ``inner`` inside the sandbox, searched below ``root``."""
+        if self.isolation.level != "bwrap":
+            return inner
+        import psutil
+        try:
+            candidates = psutil.Process(root).children(recursive=True)
+        except psutil.Error:
+            return None
+        for p in candidates:
+            if _ns_pid(p.pid) == inner:
+                return p.pid
+        return None
+
+    def host_pids(self, inner_pids: list[int]) -> list[int | None]:
+        if self.isolation.level != "bwrap":
+            return list(inner_pids)
+        import psutil
+        try:
+            kids = psutil.Process(self.zygote_pid).children(recursive=False)
+        except psutil.Error:
+            return [None] * len(inner_pids)
+        table = {_ns_pid(p.pid): p.pid for p in kids}
+        return [table.get(i) for i in inner_pids]
+
+    def spawn(self, world_size: int, prefix: str, cfg: dict, fds: list[int]) -> list[int]:
+        reply = self.request({"op": "spawn", "world_size": world_size, "prefix": prefix, "cfg": cfg}, fds)
+        if reply.get("status") != "spawned":
+            raise SandboxError(f"the sandbox could not start ranks: {reply.get('message', reply)}")
+        return reply["pids"]
+
+    def exit_codes(self, inner_pids: list[int]) -> dict[int, int | None]:
+        try:
+            reply = self.request({"op": "exitcodes", "pids": inner_pids}, timeout=10)
+        except SandboxError:
+            return {}
+        return {int(k): v for k, v in reply.get("codes", {}).items()}
+
+    def cleanup(self) -> int:
+        """Kill everything the last check left behind; returns how many processes that was."""
+        if not self.alive():
+            return 0
+        reply = self.request({"op": "cleanup"}, timeout=60)
+        if reply.get("status") != "clean":
+            raise SandboxError(f"the sandbox could not clean up: {reply.get('message', reply)}")
+        return int(reply.get("killed", 0))
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.alive() and self.sock is not None:
+            try:
+                socket.send_fds(self.sock, [json.dumps({"op": "stop"}).encode()], [])
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.alive():
+            self.proc.kill()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                pass
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.host_scratch:
+            shutil.rmtree(self.host_scratch, ignore_errors=True)
+        self.proc = None
+
+
+def report(requested: str = "auto") -> str:
+    """What ``python -m autograder sandbox`` prints."""
+    try:
+        iso = choose(requested)
+    except (SandboxError, ValueError) as exc:
+        return f"cannot use --sandbox {requested}: {exc}"
+    return f"isolation level on this host: {iso.describe()}"

@@ -1,0 +1,217 @@
+"""Hostile submissions against the grading sandbox, in every isolation level this host allows.
+
+Each submission is the solution's modules with one attack added at import time of
+``student_src/profiling.py`` or ``sync.py``. The attacks: processes that outlive their check
+(``start_new_session``, a double-fork daemon that waits for the grader to exit and then rewrites
+``results.json``), writes to the grader's own files, a busy thread started at import, and modules
+that are symbolic links, too large or unreadable. The property in every case: the attack gains
+nothing, changes nothing outside the sandbox, and leaves no process behind.
+
+Levels: ``bwrap`` needs bubblewrap and namespaces (CI runs as root and installs it; elsewhere
+the test is skipped with the reason), ``user`` needs root, ``process`` runs everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autograder import runner, sandbox  # noqa: E402
+
+STUDENT_MODULES = ["train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py"]
+HANG_GUARD = 600  # seconds; a guard against hangs only, never a speed assertion
+
+
+def _levels():
+    out = []
+    why = sandbox._bwrap_works()
+    out.append(pytest.param("bwrap", marks=pytest.mark.skipif(bool(why), reason=f"no bwrap level here: {why}")))
+    out.append(pytest.param("user", marks=pytest.mark.skipif(os.geteuid() != 0, reason="the user level needs root")))
+    out.append("process")
+    return out
+
+
+LEVELS = _levels()
+
+
+def make_submission(dest: Path, **extra_code) -> Path:
+    """The solution's student modules in ``dest/student_src``, with ``extra_code[module]``
+    appended to ``module.py`` (runs when the check imports it)."""
+    src = dest / "student_src"
+    src.mkdir(parents=True)
+    for name in STUDENT_MODULES:
+        if (ROOT / "student_src" / name).exists():
+            shutil.copy(ROOT / "student_src" / name, src / name)
+    for module, code in extra_code.items():
+        with open(src / f"{module}.py", "a") as fh:
+            fh.write("\n" + textwrap.dedent(code) + "\n")
+    return dest
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if marker.encode() in fh.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def grade_cli(sub: Path, results: Path, level: str, tasks: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autograder", "grade", str(sub), "--results", str(results),
+                           "--tasks", tasks, "--sandbox", level, "--json-only"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def scores(results) -> dict:
+    return {t.id: t.score for t in results.tests}
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_nothing_outlives_grading_and_results_stay_the_graders(tmp_path, level):
+    marker = f"hostile-{os.getpid()}-{level}"
+    results = tmp_path / "results.json"
+    loot = tmp_path / "escaped.txt"
+    # A setsid child and a double-fork daemon, both waiting for the grader to be gone, then
+    # rewriting its results; each carries the marker in its command line so we can find it.
+    code = f'''
+    import os, subprocess, sys
+    _LURK = ("import os, time\\n"
+             "time.sleep(4)\\n"
+             "for p in ({str(results)!r}, {str(loot)!r}):\\n"
+             "    try:\\n"
+             "        open(p, 'w').write('HACKED')\\n"
+             "    except OSError:\\n"
+             "        pass\\n"
+             "time.sleep(60)  # {marker}\\n")
+    subprocess.Popen([sys.executable, "-c", _LURK], start_new_session=True,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv(sys.executable, [sys.executable, "-c", _LURK])
+        os._exit(0)
+    '''
+    sub = make_submission(tmp_path / "sub", profiling=code)
+    proc = grade_cli(sub, results, level, "4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    graded = json.loads(results.read_text())
+    assert graded["tests"], graded
+    assert processes_with(marker) == [], "a process started by the submission outlived grading"
+    time.sleep(6)  # longer than the lurkers wait
+    assert json.loads(results.read_text()) == graded
+    assert not loot.exists() or loot.read_text() != "HACKED"
+    assert processes_with(marker) == []
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_grader_files_cannot_be_changed(tmp_path, level):
+    points = ROOT / "autograder" / "points.toml"
+    kit_file = ROOT / "student_src" / "kit" / "timing.py"
+    before = {p: p.read_bytes() for p in (points, kit_file)}
+    code = f'''
+    for _p in ({str(points)!r}, {str(kit_file)!r}):
+        try:
+            with open(_p, "a") as _fh:
+                _fh.write("\\n# edited by a submission\\n")
+        except OSError:
+            pass
+    '''
+    sub = make_submission(tmp_path / "sub", profiling=code)
+    res = runner.grade(sub, tasks={"4"}, sandbox=level)
+    after = {p: p.read_bytes() for p in before}
+    if level == "process":  # same user: cannot prevent, must detect (and then restore the files here)
+        changed = after != before
+        for p, data in before.items():
+            p.write_bytes(data)
+        if changed:
+            assert any("grader's own files changed" in e for e in res.grader_errors), res.grader_errors
+    else:
+        assert after == before, "a submission changed the grader's files"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_busy_thread_at_import_changes_nothing(tmp_path, level):
+    code = '''
+    import threading
+    def _spin():
+        while True:
+            pass
+    threading.Thread(target=_spin, daemon=True).start()
+    '''
+    clean = runner.grade(make_submission(tmp_path / "clean"), tasks={"4"}, sandbox=level)
+    busy = make_submission(tmp_path / "busy", profiling=code)
+    first = runner.grade(busy, tasks={"4"}, sandbox=level)
+    second = runner.grade(busy, tasks={"4"}, sandbox=level)
+    assert scores(first) == scores(second) == scores(clean)
+    assert not any("endless loop" in t.output for t in first.tests + second.tests)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_symlinked_module_is_not_graded(tmp_path, level):
+    sub = make_submission(tmp_path / "sub")
+    target = sub / "student_src" / "profiling.py"
+    target.unlink()
+    target.symlink_to(ROOT / "student_src" / "profiling.py")
+    res = runner.grade(sub, tasks={"4"}, sandbox=level)
+    assert res.tests and all(t.score == 0 for t in res.tests)
+    assert all("symbolic link" in t.output for t in res.tests), [t.output for t in res.tests]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_an_oversize_module_is_not_graded(tmp_path, level):
+    sub = make_submission(tmp_path / "sub")
+    with open(sub / "student_src" / "profiling.py", "a") as fh:
+        fh.write("#" + "x" * (3 << 20) + "\n")
+    res = runner.grade(sub, tasks={"4"}, sandbox=level)
+    assert res.tests and all(t.score == 0 for t in res.tests)
+    assert all("over the grader's limit" in t.output for t in res.tests), [t.output for t in res.tests]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_missing_module_never_falls_through_to_another_student_src(tmp_path, level):
+    """The instructor's tree (with solutions) is importable in this environment; a submission
+    without profiling.py must still score nothing for Task 4."""
+    sub = make_submission(tmp_path / "sub")
+    (sub / "student_src" / "profiling.py").unlink()
+    res = runner.grade(sub, tasks={"4"}, sandbox=level)
+    assert res.tests and all(t.score == 0 for t in res.tests)
+    assert all("missing" in t.output for t in res.tests)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_module_that_imports_a_missing_sibling_gets_no_solution(tmp_path, level):
+    """A module that exists but imports one the submission lacks: the import must fail inside
+    the workspace, never resolve to the instructor's copy."""
+    sub = make_submission(tmp_path / "sub", profiling="from student_src import not_submitted_helper  # noqa")
+    res = runner.grade(sub, tasks={"4"}, sandbox=level)
+    assert res.tests and all(t.score == 0 for t in res.tests)
+    assert all("not_submitted_helper" in t.output for t in res.tests), [t.output for t in res.tests]
+
+
+def test_levels_report_says_which_isolation_was_used(tmp_path):
+    res = runner.grade(make_submission(tmp_path / "sub"), tasks={"4"}, sandbox="process")
+    assert res.isolation.startswith("process:")
+    assert sum(t.score for t in res.tests) == sum(t.max_score for t in res.tests) > 0
+
+
+def test_unknown_level_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown sandbox level"):
+        sandbox.choose("chroot")
