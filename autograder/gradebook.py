@@ -4,18 +4,31 @@ Each entry of FOLDER (a folder or a ``.zip``; names starting with ``.`` or ``_``
 one student's submission, named after the entry. Each is graded by its own
 ``python -m autograder grade`` process (its own ranks, store and temp dir, so ``--jobs`` of them
 run side by side without colliding), writing ``OUT/<name>/results.json`` and ``OUT/<name>/report.txt``.
-``OUT/gradebook.csv`` gets one row per student: total, max, then each test's score.
+``OUT/gradebook.csv`` gets one row per student: the required tasks' score and maximum, the extra
+credit (Task 5 unless points.toml says otherwise) and its maximum, whether grading failed or was
+stopped, then each test's score.
+
+SIGTERM/SIGINT: the graders running get the signal (each writes the tests it graded and why it
+stopped), no new one starts, and the gradebook is still written.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+COLUMNS = ["student", "score", "max_score", "extra_credit", "extra_credit_max", "autograder_failed", "stopped"]
+
+_running: set = set()
+_lock = threading.Lock()
+_stopped: list = []  # the signal number, once one came
 
 
 def submissions_in(folder: Path) -> list[Path]:
@@ -23,7 +36,7 @@ def submissions_in(folder: Path) -> list[Path]:
                   if not p.name.startswith((".", "_")) and (p.is_dir() or p.suffix == ".zip"))
 
 
-def _grade_one(sub: Path, out_dir: Path, tasks, timeout) -> dict:
+def _grade_one(sub: Path, out_dir: Path, tasks, timeout, sandbox=None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "results.json"
     cmd = [sys.executable, "-m", "autograder", "grade", str(sub), "--results", str(results), "--quiet"]
@@ -31,18 +44,64 @@ def _grade_one(sub: Path, out_dir: Path, tasks, timeout) -> dict:
         cmd += ["--tasks", tasks]
     if timeout:
         cmd += ["--timeout", str(timeout)]
+    if sandbox:
+        cmd += ["--sandbox", sandbox]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-    (out_dir / "report.txt").write_text(proc.stdout + ("\n" + proc.stderr if proc.returncode else ""))
+    with _lock:
+        if _stopped:
+            return {"score": 0, "tests": [], "_seconds": 0.0, "_not_started": True,
+                    "output": f"not graded: grade-all was stopped by signal {_stopped[0]} before this submission"}
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=Path(__file__).resolve().parent.parent)
+        _running.add(proc)
+    try:
+        stdout, stderr = proc.communicate()
+    finally:
+        with _lock:
+            _running.discard(proc)
+    (out_dir / "report.txt").write_text(stdout + ("\n" + stderr if proc.returncode else ""))
     try:
         data = json.loads(results.read_text())
     except (OSError, ValueError):
-        data = {"score": 0, "tests": [], "output": f"grading failed (exit {proc.returncode}): {proc.stderr[-2000:]}"}
+        data = {"score": 0, "tests": [], "output": f"grading failed (exit {proc.returncode}): {stderr[-2000:]}"}
     data["_seconds"] = time.monotonic() - t0
     return data
 
 
-def grade_all(folder, out=None, jobs: int = 1, tasks=None, timeout=None) -> int:
+def split_scores(data: dict) -> dict:
+    """Required score and max, extra credit and its max, failed/stopped flags of one results.json."""
+    tests = data.get("tests", [])
+    extra = data.get("extra_data") or {}
+    if "required_score" in extra:
+        req, req_max = extra["required_score"], extra["required_max_score"]
+        ec, ec_max = extra["extra_credit_score"], extra["extra_credit_max_score"]
+    else:  # a results.json from an older grader
+        is_ec = [("extra_credit" in t.get("tags", [])) for t in tests]
+        req = sum(t.get("score", 0) for t, e in zip(tests, is_ec) if not e)
+        req_max = sum(t.get("max_score", 0) for t, e in zip(tests, is_ec) if not e)
+        ec = sum(t.get("score", 0) for t, e in zip(tests, is_ec) if e)
+        ec_max = sum((t.get("extra_data") or {}).get("points", 0) for t, e in zip(tests, is_ec) if e)
+    numbers = {t.get("number") for t in tests}
+    failed = "autograder" in numbers or not tests
+    stopped = "stopped" in numbers or bool(data.get("_not_started"))
+    return {"score": req, "max_score": req_max, "extra_credit": ec, "extra_credit_max": ec_max,
+            "autograder_failed": int(failed), "stopped": int(stopped)}
+
+
+def _forward(signum, frame):
+    with _lock:
+        if not _stopped:
+            _stopped.append(signum)
+        for proc in list(_running):
+            try:
+                proc.send_signal(signum)
+            except OSError:
+                pass
+    print(f"grade-all: stopping on signal {signum}: the running graders write what they graded; "
+          "no new one starts", file=sys.stderr, flush=True)
+
+
+def grade_all(folder, out=None, jobs: int = 1, tasks=None, timeout=None, sandbox=None) -> int:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder of submissions")
@@ -52,26 +111,39 @@ def grade_all(folder, out=None, jobs: int = 1, tasks=None, timeout=None) -> int:
         raise FileNotFoundError(f"no submissions (folders or .zip files) in {folder}")
     out.mkdir(parents=True, exist_ok=True)
     names = [s.stem if s.suffix == ".zip" else s.name for s in subs]
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        futures = [ex.submit(_grade_one, s, out / n, tasks, timeout) for s, n in zip(subs, names)]
-        rows = []
-        for n, f in zip(names, futures):
-            data = f.result()
-            rows.append((n, data))
-            print(f"{n}: {data.get('score', 0):g} ({data['_seconds']:.0f} s)", flush=True)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, _forward)
+    _stopped.clear()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+            futures = [ex.submit(_grade_one, s, out / n, tasks, timeout, sandbox) for s, n in zip(subs, names)]
+            rows = []
+            for n, f in zip(names, futures):
+                data = f.result()
+                rows.append((n, data))
+                s = split_scores(data)
+                extra = f" + {s['extra_credit']:g} extra credit" if s["extra_credit_max"] else ""
+                print(f"{n}: {s['score']:g} / {s['max_score']:g}{extra} ({data['_seconds']:.0f} s)", flush=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     test_ids = []
     for _, data in rows:
         for t in data.get("tests", []):
             key = t.get("number") or t.get("name")
-            if key not in test_ids and key != "autograder":
+            if key not in test_ids and key not in ("autograder", "stopped"):
                 test_ids.append(key)
-    max_total = max((sum(t.get("max_score", 0) for t in d.get("tests", [])) for _, d in rows), default=0)
+    splits = [split_scores(d) for _, d in rows]
+    max_total = max((s["max_score"] for s in splits), default=0)
+    ec_max = max((s["extra_credit_max"] for s in splits), default=0)
     with open(out / "gradebook.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["student", "score", "max_score", "autograder_failed"] + test_ids)
-        for n, data in rows:
+        w.writerow(COLUMNS + test_ids)
+        for (n, data), s in zip(rows, splits):
             scores = {(t.get("number") or t.get("name")): t.get("score", 0) for t in data.get("tests", [])}
-            failed = any(t.get("number") == "autograder" for t in data.get("tests", [])) or not data.get("tests")
-            w.writerow([n, data.get("score", 0), max_total, int(failed)] + [scores.get(k, 0) for k in test_ids])
+            w.writerow([n, s["score"], max_total, s["extra_credit"], ec_max, s["autograder_failed"], s["stopped"]]
+                       + [scores.get(k, 0) for k in test_ids])
     print(f"gradebook: {out / 'gradebook.csv'}")
-    return 0
+    return 128 + _stopped[0] if _stopped else 0

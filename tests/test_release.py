@@ -180,7 +180,8 @@ def test_gradescope_package(tmp_path):
     assert {"setup.sh", "run_autograder", "kit/autograder/checks/task1.py", "kit/autograder/points.toml",
             "kit/student_src/kit/models.py"} <= names
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
-    assert setup.index("torch==2.13.0") < setup.index("pip install /autograder/source/kit")
+    assert setup.index("torch==2.13.0") < setup.index('pip install psutil "$SOURCE/kit"')
+    assert 'SOURCE="${AUTOGRADER_SOURCE:-/autograder/source}"' in setup  # more in tests/test_gradescope.py
     assert "/autograder/submission" in run and "/autograder/results/results.json" in run
     assert "### BEGIN SOLUTION" not in train and "NotImplementedError" in train  # no solutions in the package
 
