@@ -35,12 +35,16 @@ def test_task1_prints_five_losses_and_writes_metrics(cli, small_rte, tmp_path):
     (["--model_name_or_path", "bert-base-cased"], "minilm"),
     (["--task", "2b", "--world_size", "4", "--local_rank", "7"], "outside the world"),
     (["--task", "2b", "--world_size", "2"], "--spawn"),
+    (["--task", "2b", "--global_batch_size", "10", "--world_size", "4", "--spawn"], "not divisible by --world_size 4"),
+    (["--task", "2b", "--global_batch_size", "10", "--world_size", "4", "--master_ip", "127.0.0.1", "--master_port",
+      "6585", "--local_rank", "1"], "not divisible by --world_size 4"),
 ])
 def test_bad_input_gives_a_short_error(cli, small_rte, extra, message):
     proc = cli(["--model_name_or_path", "tiny", "--data_dir", small_rte, "--max_steps", "1", *extra])
     assert proc.returncode == 2
     assert proc.stderr.startswith("error:") and message in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) <= 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 3 and "Traceback" not in proc.stderr
+    assert "Task 2b" not in proc.stdout  # refused before any rank started or any model loaded
 
 
 def test_non_empty_output_dir_needs_overwrite(cli, small_rte, tmp_path):
@@ -96,3 +100,70 @@ def test_torchrun_standalone_runs_task3_with_the_single_node_losses(small_rte):
                             capture_output=True, text=True, timeout=240)
     losses = lambda out: re.search(r"first losses: (.*?)\s+final", out).group(1)
     assert losses(proc.stdout) == losses(single.stdout)
+
+
+def test_hub_model_without_network_is_refused_before_any_rank_starts(cli, small_rte, tmp_path):
+    """No HF_HUB_OFFLINE, an empty cache and a hub that cannot be reached: a short refusal, no retries."""
+    env = {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf"),
+           "HF_ENDPOINT": "http://127.0.0.1:9"}  # the discard port: nothing listens there
+    proc = cli(["--task", "2b", "--world_size", "4", "--spawn", "--model_name_or_path", "bert-base-cased",
+                "--data_dir", small_rte, "--max_steps", "1"], env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: cannot load model 'bert-base-cased'") and "cannot be reached" in proc.stderr
+    assert "minilm" in proc.stderr and len(proc.stderr.strip().splitlines()) <= 3 and "Traceback" not in proc.stderr
+    assert "Task 2b" not in proc.stdout
+
+
+def test_hub_model_offline_is_refused_in_at_most_three_lines(cli, small_rte, tmp_path):
+    proc = cli(["--model_name_or_path", "bert-base-cased", "--data_dir", small_rte, "--max_steps", "1"],
+               env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}, timeout=120)
+    assert proc.returncode == 2 and "offline mode is on" in proc.stderr and "minilm" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 3 and "Task 1" not in proc.stdout
+
+
+def test_unwritable_output_dir_is_refused_before_training(cli, small_rte, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    proc = cli(["--model_name_or_path", "tiny", "--data_dir", small_rte, "--max_steps", "1",
+                "--output_dir", blocker / "out"])
+    assert proc.returncode == 2 and "is not writable" in proc.stderr and "Task 1" not in proc.stdout
+    assert len(proc.stderr.strip().splitlines()) <= 3
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() == 0,
+                    reason="root writes into read-only folders")
+def test_read_only_output_dir_is_refused_before_training(cli, small_rte, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        proc = cli(["--model_name_or_path", "tiny", "--data_dir", small_rte, "--max_steps", "1", "--output_dir", ro / "out"])
+    finally:
+        ro.chmod(0o755)
+    assert proc.returncode == 2 and "is not writable" in proc.stderr and "Task 1" not in proc.stdout
+
+
+def test_metrics_are_written_atomically_and_never_lost(tmp_path, monkeypatch):
+    import os
+
+    from student_src.kit import trainer
+    from student_src.kit.errors import KitError
+
+    out = tmp_path / "out"
+    path = trainer.write_metrics(str(out), {"task": "1", "losses": [1.0]})
+    assert json.loads(path.read_text())["losses"] == [1.0] and [p.name for p in out.iterdir()] == ["metrics.json"]
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if Path(dst).parent == out:
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(KitError, match="results are saved in") as err:
+        trainer.write_metrics(str(out), {"task": "1", "losses": [2.0]})
+    assert json.loads(path.read_text())["losses"] == [1.0]  # the old file is whole
+    assert [p.name for p in out.iterdir()] == ["metrics.json"]  # no half-written temporary left
+    rescue = Path(str(err.value).rsplit(" ", 1)[-1])
+    assert json.loads(rescue.read_text())["losses"] == [2.0]
+    rescue.unlink()

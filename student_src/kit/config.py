@@ -216,6 +216,11 @@ def validate(cfg: TrainConfig) -> None:
         raise KitError("--dist_timeout must be positive")
     if not cfg.do_train and not cfg.do_eval:
         raise KitError("nothing to do: pass --do_train and/or --do_eval")
+    world = cfg.world_size
+    if world is None and "RANK" in os.environ and os.environ.get("WORLD_SIZE", "").isdigit():
+        world = int(os.environ["WORLD_SIZE"])  # torchrun
+    if cfg.do_train and world:
+        per_worker_batch_size(cfg, world)  # a global batch the workers cannot split is refused here
 
 
 def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:

@@ -42,6 +42,70 @@ def _hub_error(name: str, exc: Exception) -> KitError:
     )
 
 
+def _hub_address() -> tuple[str, int]:
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy") if url.scheme == "https" else None
+    if proxy:  # the hub is reached through the proxy: probe that
+        url = urlparse(proxy if "://" in proxy else f"http://{proxy}")
+    return url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+
+
+def _reachable(host: str, port: int, timeout_s: float) -> bool:
+    """Can we open a TCP connection to host:port within ``timeout_s`` (DNS included)?"""
+    import socket
+    import threading
+
+    ok = []
+
+    def probe():
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                ok.append(True)
+        except OSError:
+            pass
+
+    th = threading.Thread(target=probe, daemon=True)  # a stuck DNS lookup cannot hold us up
+    th.start()
+    th.join(timeout_s)
+    return bool(ok)
+
+
+def check_model_available(name: str, probe_timeout_s: float = 3.0) -> None:
+    """Refuse, within seconds and before any rank starts, a model that cannot be loaded here.
+
+    Built-in names and local folders pass; a hub name passes when it is in the Hugging Face
+    cache, or when the hub answers within ``probe_timeout_s``. Offline (``HF_HUB_OFFLINE=1``) or
+    with no route to the hub, it is a ``KitError`` that says what to use instead.
+    """
+    if name in BUILTIN_MODELS:
+        minilm_path()
+        return
+    if Path(name).is_dir():
+        return
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise KitError(f"--model_name_or_path {name}: no such folder; give a folder written by save_pretrained, "
+                       "a Hugging Face name, or minilm / tiny")
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        AutoConfig.from_pretrained(name, local_files_only=True)
+        return  # in the cache: loads offline
+    except Exception:  # noqa: BLE001 - not cached (OSError, ValueError, ...)
+        pass
+    hint = "Use --model_name_or_path minilm (pretrained, offline) or tiny, or a local folder."
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or os.environ.get("TRANSFORMERS_OFFLINE", "0") not in ("", "0"):
+        raise KitError(f"cannot load model '{name}': it is not in the Hugging Face cache and offline mode is on "
+                       f"(HF_HUB_OFFLINE=1).\n{hint}")
+    host, port = _hub_address()
+    if not _reachable(host, port, probe_timeout_s):
+        raise KitError(f"cannot load model '{name}': it is not in the Hugging Face cache and {host}:{port} cannot be "
+                       f"reached (no network?).\n{hint}")
+
+
 def _from_pretrained(cls, name: str, **kwargs):
     """Load from a local folder or the HF cache first; go to the hub only if that fails."""
     if Path(name).is_dir():

@@ -361,15 +361,38 @@ def _comm_summary(comm_log, steps: int) -> dict:
     }
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """Write a temporary file next to ``path``, flush it to disk, then rename it over ``path``:
+    readers see the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
 def write_metrics(output_dir: str, metrics: dict) -> Path:
-    """Write ``metrics.json`` atomically (a crash never leaves half a file)."""
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "metrics.json"
-    tmp = out / f".metrics.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(metrics, indent=1, default=str))
-    os.replace(tmp, path)
-    return path
+    """Write ``metrics.json`` atomically; if that fails, save the results elsewhere and say where."""
+    import tempfile
+
+    text = json.dumps(metrics, indent=1, default=str)
+    path = Path(output_dir) / "metrics.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(path, text)
+        return path
+    except OSError as exc:
+        rescue = Path(tempfile.gettempdir()) / f"metrics-task{metrics.get('task', '')}-{os.getpid()}.json"
+        _write_atomically(rescue, text)
+        raise KitError(f"could not write {path} ({exc.strerror or exc}); the run's results are saved in {rescue}") from None
 
 
 # --------------------------------------------------------------------------- entry points
@@ -378,22 +401,42 @@ def rank_main(ctx, cfg: TrainConfig):
     return train(cfg, ctx)
 
 
+def _writes_results(cfg: TrainConfig) -> bool:
+    """Whether this process ends as rank 0 (the one that writes metrics.json)."""
+    if cfg.spawn:
+        return True
+    if cfg.local_rank >= 0:
+        return cfg.local_rank == 0
+    return os.environ.get("RANK", "0") == "0"
+
+
 def check_output_dir(cfg: TrainConfig) -> None:
-    """Refuse to mix a new run into a non-empty output folder unless asked to."""
-    if not cfg.output_dir:
+    """Before anything trains: refuse to mix a new run into a non-empty output folder unless
+    asked to, and refuse a folder this process cannot write (a finished run would be lost)."""
+    if not cfg.output_dir or not _writes_results(cfg):
         return
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise KitError(f"--output_dir {out} is a file; give a folder")
     if out.is_dir() and any(out.iterdir()) and not cfg.overwrite_output_dir:
         raise KitError(f"--output_dir {out} is not empty; pass --overwrite_output_dir or choose another folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise KitError(f"--output_dir {out} is not writable ({exc.strerror or exc}); choose a folder you can write to") from None
 
 
 def run(cfg: TrainConfig, on_event=None) -> dict:
     """Run ``cfg`` however it asks to be started; return rank 0's metrics."""
     from . import dist as kdist
 
+    from .models import check_model_available
+
     check_output_dir(cfg)
+    check_model_available(cfg.model_name_or_path)
     if cfg.spawn:
         stall = max(cfg.dist_timeout, kdist.MIN_COLLECTIVE_TIMEOUT_S)
         results = klaunch.launch(rank_main, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
