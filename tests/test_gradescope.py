@@ -1,0 +1,346 @@
+"""Gradescope as instructors expect it: visibility, extra credit, the package's scripts, and a
+grader stopped by SIGTERM/SIGINT at any moment still leaving a truthful results.json.
+
+The unit tests build results from real or stand-in checks (no grading); the others run
+``python -m autograder grade`` (or the package's ``run_autograder``) on the solution with
+``--tasks 4`` (three short tests) to stay fast.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autograder import points  # noqa: E402
+from autograder.results import Results, TestResult  # noqa: E402
+
+VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
+HANG_GUARD = 30.0  # seconds a stopped grader may take to exit: a hang guard, not a speed test
+
+
+def fake(id, task="1", public=False, points=2.0):
+    return SimpleNamespace(id=id, task=task, title=f"what {id} checks", public=public, points=points)
+
+
+@pytest.fixture
+def points_file(tmp_path, monkeypatch):
+    """Point the grader at a copy of points.toml edited by ``edit(text) -> text``."""
+    def use(edit=lambda text: text):
+        path = tmp_path / "points.toml"
+        path.write_text(edit((ROOT / "autograder" / "points.toml").read_text()))
+        monkeypatch.setenv("AUTOGRADER_POINTS", str(path))
+        points._load_file.cache_clear()
+        return path
+    yield use
+    points._load_file.cache_clear()
+
+
+def graded(check, passed=True, **kw):
+    pts = points.points_for(check)
+    return TestResult.of(check, pts if passed else 0.0, pts, passed, "" if passed else "wrong", **kw)
+
+
+# ------------------------------------------------------------------------- visibility
+
+
+def test_public_tests_visible_hidden_after_published_with_overrides(points_file):
+    points_file(lambda t: t.replace("[visibility]\n", '[visibility]\n"4.comm_log_records" = "visible"\n'
+                                    '"4.tensor_nbytes" = "hidden"\n')
+                .replace('visibility = "visible"                 #', 'visibility = "after_due_date"  #'))
+    public, hidden = fake("2b.mean_4_ranks", "2b", public=True), fake("2b.uses_all_reduce", "2b")
+    assert points.visibility_for(public) == "visible"
+    assert points.visibility_for(hidden) == "after_published"
+    assert points.visibility_for(fake("4.comm_log_records", "4")) == "visible"          # hidden made visible
+    assert points.visibility_for(fake("4.tensor_nbytes", "4", public=True)) == "hidden"  # public made hidden
+    res = Results()
+    for c in (public, hidden, fake("4.comm_log_records", "4")):
+        res.add(graded(c))
+    data = res.gradescope()
+    assert [t["visibility"] for t in data["tests"]] == ["visible", "after_published", "visible"]
+    assert data["visibility"] == "after_due_date"  # the settable top level
+    assert data["stdout_visibility"] == "hidden"
+    assert all(t["visibility"] in VISIBILITIES for t in data["tests"])
+
+
+def test_the_kits_own_points_toml_public_visible_hidden_after_published():
+    from autograder import registry
+
+    assert not registry.discover()
+    checks = registry.all_checks()
+    assert any(c.public for c in checks) and any(not c.public for c in checks)
+    for c in checks:
+        assert points.visibility_for(c) == ("visible" if c.public else "after_published"), c.id
+    data = Results(tests=[graded(c) for c in checks]).gradescope()
+    assert data["visibility"] == "visible" and data["stdout_visibility"] == "hidden"
+
+
+def test_output_shows_only_the_visible_tests_score_while_others_are_hidden():
+    res = Results(tests=[graded(fake("1.a", public=True)), graded(fake("1.b"), passed=False),
+                         graded(fake("1.c"))])
+    out = res.gradescope()["output"]
+    assert "tests shown now: score 2 / 2" in out and "2 more test(s)" in out
+    assert "/ 6" not in out  # the total would give the hidden tests away
+    assert "score 4 / 6" in res.table()  # the instructor's table has everything
+
+
+def test_unknown_visibility_values_fall_back(points_file):
+    points_file(lambda t: t.replace('hidden_visibility = "after_published"', 'hidden_visibility = "secret"')
+                .replace("[visibility]\n", '[visibility]\n"1.x" = "sometimes"\n'))
+    assert points.visibility_for(fake("1.x")) == "after_published"
+    assert points.visibility_for(fake("1.y")) == "after_published"
+
+
+# ------------------------------------------------------------------------- extra credit
+
+
+def _task5_and_required(ec_passed=True):
+    req = [fake("1.a", "1", public=True, points=3), fake("2b.b", "2b", points=2)]
+    ec = [fake("5.x", "5", points=2), fake("5.y", "5", points=1)]
+    return Results(tests=[graded(c) for c in req] + [graded(c, passed=ec_passed) for c in ec])
+
+
+def test_task5_is_extra_credit_by_default(points_file):
+    points_file()
+    res = _task5_and_required()
+    data = res.gradescope()
+    ec = [t for t in data["tests"] if t["number"].startswith("5.")]
+    assert ec and all(t["max_score"] == 0 and "extra_credit" in t["tags"] and t["extra_data"]["extra_credit"]
+                      for t in ec)
+    assert sum(t["max_score"] for t in data["tests"]) == 5            # required tasks only
+    assert data["score"] == sum(t["score"] for t in data["tests"]) == 8  # above the maximum: extra credit
+    assert data["extra_data"] == {**data["extra_data"], "required_score": 5, "required_max_score": 5,
+                                  "extra_credit_score": 3, "extra_credit_max_score": 3}
+    assert "score 5 / 5 + extra credit 3 / 3 (Task 5)" in res.table()
+    # required tasks alone make 100%
+    none = _task5_and_required(ec_passed=False).gradescope()
+    assert none["score"] == none["extra_data"]["required_max_score"] == sum(t["max_score"] for t in none["tests"])
+
+
+def test_points_toml_switch_makes_task5_required(points_file):
+    points_file(lambda t: t.replace('extra_credit = ["5"]', "extra_credit = []"))
+    assert not points.is_extra_credit(fake("5.x", "5"))
+    data = _task5_and_required(ec_passed=False).gradescope()
+    assert sum(t["max_score"] for t in data["tests"]) == 8 and data["score"] == 5
+    assert not any("extra_credit" in t["tags"] for t in data["tests"])
+    assert data["extra_data"]["extra_credit_max_score"] == 0
+
+
+def test_real_task5_checks_are_extra_credit():
+    from autograder import registry
+
+    assert not registry.discover()
+    task5 = [c for c in registry.all_checks() if c.task == "5"]
+    assert task5 and all(TestResult.of(c, 0, 1, False, "").extra_credit for c in task5)
+    assert not any(TestResult.of(c, 0, 1, False, "").extra_credit for c in registry.all_checks() if c.task != "5")
+
+
+def test_simple_toml_reader_matches_tomllib(points_file):
+    tomllib = pytest.importorskip("tomllib")
+    for edit in (lambda t: t, lambda t: t.replace('extra_credit = ["5"]', 'extra_credit = ["5", "4"]  # both')):
+        text = points_file(edit).read_text()
+        assert points._parse_simple_toml(text) == tomllib.loads(text)
+
+
+def test_gradebook_columns_split_required_and_extra_credit(tmp_path, monkeypatch):
+    from autograder import gradebook
+
+    subs = tmp_path / "subs"
+    for name in ("alice", "bob"):
+        (subs / name).mkdir(parents=True)
+    full = _task5_and_required().gradescope()
+    stopped = Results.copy_of(_task5_and_required(ec_passed=False), stopped="grading was stopped by SIGTERM").gradescope()
+    canned = {"alice": full, "bob": stopped}
+    monkeypatch.setattr(gradebook, "_grade_one", lambda sub, out, *a: {**canned[sub.name], "_seconds": 1.0})
+    assert gradebook.grade_all(subs, out=tmp_path / "grades") == 0
+    rows = list(csv.DictReader((tmp_path / "grades" / "gradebook.csv").open()))
+    by = {r["student"]: r for r in rows}
+    assert list(rows[0])[:7] == gradebook.COLUMNS
+    assert (float(by["alice"]["score"]), float(by["alice"]["max_score"])) == (5, 5)
+    assert (float(by["alice"]["extra_credit"]), float(by["alice"]["extra_credit_max"])) == (3, 3)
+    assert float(by["bob"]["extra_credit"]) == 0 and by["bob"]["stopped"] == "1" and by["alice"]["stopped"] == "0"
+
+
+# ------------------------------------------------------------------------- isolation line
+
+
+def test_isolation_is_the_first_line_of_the_table_and_the_output():
+    res = Results(tests=[graded(fake("1.a", public=True))], header="graded: student_src",
+                  isolation="bwrap: bubblewrap sandbox")
+    assert res.table().splitlines()[0] == "isolation: bwrap: bubblewrap sandbox"
+    assert res.gradescope()["output"].splitlines()[0] == "isolation: bwrap: bubblewrap sandbox"
+    assert res.table().count("isolation:") == 1
+    assert "isolation" not in Results(tests=res.tests).table()
+
+
+# ------------------------------------------------------------------------- the Gradescope package
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    from autograder.gradescope import build_package
+
+    out = tmp_path_factory.mktemp("gs")
+    src = out / "source"
+    with zipfile.ZipFile(build_package(out)) as zf:
+        zf.extractall(src)
+    for name in ("setup.sh", "run_autograder"):
+        (src / name).chmod(0o755)
+    return src
+
+
+def _shim(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_setup_sh_installs_bubblewrap_psutil_torch_first_into_overridable_paths(package, tmp_path):
+    """setup.sh with apt-get and python3 replaced by shims that log their arguments."""
+    log = tmp_path / "log"
+    bin_ = tmp_path / "bin"
+    _shim(bin_ / "apt-get", f'echo "apt-get $*" >> {log}\n')
+    # the "python3" that makes the virtualenv writes a python that logs what pip is asked to do
+    _shim(bin_ / "fake-python3", f'''[ "$1 $2" = "-m venv" ] || exit 3
+mkdir -p "$3/bin"; printf '#!/usr/bin/env bash\\necho "venv-python $*" >> {log}\\n' > "$3/bin/python"
+chmod +x "$3/bin/python"; echo "venv $3" >> {log}
+''')
+    prefix, source = tmp_path / "prefix", package
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "AUTOGRADER_PREFIX": str(prefix),
+           "AUTOGRADER_SOURCE": str(source), "AUTOGRADER_PYTHON": str(bin_ / "fake-python3")}
+    proc = subprocess.run(["bash", str(package / "setup.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = log.read_text().splitlines()
+    install = next(line for line in lines if line.startswith("apt-get install"))
+    assert "bubblewrap" in install.split() and "python3-venv" in install.split()
+    assert f"venv {prefix}" in lines
+    pip = [line for line in lines if line.startswith("venv-python -m pip install")]
+    assert "torch==2.13.0" in pip[1] and pip[2].split()[-2:] == ["psutil", f"{source}/kit"], pip
+    # not root: AUTOGRADER_SKIP_APT=1 leaves apt alone
+    log.unlink()
+    proc = subprocess.run(["bash", str(package / "setup.sh")], env={**env, "AUTOGRADER_SKIP_APT": "1"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and not any(x.startswith("apt-get") for x in log.read_text().splitlines())
+    # the defaults are Gradescope's
+    text = (package / "setup.sh").read_text()
+    assert "${AUTOGRADER_PREFIX:-/opt/kitenv}" in text and "${AUTOGRADER_SOURCE:-/autograder/source}" in text
+
+
+def test_run_autograder_with_env_overrides_grades_into_temp_dirs(package, tmp_path):
+    prefix = tmp_path / "prefix"
+    _shim(prefix / "bin" / "python", f'exec {sys.executable} "$@"\n')  # the kit's venv stands in for /opt/kitenv
+    submission = tmp_path / "submission"
+    shutil.copytree(ROOT / "student_src", submission / "student_src",
+                    ignore=shutil.ignore_patterns("__pycache__", "cached"))
+    results = tmp_path / "results"
+    env = {**os.environ, "AUTOGRADER_PREFIX": str(prefix), "AUTOGRADER_SOURCE": str(package),
+           "AUTOGRADER_SUBMISSION": str(submission), "AUTOGRADER_RESULTS": str(results)}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(package / "run_autograder"), "--tasks", "4"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = json.loads((results / "results.json").read_text())
+    ids = {t["number"]: t for t in data["tests"]}
+    assert set(ids) == {"4.tensor_nbytes", "4.expected_allreduce_bytes", "4.comm_log_records"}, data["output"]
+    assert all(t["status"] == "passed" for t in data["tests"]), data["output"]
+    assert ids["4.tensor_nbytes"]["visibility"] == "visible"                 # public
+    assert ids["4.comm_log_records"]["visibility"] == "after_published"     # hidden
+    assert data["output"].startswith("isolation: ") or "isolation" not in data["extra_data"]
+    assert data["extra_data"]["required_score"] == data["extra_data"]["required_max_score"] > 0
+
+
+# ------------------------------------------------------------------------- SIGTERM / SIGINT
+
+
+def _grade_and_signal(tmp_path, when, sig=signal.SIGTERM, tasks="4"):
+    """Start the grader on the solution, send ``sig`` ``when`` seconds after start (or, for
+    ``when="mid"``, once the results file says a test was graded); return (data, seconds to exit,
+    the grader's descendants seen before the signal)."""
+    results = tmp_path / "results.json"
+    grader = subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(ROOT), "--tasks", tasks,
+                               "--results", str(results), "--quiet"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    family = []
+    try:
+        if when == "mid":
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and grader.poll() is None:
+                try:
+                    m = re.search(r"(\d+) of \d+ tests were graded", json.loads(results.read_text())["output"])
+                    if m and int(m.group(1)) >= 1:
+                        break
+                except (OSError, ValueError, KeyError):
+                    pass
+                time.sleep(0.05)
+            try:
+                import psutil
+                family = psutil.Process(grader.pid).children(recursive=True)
+            except Exception:
+                family = []
+        else:
+            time.sleep(when)
+        assert grader.poll() is None, "the grader finished before the signal: the test needs a slower start"
+        t0 = time.monotonic()
+        grader.send_signal(sig)
+        out, err = grader.communicate(timeout=HANG_GUARD)
+        took = time.monotonic() - t0
+    finally:
+        if grader.poll() is None:
+            grader.kill()
+            grader.wait()
+    assert results.exists(), err[-3000:]
+    data = json.loads(results.read_text())
+    return data, took, family, grader.returncode, err
+
+
+@pytest.mark.parametrize("when", [0.3, 1.5, 4.0, "mid"])
+def test_sigterm_at_any_moment_leaves_truthful_results(tmp_path, when):
+    data, took, family, rc, err = _grade_and_signal(tmp_path, when)
+    assert took < HANG_GUARD
+    assert rc == 128 + signal.SIGTERM, err[-3000:]
+    assert "Segmentation fault" not in err and "core dumped" not in err
+    stopped = [t for t in data["tests"] if t["number"] == "stopped"]
+    assert len(stopped) == 1 and "SIGTERM (signal 15)" in stopped[0]["output"], data
+    assert "SIGTERM (signal 15)" in data["output"] and data["extra_data"]["stopped"] is True
+    assert not any(t["number"] == "autograder" for t in data["tests"])  # being stopped is not a grader failure
+    real = [t for t in data["tests"] if t["number"] not in ("stopped", "autograder")]
+    assert abs(sum(t["score"] for t in data["tests"]) - data["score"]) < 1e-6
+    if "of 3 tests" in stopped[0]["output"]:
+        assert f"after {len(real)} of 3 tests; the rest were not graded" in stopped[0]["output"]
+    else:
+        assert not real and "no test was graded" in stopped[0]["output"]
+    if when == "mid":
+        assert real and all(t["status"] == "passed" for t in real)
+        import psutil
+        gone, alive = psutil.wait_procs(family, timeout=15)
+        assert not alive, [p.pid for p in alive]
+
+
+def test_sigint_mid_grading_is_named_too(tmp_path):
+    data, took, _, rc, err = _grade_and_signal(tmp_path, "mid", sig=signal.SIGINT)
+    assert rc == 128 + signal.SIGINT and took < HANG_GUARD, err[-3000:]
+    assert "SIGINT (signal 2)" in data["output"]
+
+
+def test_a_kill_before_the_end_leaves_a_file_that_says_grading_did_not_finish(tmp_path):
+    """SIGKILL cannot be caught: the file written before grading (and before each test) says so."""
+    data, _, _, rc, _ = _grade_and_signal(tmp_path, "mid", sig=signal.SIGKILL)
+    assert rc == -signal.SIGKILL
+    assert "grading did not finish" in data["output"] and data["extra_data"]["stopped"] is True
+    assert [t for t in data["tests"] if t["number"].startswith("4.")]
