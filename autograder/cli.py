@@ -23,8 +23,10 @@ import faulthandler
 import inspect
 import json
 import os
+import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -54,10 +56,13 @@ def _tasks(args):
 
 #: what the signal handler needs; filled in as grading goes
 _STOP: dict = {"path": None, "json_only": False, "t0": time.monotonic(), "total": None, "in_loop": False,
-               "final": None, "handling": False, "grading": False}
+               "final": None, "handling": False, "grading": False, "deferred": None, "defer_until": 0.0,
+               "watching": False}
 
 #: seconds the runner gets to close its pools after a signal before the process ends anyway
 STOP_GRACE = 10.0
+#: seconds a signal waits for an import in progress (torch: a few) before the process ends anyway
+IMPORT_WAIT = 15.0
 
 NOT_FINISHED = ("grading did not finish: the grader was killed before it could write its results "
                 "(SIGKILL, out of memory, or a platform's time limit?)")
@@ -169,16 +174,7 @@ def _say(fd: int, text: str) -> None:
         pass
 
 
-def _on_signal(signum, frame):
-    """Write what is known, then stop: see the module docstring."""
-    if _STOP["handling"]:
-        return
-    _STOP["handling"] = True
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            signal.signal(sig, signal.SIG_IGN)
-        except (ValueError, OSError):
-            pass
+def _write_stopped(signum) -> tuple[dict, str | None, str | None]:
     if _STOP["final"] is not None:  # grading had finished: its results stand
         data, message = _STOP["final"], None
     else:
@@ -190,19 +186,85 @@ def _on_signal(signum, frame):
             _results.write_json_atomic(path, data)
         except Exception as exc:  # a results folder we cannot write: say so, still stop
             _say(2, f"error: could not write {path}: {exc}\n")
+    return data, message, path
+
+
+def _exit_now(signum) -> None:
+    """End the process at once: kill what the grader started, remove multiprocessing's temp folder."""
+    _kill_descendants()
+    mp_process = sys.modules.get("multiprocessing.process")
+    if mp_process is not None:
+        try:
+            tmp = mp_process.current_process()._config.get("tempdir")
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except Exception:
+            pass
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
+    os._exit(128 + signum)
+
+
+def _redeliver_after_import(signum) -> None:
+    """Watcher thread: once the main thread has finished the import a signal interrupted, send the
+    signal again (it is then handled where unwinding is safe); past IMPORT_WAIT, end the process."""
+    main = threading.main_thread().ident
+    while time.monotonic() < _STOP["defer_until"]:
+        frame = sys._current_frames().get(main)
+        if frame is None or not _importing(frame):
+            _STOP["watching"] = False  # before the signal: if it lands in another import, a new watcher starts
+            signal.pthread_kill(main, signum)
+            return
+        del frame
+        time.sleep(0.02)
+    _exit_now(signum)
+
+
+def _on_signal(signum, frame):
+    """Write what is known, then stop: see the module docstring."""
+    if _STOP["handling"]:
+        return
+    grading = _STOP["grading"] and _STOP["final"] is None
+    if grading and _importing(frame):
+        # An exception raised inside an import (torch's, the checks') leaves a half-initialised
+        # module that crashes the interpreter later. Write the results now, then let the import
+        # finish: a watcher thread sends the signal again once it has.
+        if _STOP["deferred"] is None:
+            _STOP["deferred"] = signum
+            _STOP["defer_until"] = time.monotonic() + IMPORT_WAIT
+            _write_stopped(signum)
+        if not _STOP["watching"]:
+            _STOP["watching"] = True
+            threading.Thread(target=_watch, args=(signum,), daemon=True).start()
+        return
+    _STOP["handling"] = True
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (ValueError, OSError):
+            pass
+    signum = _STOP["deferred"] or signum
+    data, message, path = _write_stopped(signum)
     if message:
         if _STOP["json_only"]:
             _say(1, json.dumps(data, indent=2) + "\n")
         _say(2, message + (f" Results written to {path}.\n" if path else "\n"))
-    if _STOP["grading"] and _STOP["final"] is None and not _importing(frame):
+    if grading:
         # starting pools, between two tests or inside one: let the runner's finally close its
         # pools and remove its temp folder; a watchdog ends the process if that hangs
         faulthandler.dump_traceback_later(STOP_GRACE, exit=True)
         raise Interrupted(signum, message or "")
-    # importing torch or the checks (an exception there crashes the interpreter later: a second
-    # import of half-initialised torch aborts), or already done: nothing worth unwinding
-    _kill_descendants()
-    os._exit(128 + signum)
+    _exit_now(signum)  # starting up, or done: nothing worth unwinding
+
+
+def _watch(signum) -> None:
+    try:
+        _redeliver_after_import(signum)
+    finally:
+        _STOP["watching"] = False
 
 
 def install_stop_handlers() -> None:
@@ -253,28 +315,25 @@ def cmd_grade(args, public_only: bool = False) -> int:
     _STOP.update(path=args.results, json_only=args.json_only)
     if args.results:  # a kill at any moment from here on leaves a truthful file
         write_json_atomic(args.results, Results(stopped=NOT_FINISHED + "; no test was graded before that.").gradescope())
-    Results.latest = None
-    _STOP["grading"] = True
-    results = None
     try:
-        from . import runner
-        kwargs = dict(tasks=tasks, settings=_settings(args), public_only=public_only,
-                      fresh_per_check=getattr(args, "spawn_per_test", False),
-                      progress=_progress(not (args.json_only or args.quiet), public_only, tasks))
-        if "sandbox" in inspect.signature(runner.grade).parameters:
-            kwargs["sandbox"] = getattr(args, "sandbox", "auto")
-        results = runner.grade(args.submission, **kwargs)
-    except Interrupted as exc:  # the handler already wrote the results; the pools are closed
+        Results.latest = None
+        _STOP["grading"] = True
+        try:
+            from . import runner
+            kwargs = dict(tasks=tasks, settings=_settings(args), public_only=public_only,
+                          fresh_per_check=getattr(args, "spawn_per_test", False),
+                          progress=_progress(not (args.json_only or args.quiet), public_only, tasks))
+            if "sandbox" in inspect.signature(runner.grade).parameters:
+                kwargs["sandbox"] = getattr(args, "sandbox", "auto")
+            results = runner.grade(args.submission, **kwargs)
+        except Exception:
+            results = Results()
+            results.grader_errors.append(traceback.format_exc())
+        _STOP["final"] = results.gradescope()  # from here on a signal writes these results
+    except Interrupted as exc:  # the handler already wrote the results; the runner closed its pools
         faulthandler.cancel_dump_traceback_later()
-        _kill_descendants()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(128 + exc.signum)
-    except Exception:
-        results = Results()
-        results.grader_errors.append(traceback.format_exc())
-    data = results.gradescope()
-    _STOP["final"] = data
+        _exit_now(exc.signum)
+    data = _STOP["final"]
     if args.results:
         write_json_atomic(args.results, data)
     if args.json_only:

@@ -273,8 +273,10 @@ def _grade_and_signal(tmp_path, when, sig=signal.SIGTERM, tasks="4"):
     ``when="mid"``, once the results file says a test was graded); return (data, seconds to exit,
     the grader's descendants seen before the signal)."""
     results = tmp_path / "results.json"
+    (tmp_path / "tmp").mkdir()  # the grader's temp folders: a stop must remove them
     grader = subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(ROOT), "--tasks", tasks,
                                "--results", str(results), "--quiet"], cwd=ROOT,
+                              env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     family = []
     try:
@@ -315,6 +317,7 @@ def test_sigterm_at_any_moment_leaves_truthful_results(tmp_path, when):
     assert took < HANG_GUARD
     assert rc == 128 + signal.SIGTERM, err[-3000:]
     assert "Segmentation fault" not in err and "core dumped" not in err
+    assert not list((tmp_path / "tmp").iterdir())  # the runner's workdir, multiprocessing's folder
     stopped = [t for t in data["tests"] if t["number"] == "stopped"]
     assert len(stopped) == 1 and "SIGTERM (signal 15)" in stopped[0]["output"], data
     assert "SIGTERM (signal 15)" in data["output"] and data["extra_data"]["stopped"] is True
@@ -335,6 +338,7 @@ def test_sigterm_at_any_moment_leaves_truthful_results(tmp_path, when):
 def test_sigint_mid_grading_is_named_too(tmp_path):
     data, took, _, rc, err = _grade_and_signal(tmp_path, "mid", sig=signal.SIGINT)
     assert rc == 128 + signal.SIGINT and took < HANG_GUARD, err[-3000:]
+    assert not list((tmp_path / "tmp").iterdir())
     assert "SIGINT (signal 2)" in data["output"]
 
 
