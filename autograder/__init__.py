@@ -9,10 +9,11 @@ Layout (what ships to students is marked *public*):
 * ``cli.py`` / ``__main__.py``   the command line (*public*: ``check`` works in the release)
 * ``registry.py``                checks, their discovery, the ``@check`` decorator (*public*)
 * ``points.toml`` / ``points.py`` points per test, in one place (*public*)
-* ``fixtures.py``                small synthetic models and data the checks share (*public*)
+* ``fixtures.py``                rank-side builders: synthetic models, data, secret-seeded gradients (*public*)
+* ``judging.py``                 parent-side expected values and comparisons the judges use (*public*)
 * ``public/``                    the checks students may run themselves (*public*)
 * ``checks/``                    the hidden checks (never shipped)
-* ``references.py``              trusted reference training runs (never shipped)
+* ``references.py``              the loss-equivalence runs, rank and judge sides (never shipped)
 * ``worker.py``, ``pool.py``     the rank processes and the pool that drives them (*public*)
 * ``runner.py``, ``results.py``, ``submission.py``  grading one submission (*public*)
 * ``release.py``, ``strip.py``, ``gradescope.py``, ``gradebook.py``  instructor tools

@@ -7,10 +7,16 @@ A *check* is one graded test. It has two halves:
   exercises it and returns a JSON-able *payload* (tensors are fine: the worker encodes them).
   It fails by raising ``ctx.fail("what is wrong")``; anything the student's code raises fails
   the check with that exception.
-* ``judge(payloads, ref)`` (optional) runs in the grader's own process, which never imported
+* ``judge(payloads, ref, secrets)`` runs in the grader's own process, which never imported
   student code, on the list of every rank's payload (and the trusted reference the check asked
-  for). It fails by raising ``CheckFailure``/``AssertionError``. Deciding what is right here,
-  and not in the rank that just ran student code, means a student cannot patch the answer.
+  for); ``secrets[r]`` is rank r's ``ctx.secret`` (a fresh random number per check and rank that
+  only rank r got). It fails by raising ``CheckFailure``/``AssertionError``. Every check has a
+  judge, and the judge decides: the rank returns observations (tensors, losses, call logs), the
+  judge recomputes the expected values from the secrets (``autograder/judging.py``) and compares.
+  A payload is never trusted to say "passed", so a student cannot patch the answer in the rank;
+  the rank side may still ``ctx.fail`` early for a clearer message (that can only lose points).
+  Per-rank inputs come from the rank's secret (``autograder/fixtures.py``), so no rank can
+  rebuild another rank's data without communicating. ``judge(payloads, ref)`` also works.
 
 Adding checks: drop a module into ``autograder/checks/`` (hidden) or ``autograder/public/``
 (shipped to students) that defines checks with the ``@check`` decorator; modules whose name
@@ -27,7 +33,7 @@ starts with ``_`` are helpers and are not scanned. Give the test its points in
         return {"grads": {...}}                 # what the judge compares
 
     @bucketed_mean.judge
-    def _(payloads, ref):
+    def _(payloads, ref, secrets):             # every rank's secret: rebuild their inputs here
         if ...: raise CheckFailure("rank 2's fc.weight is not the mean")
 """
 

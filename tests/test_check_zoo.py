@@ -1,0 +1,248 @@
+"""A zoo of numerically wrong submissions: each loses exactly the tests about its mistake.
+
+Each submission is the solution's student modules copied into a temporary folder with one
+function replaced (the replacement is appended to the module: a later ``def`` wins). The
+grader overlays them on its own trusted kit, so only the student modules are copied. Only the
+task the mistake is in is graded, to keep this fast.
+
+Also here: every registered check (public and hidden) has a parent-side judge, and the
+solution's maximum score is what ``points.toml`` says.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autograder import registry  # noqa: E402
+from autograder.runner import grade  # noqa: E402
+
+STUDENT_MODULES = ["train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py"]
+
+TASK_1 = {"1.lowers_loss", "1.returns_detached_loss", "1.steps_optimizer_and_scheduler", "1.fresh_gradients",
+          "1.sync_before_clip_and_step", "1.clips_gradients", "1.public_returns_detached_loss",
+          "1.public_steps_optimizer_and_scheduler", "1.public_fresh_gradients",
+          "1.public_sync_before_clip_and_step", "1.public_clips_gradients"}
+MEAN_TESTS = {"mean_4_ranks", "none_grads_skipped", "world_size_1", "mean_3_ranks", "non_contiguous_grads",
+              "float64_grads"}
+TASK_2A = {f"2a.{t}" for t in MEAN_TESTS | {"uses_gather_scatter", "loss_matches_single_node"}}
+TASK_2B = {f"2b.{t}" for t in MEAN_TESTS | {"uses_all_reduce", "comm_log_entries", "loss_matches_single_node"}}
+
+
+def submission(dest: Path, module: str, code: str) -> Path:
+    """The solution's student modules in ``dest/student_src`` with ``code`` appended to ``module``."""
+    src = dest / "student_src"
+    src.mkdir(parents=True)
+    for name in STUDENT_MODULES:
+        shutil.copy2(ROOT / "student_src" / name, src / name)
+    path = src / f"{module}.py"
+    path.write_text(path.read_text() + "\n\n" + textwrap.dedent(code))
+    return dest
+
+
+ZOO = {
+    # ------------------------------------------------------------------ 2b
+    "2b_divides_by_n_plus_1": ("sync", "2b", """
+        def allreduce_average(model, group=None, comm_log=None):
+            n = dist.get_world_size(group)
+            for grad in _grads(model):
+                if comm_log is not None:
+                    comm_log.record("all_reduce", grad)
+                buf = grad.contiguous()
+                dist.all_reduce(buf, group=group)
+                grad.copy_(buf / (n + 1))
+        """,
+        # the collectives are right and they carried the gradients; every value is wrong
+        TASK_2B - {"2b.uses_all_reduce"}, "divided by 5"),
+    "2b_sum_without_divide": ("sync", "2b", """
+        def allreduce_average(model, group=None, comm_log=None):
+            for grad in _grads(model):
+                if comm_log is not None:
+                    comm_log.record("all_reduce", grad)
+                buf = grad.contiguous()
+                dist.all_reduce(buf, group=group)
+                grad.copy_(buf)
+        """,
+        # on one rank the sum is the mean
+        TASK_2B - {"2b.uses_all_reduce", "2b.world_size_1"}, "it is the sum over the ranks"),
+    "2b_no_communication_rebuilds_mean": ("sync", "2b", """
+        def allreduce_average(model, group=None, comm_log=None):
+            # never communicates: rebuilds "every rank's gradient" with the grader's shipped helpers
+            from autograder import fixtures
+            n = dist.get_world_size(group)
+            for name, p in model.named_parameters():
+                if p.grad is not None:
+                    p.grad.copy_(sum(fixtures.rank_grad(r, name, p.shape, p.grad.dtype) for r in range(n)) / n)
+        """,
+        TASK_2B, "not the mean"),
+    "2b_no_communication_keeps_own": ("sync", "2b", """
+        def allreduce_average(model, group=None, comm_log=None):
+            return None  # each rank keeps its own gradient
+        """,
+        TASK_2B - {"2b.world_size_1"}, "nothing was exchanged"),
+    "2b_not_contiguous_safe": ("sync", "2b", """
+        def allreduce_average(model, group=None, comm_log=None):
+            # correct for contiguous gradients only: averages a contiguous copy of a non-contiguous
+            # .grad and never writes it back
+            n = dist.get_world_size(group)
+            for grad in _grads(model):
+                if comm_log is not None:
+                    comm_log.record("all_reduce", grad)
+                buf = grad.contiguous()
+                dist.all_reduce(buf, group=group)
+                buf.div_(n)
+        """,
+        {"2b.non_contiguous_grads"}, "non-contiguous"),
+    # ------------------------------------------------------------------ 2a
+    "2a_wrong_for_non_contiguous": ("sync", "2a", """
+        def gather_scatter_average(model, group=None):
+            # the old solution: scatters into the .grad tensor itself, wrong when it is not contiguous
+            world_size = dist.get_world_size(group)
+            rank = dist.get_rank(group)
+            root = 0 if group is None else dist.get_global_rank(group, 0)
+            for grad in _grads(model):
+                if rank == 0:
+                    gathered = [torch.empty_like(grad) for _ in range(world_size)]
+                    dist.gather(grad, gather_list=gathered, dst=root, group=group)
+                    mean = torch.stack(gathered).sum(0).div_(world_size)
+                    dist.scatter(grad, scatter_list=[mean] * world_size, src=root, group=group)
+                else:
+                    dist.gather(grad, dst=root, group=group)
+                    dist.scatter(grad, src=root, group=group)
+        """,
+        {"2a.non_contiguous_grads"}, "non-contiguous"),
+    # ------------------------------------------------------------------ 1
+    "1_clips_before_sync": ("train", "1", """
+        def train_step(model, batch, optimizer, scheduler=None, sync_gradients=None, max_grad_norm=1.0):
+            loss = model(**batch).loss
+            loss.backward()
+            if max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            if sync_gradients is not None:
+                sync_gradients(model)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            return loss.detach()
+        """,
+        {"1.sync_before_clip_and_step", "1.public_sync_before_clip_and_step"}, "clip *after* sync_gradients"),
+    "1_no_zero_grad": ("train", "1", """
+        def train_step(model, batch, optimizer, scheduler=None, sync_gradients=None, max_grad_norm=1.0):
+            loss = model(**batch).loss
+            loss.backward()
+            if sync_gradients is not None:
+                sync_gradients(model)
+            if max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            return loss.detach()
+        """,
+        {"1.fresh_gradients", "1.public_fresh_gradients"}, "zero_grad"),
+    "1_returns_attached_loss": ("train", "1", """
+        def train_step(model, batch, optimizer, scheduler=None, sync_gradients=None, max_grad_norm=1.0):
+            loss = model(**batch).loss
+            loss.backward()
+            if sync_gradients is not None:
+                sync_gradients(model)
+            if max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            return loss
+        """,
+        {"1.returns_detached_loss", "1.public_returns_detached_loss"}, "still attached to the graph"),
+    "1_scheduler_before_optimizer": ("train", "1", """
+        def train_step(model, batch, optimizer, scheduler=None, sync_gradients=None, max_grad_norm=1.0):
+            loss = model(**batch).loss
+            loss.backward()
+            if sync_gradients is not None:
+                sync_gradients(model)
+            if max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            if scheduler is not None:
+                scheduler.step()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return loss.detach()
+        """,
+        {"1.steps_optimizer_and_scheduler", "1.public_steps_optimizer_and_scheduler"},
+        "scheduler.step() came before optimizer.step()"),
+}
+
+ALL_OF = {"1": TASK_1, "2a": TASK_2A, "2b": TASK_2B}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_submission_loses_exactly_its_tests(name, tmp_path):
+    module, task, code, expected, phrase = ZOO[name]
+    res = grade(submission(tmp_path / name, module, code), tasks={task})
+    assert not res.grader_errors, res.grader_errors
+    graded = {t.id for t in res.tests}
+    assert graded == ALL_OF[task], graded ^ ALL_OF[task]
+    failed = {t.id for t in res.tests if not t.passed}
+    out = {t.id: t.output for t in res.tests}
+    assert failed == expected, {i: out[i][:300] for i in failed ^ expected}
+    for t in res.tests:
+        if t.passed:
+            assert t.score == t.max_score
+        else:
+            assert t.score == 0 and t.output.strip(), t.id
+    # the message names the real cause (checked on the tests the mistake is about)
+    named = [i for i in expected if phrase in out[i]]
+    assert named, {i: out[i][:400] for i in expected}
+
+
+def test_public_checks_catch_the_issue_12_train_step(tmp_path):
+    """Clipping before the sync, no zero_grad and an attached loss: the public checks alone fail
+    three tests, each naming its own cause (it used to pass the public checks 3/3)."""
+    code = """
+        def train_step(model, batch, optimizer, scheduler=None, sync_gradients=None, max_grad_norm=1.0):
+            loss = model(**batch).loss
+            loss.backward()
+            if max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            if sync_gradients is not None:
+                sync_gradients(model)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            return loss
+    """
+    res = grade(submission(tmp_path / "s", "train", code), tasks={"1"}, public_only=True)
+    out = {t.id: t.output for t in res.tests if not t.passed}
+    assert set(out) == {"1.public_returns_detached_loss", "1.public_fresh_gradients",
+                        "1.public_sync_before_clip_and_step"}, out
+    assert "still attached to the graph" in out["1.public_returns_detached_loss"]
+    assert "zero_grad" in out["1.public_fresh_gradients"] and "clip" not in out["1.public_fresh_gradients"]
+    assert "clip *after* sync_gradients" in out["1.public_sync_before_clip_and_step"]
+
+
+def test_every_check_has_a_judge():
+    """Verdicts are decided in the grader's process: no check may leave it to the rank."""
+    assert not registry.discover()
+    checks = registry.all_checks()
+    assert {c.public for c in checks} == {True, False}  # both the public and the hidden ones are here
+    missing = [c.id for c in checks if c.judge_fn is None]
+    assert not missing, missing
+
+
+def test_every_check_has_points_in_the_table():
+    """New checks get their points in points.toml (not only the fallback in the decorator)."""
+    import tomllib
+
+    table = tomllib.loads((ROOT / "autograder" / "points.toml").read_text())["points"]
+    assert not registry.discover()
+    missing = [c.id for c in registry.all_checks() if c.id not in table]
+    assert not missing, missing
