@@ -9,7 +9,12 @@ Nothing the student wrote is used to compute what is right.
 The toy model (:class:`ToyModel`) has each awkward case the task names: a tied weight (input
 embedding shared with the output layer: one Parameter registered twice), a frozen layer, a layer
 the forward never uses (its ``.grad`` stays None), float and int64 buffers, and parameters of very different
-sizes. Every rank builds it from a *different* seed, so a missing broadcast shows at once.
+sizes. Every rank builds it from a *different* seed (its parameters from the rank's secret, its
+buffers from its rank), so a missing broadcast shows at once.
+
+Each rank's share of every batch is drawn from the rank's secret (``ctx.secret``), which no other
+rank knows: a BucketedDDP that never communicates cannot rebuild the other ranks' data from this
+module. The judge rebuilds every share, and rank 0's initial weights, from all the secrets.
 
 Scenarios (:data:`SCENARIOS`; one check each, id ``5.<scenario>``), a few steps each:
 
@@ -61,9 +66,9 @@ class ToyModel(nn.Module):
     unused.weight 60, unused.bias 5, norm.weight 12, norm.bias 12, head.bias 37 (726 in all).
     """
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, param_seed: Optional[int] = None):
         super().__init__()
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator().manual_seed(seed if param_seed is None else param_seed)
         self.embed = nn.Embedding(VOCAB, DIM)
         self.hidden = nn.Linear(DIM, DIM)
         self.frozen = nn.Linear(DIM, DIM)
@@ -146,8 +151,21 @@ def _optimizer(kind, params):
     return torch.optim.AdamW(params, lr=0.02, weight_decay=0.01)
 
 
+def _param_seed(secret: int) -> int:
+    from autograder.fixtures import derive_seed
+    return derive_seed(secret, "toy-model")
+
+
+def _rank_batch(secret: int, step: int, micro: int):
+    """One rank's share of the global batch of (step, micro-batch), from that rank's secret."""
+    from autograder.fixtures import derive_seed
+    g = torch.Generator().manual_seed(derive_seed(secret, "toy-batch", step, micro))
+    return (torch.randint(0, VOCAB, (PER_RANK_BATCH, SEQ), generator=g),
+            torch.randint(0, VOCAB, (PER_RANK_BATCH, SEQ), generator=g))
+
+
 def _batch(step, micro, world_size):
-    """The global batch of one (step, micro-batch): the same on every rank and in the baseline."""
+    """A fixed global batch of one (step, micro-batch) (the kit's own tests use it)."""
     g = torch.Generator().manual_seed(1000 * step + micro)
     n = PER_RANK_BATCH * world_size
     return (torch.randint(0, VOCAB, (n, SEQ), generator=g),
@@ -190,7 +208,7 @@ class AllReduceSpy:
             m.all_reduce = fn
 
 
-def run_scenario(load_module: Callable, rank: int, world_size: int, settings: dict) -> dict:
+def run_scenario(load_module: Callable, rank: int, world_size: int, settings: dict, secret: int) -> dict:
     """Rank side: train the toy model with the student's BucketedDDP; report what happened.
 
     ``load_module()`` returns the student's ``bucketed`` module; it is called with the spy
@@ -198,7 +216,7 @@ def run_scenario(load_module: Callable, rank: int, world_size: int, settings: di
     """
     micro = settings.get("micro", 1)
     compression = settings.get("compression")
-    local = ToyModel(seed=rank)
+    local = ToyModel(seed=rank, param_seed=_param_seed(secret))
     kwargs = {"bucket_cap_mb": settings["cap_mb"]}
     if compression:
         kwargs["compression"] = compression
@@ -210,12 +228,11 @@ def run_scenario(load_module: Callable, rank: int, world_size: int, settings: di
         out = {"buckets": [[names.get(id(p), "?") for p in b.params] for b in wrapped.buckets],
                "start": torch.cat([p.detach().reshape(-1) for _, p in trainable(local)]),
                "scale": float(local.scale), "positions": local.positions.tolist(), "params": [], "steps": [], "none_ok": True, "tie_ok": True}
-        lo, hi = rank * PER_RANK_BATCH, (rank + 1) * PER_RANK_BATCH
         for step in range(STEPS):
             spy.calls.clear()
             for m in range(micro):
-                x, y = _batch(step, m, world_size)
-                loss = wrapped(x[lo:hi], y[lo:hi])
+                x, y = _rank_batch(secret, step, m)
+                loss = wrapped(x, y)
                 spy.in_backward = True
                 loss.backward()
                 spy.in_backward = False
@@ -233,30 +250,32 @@ def run_scenario(load_module: Callable, rank: int, world_size: int, settings: di
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def baseline(scenario: str):
-    """Single-process reference: flat parameters after each step on the concatenated batch."""
+@functools.lru_cache(maxsize=32)
+def baseline(scenario: str, secrets: tuple):
+    """Single-process reference: flat parameters after each step on the concatenated batch
+    (every rank's share, from the secrets), from rank 0's initial weights."""
     settings = SCENARIOS[scenario]
-    ws, micro = settings["world_size"], settings.get("micro", 1)
-    model = ToyModel(seed=0)
+    micro = settings.get("micro", 1)
+    model = ToyModel(seed=0, param_seed=_param_seed(secrets[0]))
     opt = _optimizer(settings["optim"], [p for _, p in trainable(model)])
     start = torch.cat([p.detach().reshape(-1) for _, p in trainable(model)])
     params = []
     for step in range(STEPS):
         for m in range(micro):
-            model(*_batch(step, m, ws)).backward()
+            shares = [_rank_batch(s, step, m) for s in secrets]
+            model(torch.cat([x for x, _ in shares]), torch.cat([y for _, y in shares])).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         params.append(torch.cat([p.detach().reshape(-1) for _, p in trainable(model)]))
     return start, params
 
 
-def judge_scenario(scenario: str, payloads: List[dict]) -> List[str]:
+def judge_scenario(scenario: str, payloads: List[dict], secrets: List[int]) -> List[str]:
     """Parent side: every problem found in the ranks' reports (an empty list means pass)."""
     settings = SCENARIOS[scenario]
     ws = settings["world_size"]
     ref_named = trainable(ToyModel(0))
-    start, base = baseline(scenario)
+    start, base = baseline(scenario, tuple(secrets))
     want = reference_assign_buckets(ref_named, int(settings["cap_mb"] * 1024 * 1024))
     problems = []
     r0 = payloads[0]
@@ -302,11 +321,11 @@ def _make_check(scenario: str):
     @check(f"5.{scenario}", task="5", world_size=settings["world_size"], needs="bucketed",
            points=POINTS[scenario], title=TITLES[scenario])
     def run(ctx):
-        return run_scenario(lambda: ctx.student("bucketed"), ctx.rank, ctx.world_size, settings)
+        return run_scenario(lambda: ctx.student("bucketed"), ctx.rank, ctx.world_size, settings, ctx.secret)
 
     @run.judge
-    def _(payloads, ref):
-        problems = judge_scenario(scenario, payloads)
+    def _(payloads, ref, secrets):
+        problems = judge_scenario(scenario, payloads, secrets)
         if problems:
             raise CheckFailure("; ".join(problems))
 
@@ -332,14 +351,15 @@ def _plain(obj, decode=False):
     return obj
 
 
-def standalone_worker(ctx, module_name: str, scenarios: List[str]) -> dict:
-    """Per-rank function for ``student_src.kit.launch.launch``: run each scenario, catch errors."""
+def standalone_worker(ctx, module_name: str, scenarios: List[str], secrets: Dict[str, List[int]]) -> dict:
+    """Per-rank function for ``student_src.kit.launch.launch``: run each scenario, catch errors.
+    (The launcher gives every rank every secret: this path is for trusted code, the kit's tests.)"""
     results = {}
     for name in scenarios:
         torch.manual_seed(1234)
         try:
             results[name] = _plain(run_scenario(lambda: importlib.import_module(module_name),
-                                                ctx.rank, ctx.world_size, SCENARIOS[name]))
+                                                ctx.rank, ctx.world_size, SCENARIOS[name], secrets[name][ctx.rank]))
         except Exception:  # noqa: BLE001 - stubs fail the same way on every rank
             results[name] = {"error": traceback.format_exc(limit=6)}
     return results
@@ -350,14 +370,18 @@ def run_standalone(world_size: int, scenarios: Optional[List[str]] = None,
     """Run the scenarios meant for ``world_size`` in one launch; return ``{scenario: problems}``."""
     from student_src.kit.launch import launch
 
+    import random
+
     names = [n for n in (scenarios or SCENARIOS) if SCENARIOS[n]["world_size"] == world_size]
-    per_rank = launch(standalone_worker, world_size, args=(module_name, names), timeout=timeout,
+    rng = random.SystemRandom()
+    secrets = {n: [rng.randrange(1, 2**31 - 1) for _ in range(world_size)] for n in names}
+    per_rank = launch(standalone_worker, world_size, args=(module_name, names, secrets), timeout=timeout,
                       threads_per_rank=1)
     out = {}
     for name in names:
         recs = [_plain(r[name], decode=True) for r in per_rank]
         errors = [r["error"] for r in recs if "error" in r]
-        out[name] = ([errors[0].strip().splitlines()[-1]] if errors else judge_scenario(name, recs))
+        out[name] = ([errors[0].strip().splitlines()[-1]] if errors else judge_scenario(name, recs, secrets[name]))
     return out
 
 
