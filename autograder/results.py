@@ -174,8 +174,12 @@ class Results:
         lines = [f"isolation: {self.isolation}"] if self.isolation else []
         if self.header:
             lines.append(self.header)
-        lines.append(f"tests shown now: {_score_line(shown)}; {len(self.tests) - len(shown)} more test(s) "
-                     f"are shown once grades are published")
+        when = {"after_published": "once grades are published", "after_due_date": "after the due date",
+                "hidden": "to the course staff only"}
+        later = [f"{sum(t.visibility == v for t in self.tests)} {w}" for v, w in when.items()
+                 if any(t.visibility == v for t in self.tests)]
+        lines.append(f"tests shown now: {_score_line(shown)}; {len(self.tests) - len(shown)} more test(s), "
+                     f"shown {', '.join(later)}")
         return "\n".join(lines + self._notes())
 
     def extra_data(self) -> dict:
