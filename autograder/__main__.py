@@ -1,8 +1,17 @@
 """``python -m autograder ...``: see ``autograder.cli``."""
+import os
+import signal
 import sys
 
-from .cli import install_stop_handlers, main
+# A signal that comes while the CLI itself imports is held, then handed to its real handler.
+_held = []
+for _sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(_sig, lambda signum, frame: _held.append(signum))
+
+from .cli import install_stop_handlers, main  # noqa: E402
 
 if __name__ == "__main__":
-    install_stop_handlers()  # first: a SIGTERM during the heavy imports must still leave results
+    install_stop_handlers()  # before anything heavy: a SIGTERM during torch's import still leaves results
+    if _held:
+        os.kill(os.getpid(), _held[0])
     sys.exit(main())
