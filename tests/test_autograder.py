@@ -83,13 +83,16 @@ def test_solution_gets_full_marks(solution_results):
     validate_results(data)
     failed = [(t["number"], t["output"][:300]) for t in data["tests"] if t["status"] != "passed"]
     assert not failed, failed
-    assert data["score"] == sum(t["max_score"] for t in data["tests"]) > 0
-    # each test's maximum is what points.toml says (no total written down anywhere else)
+    # the totals come from points.toml (no total is written down anywhere else): every test is
+    # worth its entry; extra-credit tasks add to the score but not to the maximum
     import tomllib
     toml = tomllib.loads((ROOT / "autograder" / "points.toml").read_text())
     table, extra = toml["points"], set(toml.get("tasks", {}).get("extra_credit", []))
-    wrong = {t["number"]: t["max_score"] for t in data["tests"] if t["number"] in table
-             and t["number"].split(".")[0] not in extra and t["max_score"] != table[t["number"]]}
+    assert all(t["number"] in table for t in data["tests"]), [t["number"] for t in data["tests"] if t["number"] not in table]
+    required = [t for t in data["tests"] if t["number"].split(".")[0] not in extra]
+    assert data["score"] == sum(table[t["number"]] for t in data["tests"]) > 0
+    assert sum(t["max_score"] for t in data["tests"]) == sum(table[t["number"]] for t in required)
+    wrong = {t["number"]: t["max_score"] for t in required if t["max_score"] != table[t["number"]]}
     assert not wrong, wrong
     assert "score" in proc.stdout and "passed" in proc.stdout  # the readable table
 
