@@ -329,6 +329,15 @@ class RankPool:
             cap.thread.join(timeout=1.0)
 
     # --- running a job ---------------------------------------------------------------------
+    def _main_cpu(self, r: int) -> float:
+        """CPU seconds of rank ``r``'s main thread (-1 if unknown)."""
+        try:
+            with open(f"/proc/{self.pids[r]}/task/{self.pids[r]}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return self._cpu(r)
+
     def _cpu(self, r: int) -> float:
         try:
             import psutil
@@ -373,7 +382,9 @@ class RankPool:
         dead: dict[int, int | None] = {}
         pending = set(range(self.world_size))
         cpu = {r: self._cpu(r) for r in pending}
-        cpu_start = dict(cpu)  # the deadline counts CPU seconds: a loaded machine costs no points
+        # The deadline counts the CPU seconds of each rank's main thread, so a loaded machine
+        # costs no points and a thread the student left spinning does not eat the budget.
+        main_start = {r: self._main_cpu(r) for r in pending}
         progress = {r: t0 for r in pending}
         first_failure_at = None
         outcome = Outcome(reports=reports)
@@ -423,7 +434,7 @@ class RankPool:
                 outcome.problem = "deadlock"
                 outcome.message = _stall_message(sorted(pending), done, where, s.stall)
                 break
-            used = max((cpu[r] - cpu_start[r] for r in pending if cpu[r] >= 0), default=0.0)
+            used = max((self._main_cpu(r) - main_start[r] for r in pending if main_start[r] >= 0), default=0.0)
             if used > timeout or now - t0 > timeout * s.wall_factor:
                 where = self._dump_stacks(sorted(pending))
                 outcome.problem = "timeout"

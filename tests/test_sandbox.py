@@ -215,3 +215,31 @@ def test_levels_report_says_which_isolation_was_used(tmp_path):
 def test_unknown_level_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown sandbox level"):
         sandbox.choose("chroot")
+
+
+def test_same_grade_five_times_even_on_a_loaded_machine(tmp_path):
+    """A submission with a busy thread, graded five times, the last with a CPU hog on every
+    core: the grades are identical, test by test (deadlines count CPU time, not wall time)."""
+    code = '''
+    import threading
+    def _spin():
+        while True:
+            pass
+    threading.Thread(target=_spin, daemon=True).start()
+    '''
+    sub = make_submission(tmp_path / "sub", sync=code)
+    runs = []
+    for i in range(5):
+        hogs = []
+        if i == 4:
+            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+        try:
+            res = runner.grade(sub, tasks={"2b"})
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
+        assert not res.grader_errors, res.grader_errors
+        runs.append({t.id: (t.score, t.passed) for t in res.tests})
+    assert runs[0] and all(r == runs[0] for r in runs), runs
+    assert all(passed for _, passed in runs[0].values()), runs[0]
