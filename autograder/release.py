@@ -38,10 +38,11 @@ MANIFEST = ["LICENSE", "LICENSE.md", "pyproject.toml", "environment.yml", "requi
 STUDENT_DIR = Path(__file__).resolve().parent / "student"
 SHARED = re.compile(r"<!-- shared:(\w+)[^>]*-->\n(.*?)<!-- /shared -->", re.S)
 PLACEHOLDER = re.compile(r"\{\{shared:(\w+)\}\}")
-#: the public part of the autograder (what `python -m autograder check` needs)
-AUTOGRADER_PUBLIC = ["__init__.py", "__main__.py", "_preload.py", "cli.py", "registry.py", "points.py", "points.toml",
-                     "fixtures.py", "judging.py", "pool.py", "worker.py", "wire.py", "spy.py", "runner.py", "results.py",
-                     "submission.py", "public"]
+#: what of autograder/ never ships (everything else does: the public checks need the runner, the
+#: sandbox, the judges, ...; new grader modules ship without editing this file, and ``verify``
+#: imports the check command in the release to prove it is complete)
+INSTRUCTOR_ONLY = {"checks", "references.py", "release.py", "strip.py", "gradescope.py", "gradebook.py", "course",
+                   "nbgrader", "student", "README.md"}
 #: public test files at the top of tests/ (glob patterns)
 PUBLIC_TESTS = ["test_public*.py"]
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info", ".pytest_cache",
@@ -104,7 +105,8 @@ def verify(root: Path, import_modules: bool = True) -> None:
                     compile(path.read_text(encoding="utf-8"), str(path), "exec")
                 except SyntaxError as exc:
                     problems.append(f"{path.relative_to(root)} does not compile after stripping: {exc}")
-    for hidden in ("autograder/checks", "autograder/references.py", "autograder/student"):
+    for hidden in sorted(INSTRUCTOR_ONLY):
+        hidden = f"autograder/{hidden}"
         if (root / hidden).exists():
             problems.append(f"{hidden} must not ship")
     if problems:
@@ -112,10 +114,14 @@ def verify(root: Path, import_modules: bool = True) -> None:
     if import_modules and (root / "student_src").is_dir():
         mods = [m for m in STUDENT_MODULES if (root / "student_src" / f"{m}.py").exists()]
         code = "import importlib\n" + "".join(f"importlib.import_module('student_src.{m}')\n" for m in mods)
+        # every shipped grader module (the public checks' command and what it imports)
+        mods_ag = sorted(f"autograder.{p.relative_to(root / 'autograder').with_suffix('').as_posix().replace('/', '.')}"
+                         for p in (root / "autograder").rglob("*.py") if p.name not in ("__main__.py", "__init__.py"))
+        code += "".join(f"importlib.import_module({m!r})\n" for m in mods_ag)
         env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
         proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
-            raise ValueError(f"the stripped student modules do not import:\n{proc.stderr[-3000:]}")
+            raise ValueError(f"the release's modules do not import:\n{proc.stderr[-3000:]}")
 
 
 def build_release(out, force: bool = False, verify_imports: bool = True, source: Path = SOURCE_ROOT) -> Path:
@@ -133,9 +139,9 @@ def build_release(out, force: bool = False, verify_imports: bool = True, source:
                 _copy(source / name, tmp / name)
         (tmp / "README.md").write_text(student_readme(source), encoding="utf-8")
         shutil.copy2(STUDENT_DIR / "Makefile", tmp / "Makefile")
-        for name in AUTOGRADER_PUBLIC:
-            if (source / "autograder" / name).exists():
-                _copy(source / "autograder" / name, tmp / "autograder" / name)
+        for item in sorted((source / "autograder").iterdir()):
+            if item.name not in INSTRUCTOR_ONLY and item.name != "__pycache__" and not item.name.startswith("."):
+                _copy(item, tmp / "autograder" / item.name)
         for pattern in PUBLIC_TESTS:
             for f in sorted((source / "tests").glob(pattern)):
                 _copy(f, tmp / "tests" / f.name)
