@@ -408,6 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     ga.add_argument("--sandbox", choices=("auto", "bwrap", "user", "process", "fallback"), default="auto")
     ga.set_defaults(func=cmd_grade_all)
 
+    sb = sub.add_parser("sandbox", help="say how this host isolates student code when grading (and why)")
+    sb.add_argument("--sandbox", choices=("auto", "bwrap", "user", "process", "fallback"), default="auto")
+    sb.set_defaults(func=cmd_sandbox)
+
     gs = sub.add_parser("gradescope", help="build autograder.zip for Gradescope")
     gs.add_argument("out")
     gs.add_argument("--force", action="store_true")
@@ -419,6 +423,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-verify", action="store_true", help="skip importing the stripped modules")
     r.set_defaults(func=cmd_release)
     return p
+
+
+def cmd_sandbox(args) -> int:
+    """Print the isolation level grading gets on this host; exit 1 if the asked level is impossible."""
+    from . import sandbox
+    text = sandbox.report(args.sandbox)
+    print(text)
+    return 1 if text.startswith("cannot use") else 0
 
 
 def main(argv=None) -> int:

@@ -54,9 +54,9 @@ DESCRIPTIONS = {
     "bwrap": ("bubblewrap sandbox: own PID, network (loopback only), IPC and mount namespaces, no "
               "capabilities; grader and kit read-only, the instructor's tree invisible; private scratch "
               "emptied after every check"),
-    "user": ("fallback (no namespaces on this host): ranks run as user nobody, grader files read-only to "
+    "user": ("fallback without namespaces: ranks run as user nobody, grader files read-only to "
              "them; every process they start is killed after each check; no network isolation"),
-    "process": ("fallback (no namespaces, not root): ranks run as the grader's user; every process they start "
+    "process": ("fallback without namespaces: ranks run as the grader's user; every process they start "
                 "is killed after each check; the grader's files are checked for changes; no file or "
                 "network isolation"),
 }
