@@ -53,6 +53,9 @@ def comm_log(ctx):
 @comm_log.judge
 def _(payloads, ref):
     want = [([3, 5], "float32", 60), ([7], "float16", 14), ([2, 2, 2], "float64", 64)]
+    if len(payloads[0]["records"]) != len(want):
+        raise CheckFailure(f"after {len(want)} calls of record(), CommLog.records holds "
+                           f"{len(payloads[0]['records'])} entries")
     for i, (rec, (shape, dtype, nbytes)) in enumerate(zip(payloads[0]["records"], want)):
         if rec["op"] != "all_reduce":
             raise CheckFailure(f"record {i}: op is {rec['op']!r}, expected the op passed in ('all_reduce')")
