@@ -3,11 +3,12 @@
     python -m autograder.course init COURSE [--assignment dp] [--notebooks 1_single_node,2b_allreduce] [--force]
     python -m autograder.course release COURSE [--assignment dp]
 
-then, in COURSE, nbgrader's own workflow::
+then nbgrader's own workflow, through the exchange the course folder holds (``COURSE/exchange``)::
 
-    nbgrader collect dp            # or copy submissions to submitted/STUDENT/dp/
-    nbgrader autograde dp
-    nbgrader generate_feedback dp
+    cd COURSE && nbgrader release_assignment dp --force                        # instructor
+    nbgrader fetch_assignment dp --course dp-course --Exchange.root=COURSE/exchange  # student, in their folder
+    nbgrader submit dp --course dp-course --Exchange.root=COURSE/exchange            # student, same folder
+    cd COURSE && nbgrader collect dp && nbgrader autograde dp --force && nbgrader generate_feedback dp --force
 
 ``init`` writes ``COURSE/nbgrader_config.py`` and copies the source notebooks (``notebooks/``,
 solutions and nbgrader metadata in them) to ``COURSE/source/ASSIGNMENT/``, and nothing else: the
@@ -55,7 +56,31 @@ def init(course, assignment: str = "dp", notebooks: list[str] | None = None, for
         shutil.copy2(nb, src / nb.name)
     config = TEMPLATE.read_text().replace("@KIT@", str(kit)).replace("@ASSIGNMENT@", assignment)
     (course / "nbgrader_config.py").write_text(config)
+    exchange = course / "exchange"
+    exchange.mkdir(exist_ok=True)
+    exchange.chmod(0o777)  # students write their submissions into it (nbgrader's own layout below)
     return src
+
+
+COURSE_ID = "dp-course"
+
+
+def workflow(course, assignment: str = "dp") -> dict[str, list[str]]:
+    """The exact nbgrader commands of the course's workflow, by who runs them and where.
+
+    ``instructor`` commands run in COURSE; ``student`` commands in the student's own folder (their
+    home, or any folder): they name the course's exchange and course id on the command line.
+    """
+    course = Path(course).resolve()
+    student_flags = ["--course", COURSE_ID, f"--Exchange.root={course / 'exchange'}"]
+    return {
+        "release": [["nbgrader", "release_assignment", assignment, "--force"]],
+        "student": [["nbgrader", "fetch_assignment", assignment, *student_flags],
+                    ["nbgrader", "submit", assignment, *student_flags]],
+        "grade": [["nbgrader", "collect", assignment],
+                  ["nbgrader", "autograde", assignment, "--force"],
+                  ["nbgrader", "generate_feedback", assignment, "--force"]],
+    }
 
 
 def nbgrader(course, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -92,6 +117,14 @@ def release(course, assignment: str = "dp") -> Path:
     return out
 
 
+def release_to_exchange(course, assignment: str = "dp") -> Path:
+    """``nbgrader release_assignment``: put ``release/ASSIGNMENT`` where students fetch it."""
+    course = Path(course).resolve()
+    for cmd in workflow(course, assignment)["release"]:
+        nbgrader(course, *cmd[1:])
+    return course / "exchange" / COURSE_ID / "outbound" / assignment
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m autograder.course", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -111,6 +144,10 @@ def main(argv=None) -> int:
         else:
             out = release(args.course, args.assignment)
             print(f"student release: {out} (notebooks without solutions + stripped student_src)")
+            steps = workflow(args.course, args.assignment)
+            print("next (instructor, in the course folder): " + " ".join(steps["release"][0]))
+            print("students, in their own folder: " + " ; ".join(" ".join(c) for c in steps["student"]))
+            print("then (instructor, in the course folder): " + " && ".join(" ".join(c) for c in steps["grade"]))
     except (FileExistsError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -29,6 +29,12 @@ c.CourseDirectory.course_id = "dp-course"
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "runs", "cached", "*.egg-info",
                             ".pytest_cache"]
 
+# The exchange (release_assignment / fetch_assignment / submit / collect) lives in the course
+# folder itself, so the course works without a system-wide /srv/nbgrader/exchange. Students on
+# the same machine or JupyterHub reach it with --Exchange.root=COURSE/exchange --course dp-course
+# (`python -m autograder.course init` prints the exact commands).
+c.Exchange.root = os.path.join(HERE, "exchange")
+
 c.Execute.timeout = 900
 c.Execute.startup_timeout = 120
 c.Execute.kernel_name = "python3"
