@@ -627,8 +627,11 @@ class SandboxGroup(RankPool):
                     pass
         try:
             self.sandbox.cleanup()
-        except Exception:
-            pass
+        except Exception:  # the server was stopped or broken by student code: a new sandbox
+            try:
+                self.sandbox.restart()
+            except Exception:
+                pass
         for c in self.ctrls:
             c.close()
         for cap in self.captures:

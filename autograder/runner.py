@@ -105,7 +105,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         return results
     if hasattr(results, "isolation"):
         results.isolation = isolation.describe()
-    guard = GraderFiles(_grader_roots()) if isolation.level == "process" else None
+    guard = None  # process level: the grader's files (and the trusted kit workspace) fingerprinted
     if settings.start_method == "forkserver":
         # start the fork server first: it imports torch while this process does the same
         mp_context(settings.start_method, start=True,
@@ -139,8 +139,12 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         refs_needed = sorted({c.reference for c, _ in runnable if c.reference})
         for c, src in runnable:  # every workspace exists before the sandbox maps the folder
             sub.workspace(src)
+        if refs_needed:
+            sub.workspace(None)  # the trusted worker's kit
         if isolation.level == "user":
             _readable_by_all(workdir)
+        if isolation.level == "process":
+            guard = GraderFiles(_grader_roots() + [sub.workspace(None)])
         if runnable:
             pools = Pools(settings, workdir, isolation,
                           transformers=any(c.task in NEEDS_TRANSFORMERS for c, _ in runnable))

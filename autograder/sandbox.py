@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import site
 import socket
 import subprocess
@@ -324,9 +325,14 @@ class Sandbox:
             if self.proc.poll() is not None:
                 return {"status": "died", "message": f"the sandbox exited ({self.proc.returncode}): {self._stderr()}"}
 
-    def request(self, msg: dict, fds=(), timeout: float = 60.0) -> dict:
+    def request(self, msg: dict, fds=(), timeout: float = 30.0) -> dict:
         if self.sock is None:
             raise SandboxError("the sandbox is not running")
+        if self.zygote_pid:  # a rank may have stopped its server (SIGSTOP): it only answers running
+            try:
+                os.kill(self.zygote_pid, signal.SIGCONT)
+            except OSError:
+                pass
         try:
             socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
         except OSError as exc:
@@ -378,7 +384,7 @@ class Sandbox:
         """Kill everything the last check left behind; returns how many processes that was."""
         if not self.alive():
             return 0
-        reply = self.request({"op": "cleanup"}, timeout=60)
+        reply = self.request({"op": "cleanup"}, timeout=30)
         if reply.get("status") != "clean":
             raise SandboxError(f"the sandbox could not clean up: {reply.get('message', reply)}")
         return int(reply.get("killed", 0))

@@ -32,6 +32,7 @@ import time
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
 MAX_REQUEST = 1 << 16
 
 
@@ -264,6 +265,7 @@ def main(argv=None) -> None:
     fd, scratch, in_ns, run_as = int(argv[0]), argv[1], argv[2] == "1", (int(argv[3]) if argv[3] != "-" else None)
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)     # the grader died: clean up (below), then exit
     _prctl(PR_SET_CHILD_SUBREAPER, 1)            # orphans of student code come back to us
+    _prctl(PR_SET_DUMPABLE, 0)                   # ranks (same user) may not ptrace or read our memory
     sock = socket.socket(fileno=fd)
     server = Server(sock, scratch, in_ns, run_as)
 

@@ -260,3 +260,14 @@ def test_root_without_namespaces_like_docker_gets_the_user_level(tmp_path):
     data = json.loads(results.read_text())
     assert "isolation: user:" in data["output"], data["output"][:500]
     assert data["tests"] and all(t["status"] == "passed" for t in data["tests"]), data["tests"]
+
+
+@pytest.mark.parametrize("signal_name", ["SIGSTOP", "SIGKILL"])
+def test_a_submission_that_attacks_the_sandbox_server_only_loses_its_own_points(tmp_path, signal_name):
+    """The ranks' parent is the sandbox's server: stopping or killing it must neither hang the
+    grader nor touch the next submission's grade."""
+    code = f"import os, signal\nos.kill(os.getppid(), signal.{signal_name})\n"
+    hostile = runner.grade(make_submission(tmp_path / "hostile", profiling=code), tasks={"4"})
+    clean = runner.grade(make_submission(tmp_path / "clean"), tasks={"4"})
+    assert clean.tests and all(t.passed for t in clean.tests), [t.output for t in clean.tests]
+    assert hostile.tests and all(h.score <= c.score for h, c in zip(hostile.tests, clean.tests))
