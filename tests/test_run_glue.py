@@ -36,6 +36,8 @@ def test_task1_prints_five_losses_and_writes_metrics(cli, small_rte, tmp_path):
     (["--task", "2b", "--world_size", "4", "--local_rank", "7"], "outside the world"),
     (["--task", "2b", "--world_size", "2"], "--spawn"),
     (["--task", "2b", "--global_batch_size", "10", "--world_size", "4", "--spawn"], "not divisible by --world_size 4"),
+    (["--task", "2b", "--world_size", "4", "--spawn", "--data_dir", "/nonexistent/RTE"], "make data"),
+    (["--task", "2b", "--world_size", "4", "--spawn", "--global_batch_size", "512"], "fewer than one global batch"),
     (["--task", "2b", "--global_batch_size", "10", "--world_size", "4", "--master_ip", "127.0.0.1", "--master_port",
       "6585", "--local_rank", "1"], "not divisible by --world_size 4"),
 ])
@@ -167,3 +169,18 @@ def test_metrics_are_written_atomically_and_never_lost(tmp_path, monkeypatch):
     rescue = Path(str(err.value).rsplit(" ", 1)[-1])
     assert json.loads(rescue.read_text())["losses"] == [2.0]
     rescue.unlink()
+
+
+def test_a_user_error_inside_a_rank_is_one_short_message(cli, small_rte, tmp_path):
+    """A KitError raised in a spawned rank (here: an empty train.tsv) reaches the terminal as its
+    message, not as a traceback."""
+    import shutil
+
+    data = tmp_path / "RTE"
+    shutil.copytree(small_rte, data)
+    (data / "train.tsv").write_text("")
+    proc = cli(["--task", "2b", "--world_size", "2", "--spawn", "--model_name_or_path", "tiny", "--data_dir", data,
+                "--max_steps", "1", "--num_threads", "1"])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: rank ") and "empty file" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 3 and "Traceback" not in proc.stderr

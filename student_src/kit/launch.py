@@ -137,7 +137,10 @@ def _child(fn, rank, world_size, store_port, threads, events, results, args, kwa
         detail = traceback.format_exc()
         if isinstance(exc, SystemExit):
             detail += f"\n(rank {rank} called sys.exit({exc.code!r}))"
-        results.put((rank, "error", detail))
+        if isinstance(exc, KitError):  # a user-facing error: its message says it all, no traceback
+            results.put((rank, "usererror", str(exc)))
+        else:
+            results.put((rank, "error", detail))
         results.close()
         results.join_thread()
         os._exit(1)
@@ -147,6 +150,21 @@ def _child(fn, rank, world_size, store_port, threads, events, results, args, kwa
     results.join_thread()
     events.close()
     events.join_thread()
+
+
+class RankError(KitError):
+    """A rank stopped on a ``KitError`` (bad input, missing data, ...): its message, without a traceback."""
+
+    def __init__(self, rank: int, message: str):
+        self.rank = rank
+        super().__init__(f"rank {rank}: {message}")
+
+
+def _raise_if_failed(rank: int, status: str, value) -> None:
+    if status == "usererror":
+        raise RankError(rank, value)
+    if status == "error":
+        raise RankFailure(rank, value)
 
 
 def _stop(procs, grace: float = 2.0) -> None:
@@ -223,8 +241,7 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
                 except queue_mod.Empty:
                     break
                 got_any = True
-                if status == "error":
-                    raise RankFailure(rank, value)
+                _raise_if_failed(rank, status, value)
                 outputs[rank] = pickle.loads(value)
             now = time.monotonic()
             if got_any:
@@ -234,8 +251,7 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
                     time.sleep(0.2)  # its last message may still be in flight
                     try:
                         rank, status, value = results.get(timeout=0.5)
-                        if status == "error":
-                            raise RankFailure(rank, value)
+                        _raise_if_failed(rank, status, value)
                         outputs[rank] = pickle.loads(value)
                         continue
                     except queue_mod.Empty:

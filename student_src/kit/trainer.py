@@ -429,6 +429,23 @@ def check_output_dir(cfg: TrainConfig) -> None:
         raise KitError(f"--output_dir {out} is not writable ({exc.strerror or exc}); choose a folder you can write to") from None
 
 
+def check_data(cfg: TrainConfig) -> None:
+    """Before any rank starts: the splits the run reads exist, and one global batch fits in train."""
+    from .data import split_path
+
+    if cfg.do_eval:
+        split_path(cfg.data_dir, "dev")
+    if cfg.do_train:
+        path = split_path(cfg.data_dir, "train")
+        world = cfg.world_size or int(os.environ.get("WORLD_SIZE", "1") or 1)
+        per_worker, _ = per_worker_batch_size(cfg, world)
+        with open(path, "rb") as f:
+            examples = sum(1 for line in f if line.strip()) - 1  # minus the header
+        if 0 <= examples < per_worker * world:
+            raise KitError(f"{path} has {examples} examples, fewer than one global batch ({per_worker * world}); "
+                           "lower --global_batch_size or --per_device_train_batch_size")
+
+
 def run(cfg: TrainConfig, on_event=None) -> dict:
     """Run ``cfg`` however it asks to be started; return rank 0's metrics."""
     from . import dist as kdist
@@ -436,6 +453,7 @@ def run(cfg: TrainConfig, on_event=None) -> dict:
     from .models import check_model_available
 
     check_output_dir(cfg)
+    check_data(cfg)
     check_model_available(cfg.model_name_or_path)
     if cfg.spawn:
         stall = max(cfg.dist_timeout, kdist.MIN_COLLECTIVE_TIMEOUT_S)
