@@ -219,9 +219,16 @@ def test_release_is_a_repository_of_its_own(release):
 
 def test_every_command_path_and_file_the_release_mentions_exists(release):
     # export.py's texts describe the export (tests/test_export.py checks them there)
-    problems, checked = check_tree(release, exclude=("student_src/export.py",))
-    assert checked > 100  # README, Makefile, six notebooks and the kit's messages were read
+    problems, checked = check_tree(release, python_dirs=("student_src", "autograder"), exclude=("student_src/export.py",))
+    assert checked > 100  # README, Makefile, six notebooks, the kit's and the public checks' messages were read
     assert problems == []
+
+
+@pytest.mark.xfail(strict=True, reason="make_synthetic_rte.py's data README points to benchmarks/task1/README.md, "
+                                       "which the release does not ship (data_scripts/ is not this test's to edit)")
+def test_what_make_data_writes_names_only_what_the_release_holds(release):
+    problems, checked = check_tree(release, docs=(), makefile=False, notebooks=False, python_dirs=("data_scripts",))
+    assert checked > 0 and problems == []
 
 
 def test_the_mention_checker_catches_what_the_instructor_readme_got_wrong(release, tmp_path):
