@@ -298,14 +298,19 @@ class Rank:
         ok = t[0].item() == self.world_size and t[1].item() == seq * self.world_size
         return {"status": "healthy" if ok else "poisoned", "message": "" if ok else f"health all_reduce gave {t.tolist()}"}
 
-    def init_group(self, store_port: int, prefix: str) -> None:
+    def init_group(self, store_port, prefix: str) -> None:
+        """Join the check's gloo group: ``store_port`` is a TCPStore's port on 127.0.0.1, or the
+        path of a ``FileStore`` (the sandbox's ranks: no port to pick, no connection to retry)."""
         import torch
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
         torch.set_num_threads(1)
         timeout = datetime.timedelta(seconds=float(self.settings.get("pg_timeout", 1800)))
-        store = dist.TCPStore("127.0.0.1", store_port, None, False, timeout)
+        if isinstance(store_port, str):
+            store = dist.FileStore(store_port, self.world_size)
+        else:
+            store = dist.TCPStore("127.0.0.1", store_port, None, False, timeout)
         dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=self.rank,
                                 world_size=self.world_size, timeout=timeout)
         self.originals = {n: getattr(c10d, n) for n in ("all_reduce", "barrier", "all_gather_object")}
@@ -325,7 +330,8 @@ def rank_main(rank, world_size, store_port, prefix, ctrl, out, workdir, settings
     os.makedirs(workdir, exist_ok=True)
     os.chdir(workdir)
     for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                 "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}.items():
+                 "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0",
+                 "GLOO_SOCKET_IFNAME": "lo"}.items():  # all ranks are local: no hostname lookup (seconds)
         os.environ[k] = v
     sys.dont_write_bytecode = True
     me = Rank(rank, world_size, workdir, settings)

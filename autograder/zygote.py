@@ -6,8 +6,8 @@ a Unix socket pair. It imports torch (and the checks) once, then answers request
 * ``spawn``: fork ``world_size`` fresh rank processes for one check. The request carries, as
   passed file descriptors, each rank's control socket and output pipe, whose other ends the
   grader holds: the grader talks to the ranks directly, the server only starts them. Each
-  check's group also gets a fresh rendezvous store, hosted by a forked helper process, so no
-  thread ever runs in this server (forking a process with threads is unsafe).
+  check's group meets through a fresh ``FileStore`` in the check's scratch folder (no port to
+  pick, no server thread here: forking a process with threads is unsafe).
 * ``exitcodes``: the exit status of ranks that ended (this server is their parent).
 * ``cleanup``: end the check. Every other process in the sandbox dies, whatever session,
   process group or double fork it used to hide: the server is a *child subreaper*, so orphans
@@ -143,7 +143,7 @@ class Server:
         os.makedirs(check_dir, exist_ok=True)
         if self.run_as is not None:
             os.chown(check_dir, self.run_as, self.run_as)
-        port = self._start_store()
+        port = os.path.join(check_dir, "store")  # a FileStore: see worker.Rank.init_group
         pids = []
         for r in range(world):
             ctrl_fd, out_fd = fds[2 * r], fds[2 * r + 1]
@@ -160,33 +160,6 @@ class Server:
         for fd in fds:
             os.close(fd)
         return {"status": "spawned", "pids": pids}
-
-    def _start_store(self) -> int:
-        """Fork a helper that hosts a fresh TCPStore on a free port; return the port."""
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(r)
-            try:
-                import datetime
-                import torch.distributed as dist
-                store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=600),
-                                      wait_for_workers=False)
-                os.write(w, str(store.port).encode())
-                os.close(w)
-                while True:
-                    signal.pause()
-            finally:
-                os._exit(0)
-        os.close(w)
-        data = b""
-        while True:
-            chunk = os.read(r, 64)
-            if not chunk:
-                break
-            data += chunk
-        os.close(r)
-        return int(data.decode() or 0)
 
     def _become_rank(self, rank, world, port, req, ctrl_fd, out_fd, workdir) -> None:
         code = 5
