@@ -12,8 +12,11 @@ In a temporary folder, with nothing from the instructor's tree on the path:
    --local_rank R`` as 4 processes from ``submission/task2a/`` (tiny model, a few steps);
 5. grade ``submission/submission.zip`` with the instructor's grader: full marks.
 
-Slow (a venv install, two public-check runs, a 4-rank run, a full grading: a few minutes on 2
-busy cores); it is part of ``make test``. pip installs from its configured indexes and its own
+A second test executes the release's notebooks 1-4 headless in quick mode on its student_src
+with the solutions in.
+
+Slow (a venv install, two public-check runs, a 4-rank run, a full grading: about 5 minutes on 2
+busy cores; the notebooks about 4 more); both are part of ``make test``. pip installs from its configured indexes and its own
 wheel cache (``~/.cache/pip``), so a second run installs without building anything.
 ``KIT_SKIP_STUDENT_WALK=1`` skips it (for quick local iterations only).
 """
@@ -138,3 +141,47 @@ def test_the_students_path_from_release_to_full_marks(tmp_path):
     assert graded["extra_data"]["required_score"] == graded["extra_data"]["required_max_score"] > 0
     assert {"task1", "task2a", "task2b", "task3"} <= set(proc.stdout.split("graded:", 1)[-1].split("\n", 1)[0]
                                                         .replace(",", " ").replace("/student_src", "").split())
+
+
+NOTEBOOKS_1_TO_4 = ("1_single_node", "2a_gather_scatter", "2b_allreduce", "3_ddp", "4_traffic")
+
+
+def test_release_notebooks_1_to_4_run_headless_with_solutions_in(tmp_path, small_rte):
+    """The release's own notebooks, in quick mode, from its notebooks/ folder, on its student_src
+    (solutions copied in): every check passes and every run finishes. The kernel is this test's
+    Python (JupyterLab is not installed in the walk's venv); the last cell proves that
+    student_src and the public checks came from the release, not from the instructor's tree."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from autograder.release import build_release
+
+    release = build_release(tmp_path / "release")
+    for name in STUDENT_MODULES:
+        shutil.copy2(ROOT / "student_src" / name, release / "student_src" / name)
+    env = {"KIT_NOTEBOOK_QUICK": "1", "KIT_RUNS_DIR": str(tmp_path / "runs"), "KIT_DATA_DIR": str(small_rte),
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TORCH_CPP_LOG_LEVEL": "FATAL"}
+    old = {k: os.environ.get(k) for k in [*env, "NBGRADER_EXECUTION", "KIT_ROOT", "KIT_TRUSTED_ROOT", "PYTHONPATH"]}
+    os.environ.update(env)
+    for k in ("NBGRADER_EXECUTION", "KIT_ROOT", "KIT_TRUSTED_ROOT", "PYTHONPATH"):
+        os.environ.pop(k, None)
+    try:
+        for name in NOTEBOOKS_1_TO_4:
+            nb = nbformat.read(release / "notebooks" / f"{name}.ipynb", as_version=4)
+            nb.cells.append(nbformat.v4.new_code_cell(
+                "import student_src, autograder\nprint('FROM', student_src.__file__, autograder.__file__)"))
+            start = time.monotonic()
+            NotebookClient(nb, timeout=900, startup_timeout=120, kernel_name="python3",
+                           resources={"metadata": {"path": str(release / "notebooks")}}).execute()
+            print(f"[walk] release notebook {name}: {time.monotonic() - start:.1f} s")
+            outputs = "".join(o.get("text", "") + str(o.get("data", {}).get("text/markdown", ""))
+                              for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+            assert "passed" in outputs, (name, outputs[-2000:])  # kit.check raises (and nbclient with it) on a lost point
+            where = outputs.rsplit("FROM ", 1)[-1].split()
+            assert all(p.startswith(str(release)) for p in where[:2]), (name, where)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
