@@ -47,6 +47,10 @@ def test_config_file_with_command_line_winning(tmp_path):
     (["--task", "1", "--world_size", "2", "--spawn"], "single-node"),
     (["--master_ip", "10.10.1.1", "--world_size", "2", "--local_rank", "0"], "--master_port"),
     (["--timing_iters", "1"], "at least 2"),
+    (["--task", "2b", "--world_size", "4", "--spawn", "--global_batch_size", "10"], "not divisible by --world_size 4"),
+    (["--task", "2b", "--world_size", "2", "--spawn", "--master_ip", "127.0.0.1", "--master_port", "6585"], "drop --master_ip"),
+    (["--task", "1", "--measure_traffic"], "between ranks"),
+    (["--task", "2b", "--world_size", "2", "--spawn", "--grad_compression", "fp16"], "--task 3 or 5"),
 ])
 def test_inconsistent_flags_are_refused(argv, message):
     with pytest.raises(KitError, match=message):
@@ -57,3 +61,11 @@ def test_unknown_task_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--task", "7"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_torchrun_world_size_is_checked_against_the_global_batch(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(KitError, match="not divisible by --world_size 3"):
+        parse_config(["--task", "3"])
+    assert parse_config(["--task", "3", "--global_batch_size", "63"]).global_batch_size == 63

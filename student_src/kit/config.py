@@ -191,6 +191,9 @@ def validate(cfg: TrainConfig) -> None:
         raise KitError("--spawn starts every rank itself: drop --local_rank (it is for one process per node)")
     if cfg.spawn and cfg.world_size is None:
         raise KitError("--spawn needs --world_size N (the number of local ranks to start)")
+    if cfg.spawn and (cfg.master_ip or cfg.init_method):
+        raise KitError("--spawn starts every rank on this machine itself: drop --master_ip/--init_method "
+                       "(they are for one process per node)")
     if cfg.local_rank < -1:
         raise KitError(f"--local_rank must be >= 0, got {cfg.local_rank}")
     if cfg.world_size is not None and cfg.local_rank >= cfg.world_size:
@@ -216,6 +219,11 @@ def validate(cfg: TrainConfig) -> None:
         raise KitError("--dist_timeout must be positive")
     if not cfg.do_train and not cfg.do_eval:
         raise KitError("nothing to do: pass --do_train and/or --do_eval")
+    if cfg.measure_traffic and cfg.task == "1":
+        raise KitError("--measure_traffic measures gradient traffic between ranks: use it with --task 2a, 2b, 3 or 5")
+    if cfg.grad_compression != "none" and cfg.task not in ("3", "5"):
+        raise KitError(f"--grad_compression compresses DDP's or your BucketedDDP's all_reduce: use it with --task 3 or 5, "
+                       f"not --task {cfg.task}")
     world = cfg.world_size
     if world is None and "RANK" in os.environ and os.environ.get("WORLD_SIZE", "").isdigit():
         world = int(os.environ["WORLD_SIZE"])  # torchrun

@@ -453,6 +453,7 @@ def run(cfg: TrainConfig, on_event=None) -> dict:
     from .models import check_model_available
 
     check_output_dir(cfg)
+    kdist.pick_device(cfg, 0)  # --backend nccl without a GPU is refused here, not in every rank
     check_data(cfg)
     check_model_available(cfg.model_name_or_path)
     if cfg.spawn:
