@@ -93,8 +93,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_ranks_started_with_the_multi_node_flags_share_the_hosts_cores(small_rte, tmp_path):
-    """Two ranks on one host via --master_ip/--local_rank: each takes cores // 2 threads (not all cores)."""
+@pytest.mark.parametrize("how", ["multi_node_flags", "file_init"])
+def test_ranks_started_with_the_multi_node_flags_share_the_hosts_cores(small_rte, tmp_path, how):
+    """Two ranks on one host via --master_ip/--local_rank (or --init_method file://): each takes
+    cores // 2 threads (not all cores)."""
     import json
     import subprocess
     import sys
@@ -105,7 +107,9 @@ def test_ranks_started_with_the_multi_node_flags_share_the_hosts_cores(small_rte
     procs = [subprocess.Popen(
         [sys.executable, "-m", "student_src.run_glue", "--task", "2b", "--model_name_or_path", "tiny", "--data_dir",
          str(small_rte), "--max_seq_length", "32", "--global_batch_size", "8", "--max_steps", "1", "--do_train",
-         "--master_ip", "127.0.0.1", "--master_port", str(port), "--world_size", "2", "--local_rank", str(rank),
+         *(["--master_ip", "127.0.0.1", "--master_port", str(port)] if how == "multi_node_flags"
+           else ["--init_method", f"file://{tmp_path / 'rendezvous'}"]),
+         "--world_size", "2", "--local_rank", str(rank),
          "--no_progress", *(["--output_dir", str(out)] if rank == 0 else [])],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
     try:

@@ -236,6 +236,8 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
             dist.init_process_group(backend, init_method=init, timeout=_timeout(timeout_s), **kwargs)
         except dist.DistError as exc:
             raise KitError(f"process group init via {init} failed: {str(exc).splitlines()[0]}") from None
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # before the object all_gather below (nccl uses the current device)
         if mode == "env" and os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
             ranks_on_host = int(os.environ["LOCAL_WORLD_SIZE"])  # torchrun's ranks on this node
         else:
