@@ -32,9 +32,9 @@ from .strip import has_markers, strip_notebook, strip_source
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 
 #: top-level files and folders that ship (missing ones are skipped)
-MANIFEST = ["LICENSE", "LICENSE.md", "pyproject.toml", "environment.yml", "requirements.txt", ".gitignore",
+MANIFEST = ["LICENSE", "LICENSE.md", "pyproject.toml", "environment.yml", "requirements.txt",
             "run_glue.py", "student_src", "data_scripts", "notebooks", "tests/public"]
-#: the students' README (a template) and Makefile
+#: the students' README (a template), Makefile and .gitignore
 STUDENT_DIR = Path(__file__).resolve().parent / "student"
 SHARED = re.compile(r"<!-- shared:(\w+)[^>]*-->\n(.*?)<!-- /shared -->", re.S)
 PLACEHOLDER = re.compile(r"\{\{shared:(\w+)\}\}")
@@ -139,6 +139,7 @@ def build_release(out, force: bool = False, verify_imports: bool = True, source:
                 _copy(source / name, tmp / name)
         (tmp / "README.md").write_text(student_readme(source), encoding="utf-8")
         shutil.copy2(STUDENT_DIR / "Makefile", tmp / "Makefile")
+        shutil.copy2(STUDENT_DIR / "gitignore", tmp / ".gitignore")  # named so it does not apply to autograder/student/
         for item in sorted((source / "autograder").iterdir()):
             if item.name not in INSTRUCTOR_ONLY and item.name != "__pycache__" and not item.name.startswith("."):
                 _copy(item, tmp / "autograder" / item.name)

@@ -212,6 +212,8 @@ def test_release_is_a_repository_of_its_own(release):
     mk = (release / "Makefile").read_text()
     assert "-m autograder check" in mk and "data_scripts/make_synthetic_rte.py" in mk
     assert (release / "run_glue.py").is_file() and (release / "data_scripts" / "make_synthetic_rte.py").is_file()
+    ignored = (release / ".gitignore").read_text().split()
+    assert {"/data/", "/runs/", "/submission/", ".venv/"} <= set(ignored)  # what make data / runs / make export write
     proc = subprocess.run([sys.executable, "run_glue.py", "--help"], cwd=release, capture_output=True, text=True,
                           timeout=120, env=dict(os.environ, PYTHONPATH=str(release)))
     assert proc.returncode == 0 and "--master_ip" in proc.stdout, proc.stderr[-2000:]
