@@ -268,7 +268,7 @@ def test_run_autograder_with_env_overrides_grades_into_temp_dirs(package, tmp_pa
 # ------------------------------------------------------------------------- SIGTERM / SIGINT
 
 
-def _grade_and_signal(tmp_path, when, sig=signal.SIGTERM, tasks="4"):
+def _grade_and_signal(tmp_path, when, sig=signal.SIGTERM, tasks="2a,2b,4"):
     """Start the grader on the solution, send ``sig`` ``when`` seconds after start (or, for
     ``when="mid"``, once the results file says a test was graded); return (data, seconds to exit,
     the grader's descendants seen before the signal)."""
@@ -317,15 +317,17 @@ def test_sigterm_at_any_moment_leaves_truthful_results(tmp_path, when):
     assert took < HANG_GUARD
     assert rc == 128 + signal.SIGTERM, err[-3000:]
     assert "Segmentation fault" not in err and "core dumped" not in err
-    assert not list((tmp_path / "tmp").iterdir())  # the runner's workdir, multiprocessing's folder
+    # the runner's workdir and multiprocessing's folder are gone (torch's own compile cache may stay)
+    assert not [p for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor")]
     stopped = [t for t in data["tests"] if t["number"] == "stopped"]
     assert len(stopped) == 1 and "SIGTERM (signal 15)" in stopped[0]["output"], data
     assert "SIGTERM (signal 15)" in data["output"] and data["extra_data"]["stopped"] is True
     assert not any(t["number"] == "autograder" for t in data["tests"])  # being stopped is not a grader failure
     real = [t for t in data["tests"] if t["number"] not in ("stopped", "autograder")]
     assert abs(sum(t["score"] for t in data["tests"]) - data["score"]) < 1e-6
-    if "of 3 tests" in stopped[0]["output"]:
-        assert f"after {len(real)} of 3 tests; the rest were not graded" in stopped[0]["output"]
+    counted = re.search(r"after (\d+) of (\d+) tests; the rest were not graded", stopped[0]["output"])
+    if counted:
+        assert int(counted.group(1)) == len(real) < int(counted.group(2))
     else:
         assert not real and "no test was graded" in stopped[0]["output"]
     if when == "mid":
@@ -338,7 +340,7 @@ def test_sigterm_at_any_moment_leaves_truthful_results(tmp_path, when):
 def test_sigint_mid_grading_is_named_too(tmp_path):
     data, took, _, rc, err = _grade_and_signal(tmp_path, "mid", sig=signal.SIGINT)
     assert rc == 128 + signal.SIGINT and took < HANG_GUARD, err[-3000:]
-    assert not list((tmp_path / "tmp").iterdir())
+    assert not [p for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor")]
     assert "SIGINT (signal 2)" in data["output"]
 
 
