@@ -349,4 +349,4 @@ def test_a_kill_before_the_end_leaves_a_file_that_says_grading_did_not_finish(tm
     data, _, _, rc, _ = _grade_and_signal(tmp_path, "mid", sig=signal.SIGKILL)
     assert rc == -signal.SIGKILL
     assert "grading did not finish" in data["output"] and data["extra_data"]["stopped"] is True
-    assert [t for t in data["tests"] if t["number"].startswith("4.")]
+    assert [t for t in data["tests"] if t["number"][:2] in ("2a", "2b", "4.")]  # what was graded before the kill
