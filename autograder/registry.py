@@ -45,10 +45,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 #: the order tasks appear in tables and results (unknown tasks go last)
-TASK_ORDER = ["1", "2", "2a", "2b", "3", "4", "5"]
+TASK_ORDER = ["0", "1", "2", "2a", "2b", "3", "4", "5"]
 
 #: the student module each task is about (``student_src/<name>.py``)
-TASK_MODULES = {"1": "train", "2": "partition", "2a": "sync", "2b": "sync", "3": "ddp",
+TASK_MODULES = {"0": "collectives", "1": "train", "2": "partition", "2a": "sync", "2b": "sync", "3": "ddp",
                 "4": "profiling", "5": "bucketed"}
 
 #: packages scanned for check modules; the hidden one is absent from the student release
@@ -74,6 +74,7 @@ class Check:
     reference: str | None = None      # name of a function in autograder.references
     timeout: float | None = None      # overrides --timeout for this check (seconds)
     judge_fn: Callable | None = None
+    hang_hint: str | None = None      # appended to the message when the check deadlocks or times out
     order: int = 0
     module: str = ""
 
@@ -88,8 +89,13 @@ _counter = [0]
 
 
 def check(id: str, *, task: str, title: str, world_size: int = 1, needs=(), points: float = 1.0,
-          reference: str | None = None, timeout: float | None = None, public: bool | None = None):
-    """Decorator that registers ``fn(ctx)`` as the rank-side half of check ``id``."""
+          reference: str | None = None, timeout: float | None = None, public: bool | None = None,
+          hang_hint: str | None = None):
+    """Decorator that registers ``fn(ctx)`` as the rank-side half of check ``id``.
+
+    ``hang_hint``: what to tell the student when the check deadlocks or times out (why such
+    code hangs and how to fix it), appended to the grader's own message.
+    """
     if isinstance(needs, str):
         needs = (needs,)
 
@@ -98,7 +104,7 @@ def check(id: str, *, task: str, title: str, world_size: int = 1, needs=(), poin
         _counter[0] += 1
         c = Check(id=id, task=task, title=title, run=fn, world_size=world_size, needs=tuple(needs),
                   points=points, public=module.startswith("autograder.public") if public is None else public,
-                  reference=reference, timeout=timeout, order=_counter[0], module=module)
+                  reference=reference, timeout=timeout, hang_hint=hang_hint, order=_counter[0], module=module)
         if id in _REGISTRY and _REGISTRY[id].module != module:
             raise ValueError(f"check id {id!r} is defined twice ({_REGISTRY[id].module} and {module})")
         _REGISTRY[id] = c

@@ -328,7 +328,10 @@ def judge(c: registry.Check, outcome, ref, secrets=None) -> Verdict:
             text += _output_excerpt(outcome)
         return Verdict(False, text)
     if outcome.problem:
-        return Verdict(False, outcome.message + _output_excerpt(outcome))
+        hint = ""
+        if outcome.problem in ("deadlock", "timeout") and getattr(c, "hang_hint", None):
+            hint = "\n" + c.hang_hint
+        return Verdict(False, outcome.message + hint + _output_excerpt(outcome))
     payloads = [rep.get("payload") for rep in reports]
     if c.judge_fn is not None:
         try:
