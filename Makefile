@@ -58,8 +58,8 @@ demo: setup data
 	$(PY) -m student_src.kit.demo
 
 # The kit's test suite. tests/test_student_walk.py installs the student release (which has its own
-# Makefile, from autograder/student/) in a fresh venv and walks the student's path, then runs the
-# release's notebooks 1-4: about 9 minutes on 2 busy cores (KIT_SKIP_STUDENT_WALK=1 skips both).
+# Makefile, from autograder/student/) in a fresh venv and walks the student's path, notebooks 1-4
+# included: 5-9 minutes on 2 busy cores (KIT_SKIP_STUDENT_WALK=1 skips it while iterating).
 # The grading sandbox uses Debian's bubblewrap (and the tests emulate Docker with capsh): installed
 # here when this runs as root with apt-get (CI); elsewhere the sandbox tests say why they skip.
 sandbox-tools:

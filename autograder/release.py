@@ -112,7 +112,8 @@ def verify(root: Path, import_modules: bool = True) -> None:
     if problems:
         raise ValueError("the release is not clean:\n  " + "\n  ".join(problems))
     if import_modules and (root / "student_src").is_dir():
-        mods = [m for m in STUDENT_MODULES if (root / "student_src" / f"{m}.py").exists()]
+        mods = sorted({*(m for m in STUDENT_MODULES if (root / "student_src" / f"{m}.py").exists()),
+                       *(p.stem for p in (root / "student_src").glob("*.py") if p.name != "__init__.py")})
         code = "import importlib\n" + "".join(f"importlib.import_module('student_src.{m}')\n" for m in mods)
         # every shipped grader module (the public checks' command and what it imports)
         mods_ag = sorted(f"autograder.{p.relative_to(root / 'autograder').with_suffix('').as_posix().replace('/', '.')}"

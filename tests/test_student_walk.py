@@ -4,19 +4,18 @@ In a temporary folder, with nothing from the instructor's tree on the path:
 
 1. build the release (``python -m autograder release``) and install it in a fresh virtual
    environment with the release's own ``make setup`` (torch==2.13.0 first, then the release
-   itself; ``EXTRAS=`` leaves JupyterLab out: the notebooks are executed by test_notebooks.py);
+   itself with its notebook extras, as a student gets it);
 2. ``make test`` (the public checks): every check fails, each with a message;
 3. copy in correct solutions (the solution source's student modules); ``make test``: all pass;
-4. ``make export``; make the data in the export as its CLOUDLAB.md says; run the assignment's
+4. ``make data``; execute notebooks 1-4 headless in quick mode with the venv's own kernel, from
+   the release's notebooks/ folder (the last cell proves the modules came from the release);
+5. ``make export``; make the data in the export as its CLOUDLAB.md says; run the assignment's
    command ``python run_glue.py --task 2a --master_ip 127.0.0.1 --master_port P --world_size 4
    --local_rank R`` as 4 processes from ``submission/task2a/`` (tiny model, a few steps);
-5. grade ``submission/submission.zip`` with the instructor's grader: full marks.
+6. grade ``submission/submission.zip`` with the instructor's grader: full marks.
 
-A second test executes the release's notebooks 1-4 headless in quick mode on its student_src
-with the solutions in.
-
-Slow (a venv install, two public-check runs, a 4-rank run, a full grading: about 5 minutes on 2
-busy cores; the notebooks about 4 more); both are part of ``make test``. pip installs from its configured indexes and its own
+Slow (a venv install, two public-check runs, four notebooks, a 4-rank run, a full grading: 5-9
+minutes on 2 busy cores); it is part of ``make test``. pip installs from its configured indexes and its own
 wheel cache (``~/.cache/pip``), so a second run installs without building anything.
 ``KIT_SKIP_STUDENT_WALK=1`` skips it (for quick local iterations only).
 """
@@ -33,9 +32,37 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDENT_MODULES = ("train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py")
+#: the modules students edit: every top-level student_src file except the provided entry points
+STUDENT_MODULES = sorted(p.name for p in (ROOT / "student_src").glob("*.py")
+                         if p.name not in ("__init__.py", "run_glue.py", "export.py"))
 
 pytestmark = pytest.mark.skipif(os.environ.get("KIT_SKIP_STUDENT_WALK") == "1", reason="KIT_SKIP_STUDENT_WALK=1")
+
+
+NOTEBOOKS_1_TO_4 = ("1_single_node", "2a_gather_scatter", "2b_allreduce", "3_ddp", "4_traffic")
+
+#: run by the student's venv: execute notebooks headless (nbclient raises on any error, and a
+#: notebook's kit.check raises on a lost point); print one JSON line of what happened
+NOTEBOOK_RUNNER = """
+import json, sys, time
+from pathlib import Path
+import nbformat
+from nbclient import NotebookClient
+
+folder, names, out = Path(sys.argv[1]), sys.argv[2:], {}
+for name in names:
+    nb = nbformat.read(folder / f"{name}.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import sys, student_src, autograder\\nprint('FROM', student_src.__file__, autograder.__file__, sys.executable)"))
+    start = time.monotonic()
+    NotebookClient(nb, timeout=900, startup_timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(folder)}}).execute()
+    text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/markdown", ""))
+                   for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    out[name] = {"seconds": time.monotonic() - start, "passed": "passed" in text,
+                 "from": text.rsplit("FROM ", 1)[-1].split()[:3]}
+print(json.dumps(out))
+"""
 
 
 def _student_env(venv: Path) -> dict:
@@ -73,7 +100,7 @@ def test_the_students_path_from_release_to_full_marks(tmp_path):
     release = build_release(tmp_path / "release")
     venv = tmp_path / "venv"
     env = _student_env(venv)
-    make = ["make", "-s", f"VENV={venv}", f"PYTHON={getattr(sys, '_base_executable', sys.executable)}", "EXTRAS="]
+    make = ["make", "-s", f"VENV={venv}", f"PYTHON={getattr(sys, '_base_executable', sys.executable)}"]
 
     # 1. set up from the release itself
     proc = _run(make + ["setup"], release, env, 900, "make setup (fresh venv: torch, then the release)")
@@ -103,7 +130,23 @@ def test_the_students_path_from_release_to_full_marks(tmp_path):
     assert failed == [] and {t["name"] for t in after["tests"]} == {t["name"] for t in before["tests"]}
     assert after["extra_data"]["required_score"] == after["extra_data"]["required_max_score"] > 0
 
-    # 4. export, make the data where it lands, the assignment's command as 4 processes
+    # 4. make data, then the notebooks as a student runs them (quick mode), with the venv's kernel
+    proc = _run(make + ["data"], release, env, 300, "make data")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    script = tmp_path / "run_notebooks.py"
+    script.write_text(NOTEBOOK_RUNNER)
+    proc = _run([str(py), str(script), str(release / "notebooks"), *NOTEBOOKS_1_TO_4], release,
+                {**env, "KIT_NOTEBOOK_QUICK": "1", "TORCH_CPP_LOG_LEVEL": "FATAL"}, 1800, "notebooks 1-4, quick mode")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    ran = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in NOTEBOOKS_1_TO_4:
+        print(f"[walk]   {name}: {ran[name]['seconds']:.1f} s")
+        assert ran[name]["passed"], (name, ran[name])
+        student_src_file, autograder_file, executable = ran[name]["from"]
+        assert student_src_file.startswith(str(release)) and autograder_file.startswith(str(release)), ran[name]
+        assert executable.startswith(str(venv)), ran[name]
+
+    # 5. export, make the data where it lands, the assignment's command as 4 processes
     proc = _run(make + ["export"], release, env, 300, "make export")
     assert proc.returncode == 0, proc.stderr[-3000:]
     sub = release / "submission"
@@ -129,7 +172,7 @@ def test_the_students_path_from_release_to_full_marks(tmp_path):
     metrics = json.loads((sub / "task2a" / "runs" / "task2a" / "metrics.json").read_text())
     assert metrics["world_size"] == 4 and len(metrics["losses"]) == 3 and metrics["ranks_on_host"] == 4
 
-    # 5. the instructor grades the zip the student uploads
+    # 6. the instructor grades the zip the student uploads
     results = tmp_path / "results.json"
     proc = _run([sys.executable, "-m", "autograder", "grade", str(sub / "submission.zip"), "--results", str(results)],
                 ROOT, {**os.environ, "PYTHONPATH": str(ROOT)}, 900, "instructor grades submission.zip")
@@ -142,46 +185,3 @@ def test_the_students_path_from_release_to_full_marks(tmp_path):
     assert {"task1", "task2a", "task2b", "task3"} <= set(proc.stdout.split("graded:", 1)[-1].split("\n", 1)[0]
                                                         .replace(",", " ").replace("/student_src", "").split())
 
-
-NOTEBOOKS_1_TO_4 = ("1_single_node", "2a_gather_scatter", "2b_allreduce", "3_ddp", "4_traffic")
-
-
-def test_release_notebooks_1_to_4_run_headless_with_solutions_in(tmp_path, small_rte):
-    """The release's own notebooks, in quick mode, from its notebooks/ folder, on its student_src
-    (solutions copied in): every check passes and every run finishes. The kernel is this test's
-    Python (JupyterLab is not installed in the walk's venv); the last cell proves that
-    student_src and the public checks came from the release, not from the instructor's tree."""
-    import nbformat
-    from nbclient import NotebookClient
-
-    from autograder.release import build_release
-
-    release = build_release(tmp_path / "release")
-    for name in STUDENT_MODULES:
-        shutil.copy2(ROOT / "student_src" / name, release / "student_src" / name)
-    env = {"KIT_NOTEBOOK_QUICK": "1", "KIT_RUNS_DIR": str(tmp_path / "runs"), "KIT_DATA_DIR": str(small_rte),
-           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TORCH_CPP_LOG_LEVEL": "FATAL"}
-    old = {k: os.environ.get(k) for k in [*env, "NBGRADER_EXECUTION", "KIT_ROOT", "KIT_TRUSTED_ROOT", "PYTHONPATH"]}
-    os.environ.update(env)
-    for k in ("NBGRADER_EXECUTION", "KIT_ROOT", "KIT_TRUSTED_ROOT", "PYTHONPATH"):
-        os.environ.pop(k, None)
-    try:
-        for name in NOTEBOOKS_1_TO_4:
-            nb = nbformat.read(release / "notebooks" / f"{name}.ipynb", as_version=4)
-            nb.cells.append(nbformat.v4.new_code_cell(
-                "import student_src, autograder\nprint('FROM', student_src.__file__, autograder.__file__)"))
-            start = time.monotonic()
-            NotebookClient(nb, timeout=900, startup_timeout=120, kernel_name="python3",
-                           resources={"metadata": {"path": str(release / "notebooks")}}).execute()
-            print(f"[walk] release notebook {name}: {time.monotonic() - start:.1f} s")
-            outputs = "".join(o.get("text", "") + str(o.get("data", {}).get("text/markdown", ""))
-                              for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-            assert "passed" in outputs, (name, outputs[-2000:])  # kit.check raises (and nbclient with it) on a lost point
-            where = outputs.rsplit("FROM ", 1)[-1].split()
-            assert all(p.startswith(str(release)) for p in where[:2]), (name, where)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
