@@ -58,6 +58,7 @@ class Settings:
     flood_bytes: int = 32 << 20   # output per rank per check before the check is stopped
     pg_timeout: float = 1800.0    # gloo's own timeout: the grader's deadlines come first
     start_method: str = "forkserver"
+    rank_memory_mb: int = 0       # private memory per rank in the sandbox; 0: see rank_memory_bytes
 
 
 _server_preload: list = [None]  # what the running fork server was started with
@@ -400,7 +401,14 @@ class RankPool:
                         if reports[r].get("status") != "ok" and first_failure_at is None:
                             first_failure_at = time.monotonic()
                         continue
-                    except (EOFError, OSError, ValueError):
+                    except ValueError as exc:  # garbage on the control socket: that rank's report is lost
+                        reports[r] = {"status": "error", "rank": r,
+                                      "message": f"the rank sent a report the grader cannot read: {exc}"}
+                        pending.discard(r)
+                        if first_failure_at is None:
+                            first_failure_at = time.monotonic()
+                        continue
+                    except (EOFError, OSError):
                         pass
                 if self.procs[r].sentinel in ready or not self.procs[r].is_alive():
                     self.procs[r].join(0.2)
@@ -524,6 +532,19 @@ def _kill_all_pools() -> None:  # pragma: no cover - safety net at interpreter e
 
 
 # ----------------------------------------------------------------------------- sandboxed ranks
+def rank_memory_bytes(world_size: int, settings: Settings) -> int:
+    """Private memory one rank may use: ``settings.rank_memory_mb``, else half of this machine's
+    memory shared by the group's ranks, and never under 2 GiB (a rank with torch and a tiny
+    BERT uses well under 1 GiB)."""
+    if settings.rank_memory_mb:
+        return int(settings.rank_memory_mb) << 20
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 8 << 30
+    return max(2 << 30, total // 2 // max(1, world_size))
+
+
 class _SandboxProc:
     """A rank forked inside the sandbox, seen from the grader: the parts of
     ``multiprocessing.Process`` that ``RankPool`` uses (``pid``, ``sentinel``, ``is_alive``,
@@ -587,7 +608,9 @@ class SandboxGroup(RankPool):
             child_fds += [b.detach(), out_w]
             mine.append((a.detach(), out_r))
         try:
-            inner = self.sandbox.spawn(self.world_size, prefix, {"pg_timeout": self.settings.pg_timeout}, child_fds)
+            cfg = {"pg_timeout": self.settings.pg_timeout, "memory_bytes": rank_memory_bytes(self.world_size, self.settings),
+                   "max_processes": 512 if self.sandbox.isolation.level == "user" else 0}
+            inner = self.sandbox.spawn(self.world_size, prefix, cfg, child_fds)
         except Exception as exc:
             for fd in child_fds + [fd for pair in mine for fd in pair]:
                 try:

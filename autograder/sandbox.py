@@ -48,6 +48,11 @@ from functools import lru_cache
 from pathlib import Path
 
 LEVELS = ("bwrap", "user", "process")
+SCRATCH_BYTES = 1 << 30   # the sandbox's /tmp (memory-backed): a submission cannot fill the RAM with files
+#: what of the grader's environment reaches student code (names, or prefixes ending in "_"):
+#: nothing else, so tokens and credentials in the instructor's shell never show up in a rank's output
+ENV_KEEP = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LC_", "OMP_", "MKL_", "TORCH_", "GLOO_", "HF_",
+            "TRANSFORMERS_", "TOKENIZERS_", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "KMP_")
 NOBODY = 65534
 GRADER_PACKAGE = Path(__file__).resolve().parent
 
@@ -132,7 +137,8 @@ def bwrap_argv(scratch: str, readable: list[str]) -> list[str]:
     """The bubblewrap command line (the command to run follows it)."""
     argv = [bwrap_path() or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
             "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL",
-            "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp"]
+            "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev",
+            "--size", str(256 << 20), "--tmpfs", "/dev/shm", "--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp"]
     for root in _readonly_roots():
         argv += ["--ro-bind", root, root]
     for link in SYSTEM_DIRS:  # usr-merged systems: /bin -> usr/bin and so on
@@ -272,7 +278,8 @@ class Sandbox:
 
     def _launch(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTOGRADER_", "PYTHONSTARTUP"))}
+        env = {k: v for k, v in os.environ.items()
+               if k in ENV_KEEP or any(k.startswith(p) for p in ENV_KEEP if p.endswith("_"))}
         env.update({"AUTOGRADER_PRELOAD_TRANSFORMERS": "1" if self.transformers else "0",
                     "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "TORCH_CPP_LOG_LEVEL": env.get("TORCH_CPP_LOG_LEVEL", "FATAL"),
@@ -290,6 +297,7 @@ class Sandbox:
             run_as = str(NOBODY) if level == "user" else "-"
             if level == "user":
                 os.chmod(self.host_scratch, 0o711)
+        env["HOME"] = env["TMPDIR"] = self.scratch
         cmd = prefix + [sys.executable, "-m", "autograder.zygote", str(theirs.fileno()), self.scratch, in_ns, run_as]
         try:
             self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,

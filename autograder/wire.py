@@ -33,10 +33,17 @@ def _encode(obj):
     return str(obj)
 
 
+#: the tensor dtypes a message may name (anything else is a malformed message, never getattr'd blindly)
+DTYPES = {"float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
+          "complex64", "complex128"}
+
+
 def _decode(obj):
     if isinstance(obj, dict):
         if "__tensor__" in obj:
             import torch
+            if obj.get("dtype") not in DTYPES:
+                raise ValueError(f"a tensor of unknown dtype {str(obj.get('dtype'))[:40]!r}")
             return torch.tensor(obj["__tensor__"], dtype=getattr(torch, obj["dtype"])).reshape(obj["shape"])
         if "__float__" in obj:
             return float(obj["__float__"])
@@ -55,4 +62,13 @@ def send(conn, msg: dict) -> None:
 
 
 def recv(conn) -> dict:
-    return _decode(json.loads(conn.recv_bytes(MAX_MESSAGE_BYTES + 1024).decode()))
+    """The next message; ``ValueError`` if it is not one the grader can read (a rank running
+    student code may write anything on its socket: it costs that rank's report, never the grader)."""
+    data = conn.recv_bytes(MAX_MESSAGE_BYTES + 1024)
+    try:
+        msg = _decode(json.loads(data.decode()))
+    except (ValueError, TypeError, KeyError, RecursionError, RuntimeError, AttributeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"malformed message ({type(exc).__name__})") from None
+    if not isinstance(msg, dict):
+        raise ValueError("malformed message (not an object)")
+    return msg

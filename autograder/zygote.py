@@ -119,6 +119,25 @@ def wipe(folder: str) -> None:
             pass
 
 
+def limit_resources(cfg: dict) -> None:
+    """Per-rank limits, so one submission cannot exhaust the grading machine: private memory
+    (``RLIMIT_DATA``: a runaway allocation raises MemoryError in the rank instead of waking the
+    OOM killer), the size of any file it writes, no core dumps, and (as ``nobody``) processes."""
+    import resource
+    limits = {resource.RLIMIT_CORE: 0, resource.RLIMIT_FSIZE: int(cfg.get("file_bytes", 1 << 30))}
+    if cfg.get("memory_bytes"):
+        limits[resource.RLIMIT_DATA] = int(cfg["memory_bytes"])
+    if cfg.get("max_processes"):
+        limits[resource.RLIMIT_NPROC] = int(cfg["max_processes"])
+    for which, value in limits.items():
+        try:
+            soft, hard = resource.getrlimit(which)
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (value, value))
+        except (ValueError, OSError):
+            pass
+
+
 class Server:
     def __init__(self, sock: socket.socket, scratch: str, in_pid_namespace: bool, run_as: int | None):
         self.sock = sock
@@ -166,6 +185,7 @@ class Server:
         try:
             from multiprocessing.connection import Connection
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            limit_resources(req.get("cfg", {}))
             os.makedirs(workdir, exist_ok=True)
             if self.run_as is not None:
                 os.chown(workdir, self.run_as, self.run_as)

@@ -271,3 +271,41 @@ def test_a_submission_that_attacks_the_sandbox_server_only_loses_its_own_points(
     clean = runner.grade(make_submission(tmp_path / "clean"), tasks={"4"})
     assert clean.tests and all(t.passed for t in clean.tests), [t.output for t in clean.tests]
     assert hostile.tests and all(h.score <= c.score for h, c in zip(hostile.tests, clean.tests))
+
+
+def test_a_memory_bomb_fails_its_checks_and_nothing_else(tmp_path):
+    """Every rank touching 64 GB: the per-rank memory limit turns it into an error in the rank
+    (not the machine's OOM killer), the check fails, grading goes on."""
+    code = "import torch\n_hog = torch.ones(16 << 30)\n"
+    res = runner.grade(make_submission(tmp_path / "sub", profiling=code), tasks={"4"})
+    assert res.tests and all(t.score == 0 for t in res.tests) and not res.grader_errors
+    assert all("memory" in t.output.lower() for t in res.tests), [t.output[:300] for t in res.tests]
+
+
+def test_forged_bytes_on_the_control_socket_cost_only_that_check(tmp_path):
+    """Student code writing garbage (a bad dtype, deep nesting, not JSON) where the rank reports:
+    the grader reads it as that rank's failed report and goes on."""
+    code = '''
+    import gc, struct
+    from multiprocessing.connection import Connection
+    def _forge():
+        for obj in gc.get_objects():
+            if isinstance(obj, Connection) and obj.writable and not obj.closed:
+                for junk in (b'{"status": "ok", "payload": {"__tensor__": [1], "dtype": "save", "shape": [1]}}',
+                             b"[" * 100000, b"\\xff\\xfe not json"):
+                    try:
+                        obj.send_bytes(junk)
+                    except OSError:
+                        pass
+    _forge()
+    '''
+    res = runner.grade(make_submission(tmp_path / "sub", profiling=code), tasks={"4"})
+    assert res.tests and not res.grader_errors, res.grader_errors
+    assert all(t.score == 0 for t in res.tests), [(t.id, t.output[:200]) for t in res.tests]
+
+
+def test_the_graders_environment_does_not_reach_student_code(tmp_path, monkeypatch):
+    monkeypatch.setenv("INSTRUCTOR_SECRET_TOKEN", "do-not-leak-42")
+    code = 'import os\nraise RuntimeError("env: " + os.environ.get("INSTRUCTOR_SECRET_TOKEN", "absent"))\n'
+    res = runner.grade(make_submission(tmp_path / "sub", profiling=code), tasks={"4"})
+    assert res.tests and all("env: absent" in t.output for t in res.tests), [t.output[:200] for t in res.tests]
