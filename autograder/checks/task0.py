@@ -16,13 +16,16 @@ from autograder.registry import CheckFailure, check
 WRONG_PORT_TIMEOUT_S = 3
 
 WRONG_PORT_HINT = (
-    f"init_distributed(..., timeout_s={WRONG_PORT_TIMEOUT_S}) was given a master port nobody listens on (rank 1) "
-    "and kept waiting: init_process_group waits for the whole group, by default for 30 minutes. Pass "
+    f"Here: init_distributed(..., timeout_s={WRONG_PORT_TIMEOUT_S}) was given a master port nobody listens on "
+    "(rank 1) and kept waiting: init_process_group waits for the whole group, by default for 30 minutes. Pass "
     "timeout=datetime.timedelta(seconds=timeout_s) to init_process_group, so that a rank that cannot reach "
     "the master fails with an error after timeout_s seconds instead of hanging.")
 
 
-@check("0.init_wrong_port_fails", task="0", world_size=2, needs="collectives", points=2, timeout=60,
+# timeout: CPU seconds, and at most wall_factor (4) times as many seconds of wall time: a correct
+# init gives up after 3 s using almost no CPU; one without a timeout waits 30 minutes, retrying
+# the connection (so the stall detection may never see it idle): 32 s of wall time ends it
+@check("0.init_wrong_port_fails", task="0", world_size=2, needs="collectives", points=2, timeout=8,
        hang_hint=WRONG_PORT_HINT,
        title=f"init_distributed with a wrong master port raises within timeout_s={WRONG_PORT_TIMEOUT_S} (no hang)")
 def wrong_port(ctx):
