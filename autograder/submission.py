@@ -31,7 +31,7 @@ STUDENT_FILES = {f"{m}.py" for m in TASK_MODULES.values()}
 SKIP_DIRS = {"__pycache__", "__MACOSX", ".git", ".venv", "venv", "node_modules", ".ipynb_checkpoints", "kit"}
 TASK_DIR_RE = re.compile(r"^task[\s_-]*(\d[ab]?)$", re.I)
 #: which task folders each task prefers, best first
-PREFERRED = {"0": ["task0"], "1": ["task1"], "2": ["task2", "task2a", "task2b", "task3"], "2a": ["task2a"], "2b": ["task2b"],
+PREFERRED = {"0": ["task0", "task1", "task2a", "task2b", "task3"], "1": ["task1"], "2": ["task2", "task2a", "task2b", "task3"], "2a": ["task2a"], "2b": ["task2b"],
              "3": ["task3"], "4": ["task4", "task2b"], "5": ["task5"]}
 MAX_ZIP_BYTES = 300 << 20
 MAX_ZIP_MEMBERS = 20_000
