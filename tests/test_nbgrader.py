@@ -87,7 +87,7 @@ def test_the_course_workflow_through_its_own_exchange(tmp_path):
         if student == "solved":  # the student does the work: answers in the notebooks, code in student_src
             for nb in src.glob("*.ipynb"):
                 shutil.copy2(nb, fetched / nb.name)
-            for name in ("train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py"):
+            for name in ("collectives.py", "train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py"):
                 shutil.copy2(ROOT / "student_src" / name, fetched / "student_src" / name)
         _student(home, submit, student)
 
