@@ -24,7 +24,7 @@ from autograder.strip import strip_source  # noqa: E402
 SOLUTION = (ROOT / "student_src" / "collectives.py").read_text()
 TASK_0 = {"0.init_4_ranks", "0.init_wrong_port_fails", "0.init_world_size_1", "0.ring_pass",
           "0.ring_pass_3_ranks_int64", "0.broadcast", "0.all_reduce_sum", "0.gather_to_root",
-          "0.scatter_from_root"}
+          "0.scatter_from_root", "0.collectives_world_size_1"}
 
 
 def submission(dest: Path, text: str) -> Path:

@@ -79,3 +79,33 @@ def _(payloads, ref, secrets):
         if not same_summary(p["got"], want):
             raise CheckFailure(f"rank {r}: ring_pass returned {p['got']}, not rank {(r - 1) % n}'s int64 tensor of "
                                "shape (512, 257); receive into torch.empty_like(tensor)")
+
+
+@check("0.collectives_world_size_1", task="0", world_size=1, needs="collectives", points=1,
+       title="every warm-up works on a single rank (ring: a copy; broadcast, all_reduce: unchanged; gather: [x]; "
+             "scatter: chunk 0)")
+def collectives_ws1(ctx):
+    mod = ctx.student("collectives")
+    x = toy(ctx.secret, "ws1", (3, 4))
+    out = {"ring": mod.ring_pass(x.clone())}
+    out["broadcast"] = mod.broadcast_from_root(x.clone(), root=0)
+    out["all_reduce"] = mod.all_reduce_sum(x.clone())
+    gathered = mod.gather_to_root(x.clone(), root=0)
+    out["gather"] = list(gathered) if isinstance(gathered, (list, tuple)) else str(type(gathered))
+    target = torch.zeros(3, 4)
+    out["scatter"] = mod.scatter_from_root(target, [x.clone()], root=0)
+    return out
+
+
+@collectives_ws1.judge
+def _(payloads, ref, secrets):
+    p, want = payloads[0], toy(secrets[0], "ws1", (3, 4))
+    for name in ("ring", "broadcast", "all_reduce", "scatter"):
+        got = p.get(name)
+        if not isinstance(got, torch.Tensor) or not torch.equal(got, want):
+            fn = {"ring": "ring_pass", "broadcast": "broadcast_from_root", "all_reduce": "all_reduce_sum",
+                  "scatter": "scatter_from_root"}[name]
+            raise CheckFailure(f"with world size 1, {fn} must give back the rank's own tensor (the only one there is)")
+    g = p.get("gather")
+    if not isinstance(g, list) or len(g) != 1 or not isinstance(g[0], torch.Tensor) or not torch.equal(g[0], want):
+        raise CheckFailure("with world size 1, gather_to_root(tensor, root=0) must return [tensor] on the root")
