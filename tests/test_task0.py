@@ -207,3 +207,43 @@ def test_exported_submission_grades_task0(tmp_path):
 def test_release_text_keeps_signatures_and_docstrings(fn):
     stripped = strip_source(SOLUTION, "student_src/collectives.py")
     assert f"def {fn}(" in stripped and f'TODO(task 0): implement {fn}' in stripped
+
+
+# ----------------------------------------------------------------- the kit's runs use the student's init
+
+def _kit_copy(dest: Path, collectives: str) -> Path:
+    import shutil
+    shutil.copytree(ROOT / "student_src", dest / "student_src", ignore=shutil.ignore_patterns("__pycache__", "cached"))
+    (dest / "student_src" / "collectives.py").write_text(collectives)
+    return dest
+
+
+def _run_2b(where: Path, small_rte) -> "subprocess.CompletedProcess":
+    import os
+    import subprocess
+    args = ["--task", "2b", "--world_size", "2", "--spawn", "--model_name_or_path", "tiny", "--data_dir", str(small_rte),
+            "--max_steps", "1", "--max_seq_length", "32", "--global_batch_size", "8", "--output_dir", str(where / "run")]
+    return subprocess.run([sys.executable, "-m", "student_src.run_glue", *args], cwd=where, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(where)})
+
+
+def test_spawned_runs_form_the_group_with_the_students_init(tmp_path, small_rte):
+    marked = SOLUTION + textwrap.dedent("""
+
+        _solution_init = init_distributed
+
+        def init_distributed(master_ip, master_port, world_size, rank, backend=None, timeout_s=60):
+            print(f"TASK0-INIT rank {rank} of {world_size} at {master_ip}", flush=True)
+            return _solution_init(master_ip, master_port, world_size, rank, backend, timeout_s)
+        """)
+    proc = _run_2b(_kit_copy(tmp_path, marked), small_rte)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "TASK0-INIT rank 0 of 2 at 127.0.0.1" in out and "TASK0-INIT rank 1 of 2 at 127.0.0.1" in out
+    assert "still a TODO" not in out
+
+
+def test_while_init_is_a_todo_the_kit_says_so_once_and_uses_its_own(tmp_path, small_rte):
+    proc = _run_2b(_kit_copy(tmp_path, strip_source(SOLUTION, "student_src/collectives.py")), small_rte)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (proc.stdout + proc.stderr).count("init_distributed (student_src/collectives.py) is still a TODO") == 1
