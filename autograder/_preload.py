@@ -1,8 +1,9 @@
-"""Imported once by the fork server, before it forks any rank: the slow imports, done once.
+"""Imported once by the sandbox's server (``zygote.py``) before it forks any rank: the slow
+imports, done once.
 
-Every rank of every pool is a fork of that server, so it starts with torch, torch.distributed,
-transformers' BERT and the registered checks already imported. Nothing here may import a
-student module (the fork server must stay clean: it is the template of every rank).
+Every rank is a fork of that server, so it starts with torch, torch.distributed, transformers'
+BERT and the registered checks already imported. Nothing here may import a student module (the
+server must stay clean: it is the template of every rank).
 """
 
 import torch  # noqa: F401

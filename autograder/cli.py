@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import inspect
 import json
 import os
 import shutil
@@ -42,8 +41,6 @@ def _settings(args):
         s.stall = min(s.stall, max(2.0, s.timeout / 2))
     if getattr(args, "stall", None):
         s.stall = float(args.stall)
-    if getattr(args, "spawn_per_test", False):
-        s.start_method = "spawn"
     return s
 
 
@@ -320,12 +317,9 @@ def cmd_grade(args, public_only: bool = False) -> int:
         _STOP["grading"] = True
         try:
             from . import runner
-            kwargs = dict(tasks=tasks, settings=_settings(args), public_only=public_only,
-                          fresh_per_check=getattr(args, "spawn_per_test", False),
-                          progress=_progress(not (args.json_only or args.quiet), public_only, tasks))
-            if "sandbox" in inspect.signature(runner.grade).parameters:
-                kwargs["sandbox"] = getattr(args, "sandbox", "auto")
-            results = runner.grade(args.submission, **kwargs)
+            results = runner.grade(args.submission, tasks=tasks, settings=_settings(args), public_only=public_only,
+                                   progress=_progress(not (args.json_only or args.quiet), public_only, tasks),
+                                   sandbox=getattr(args, "sandbox", "auto"))
         except Exception:
             results = Results()
             results.grader_errors.append(traceback.format_exc())
@@ -389,7 +383,6 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("grade", help="grade one submission (folder, checkout or export zip)")
     g.add_argument("submission")
     g.add_argument("--results", help="where to write results.json (Gradescope format)")
-    g.add_argument("--spawn-per-test", action="store_true", help=argparse.SUPPRESS)  # benchmark baseline
     grading_flags(g)
     g.set_defaults(func=cmd_grade)
 

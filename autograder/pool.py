@@ -1,46 +1,38 @@
-"""A pool of rank processes that runs many checks on one persistent gloo group.
+"""A group of rank processes for one check, seen from the grader: start, watch, end.
 
-Why a pool: starting 4 Python processes that import torch and transformers and join a gloo
-group costs seconds each time on a small machine; doing it once per test made grading slow.
-The pool starts its ranks once (forked from a fork server that has already imported torch,
-so even a replacement pool starts in a fraction of a second) and sends them check after check.
+The ranks are forked inside the sandbox (``sandbox.py``, ``zygote.py``); the grader holds each
+rank's control socket (JSON messages, ``wire.py``), its output pipe (``capture.py``) and a pidfd,
+and decides how the check ended (``SandboxGroup.wait``):
 
-When a check breaks the pool (a rank exited, hung, deadlocked, printed without end, or left
-the group out of step) the pool is killed — every rank's whole process group, so nothing
-spawned by student code survives — and the grader starts a fresh one for the next check.
-
-How a check ends, from the parent's side (``RankPool.run``):
-
-* every rank reported (ok, or an error it caught): run a one-all_reduce *health* step with a
-  short deadline; if it fails, kill the pool;
+* every rank reported (ok, or an error it caught);
 * a rank reported an error while others are still inside the check: those are usually blocked
   in a collective the failed rank will never join; give them ``grace`` seconds, then kill;
-* a rank died (``os._exit``, a crash, ``sys.exit`` in a thread...): kill the pool;
+* a rank died (``os._exit``, a crash, ``sys.exit`` in a thread...): exiting is never a pass;
 * some ranks are still inside the check but none of them used any CPU for ``stall`` seconds:
   they are waiting for each other (a deadlock); dump their stacks, report where, kill;
-* the check's deadline passed (an infinite loop): dump stacks, report where, kill;
+* a rank's main thread used ``timeout`` CPU seconds (an infinite loop), or the wall clock passed
+  ``wall_factor`` times that: dump stacks, report where, kill;
 * a rank printed more than ``flood_bytes``: kill.
+
+Whatever happened, ``kill`` ends the check: every process in the sandbox but its server dies.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import itertools
 import os
-import re
 import socket
 import signal
-import threading
 import time
 import weakref
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as mp_wait
 
 from . import wire
+from .capture import Capture, where_from_dump
 
-PRELOAD = ["autograder._preload"]
-_LIVE_POOLS: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
+_LIVE_GROUPS: "weakref.WeakSet[SandboxGroup]" = weakref.WeakSet()
 _prefix_counter = itertools.count()
 
 
@@ -53,144 +45,10 @@ class Settings:
     timeout_after_timeout: float = 15.0  # per check, once a test of the same task timed out
     stall: float = 10.0          # no CPU progress on every rank still inside a check = deadlock
     grace: float = 1.0           # after one rank failed, how long the others may still finish
-    health_timeout: float = 10.0
-    start_timeout: float = 180.0  # the first pool waits for the fork server to import torch
+    start_timeout: float = 180.0  # the sandbox's server imports torch once (slow disks, busy machines)
     flood_bytes: int = 32 << 20   # output per rank per check before the check is stopped
     pg_timeout: float = 1800.0    # gloo's own timeout: the grader's deadlines come first
-    start_method: str = "forkserver"
     rank_memory_mb: int = 0       # private memory per rank in the sandbox; 0: see rank_memory_bytes
-
-
-_server_preload: list = [None]  # what the running fork server was started with
-
-
-def mp_context(method: str = "forkserver", start: bool = False, transformers: bool = True):
-    """The multiprocessing context ranks come from; ``start=True`` starts the fork server now
-    (it imports torch in the background while the grader does other work).
-
-    ``transformers``: whether the fork server should import transformers' BERT too (only the
-    loss-equivalence checks need it). A server started without it is restarted when a later
-    grading run in the same process needs it.
-    """
-    import multiprocessing as mp
-    ctx = mp.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD)
-        from multiprocessing import forkserver
-        running = forkserver._forkserver._forkserver_pid is not None
-        if running and transformers and _server_preload[0] is False:
-            forkserver._forkserver._stop()
-            running = False
-        if not running:
-            os.environ["AUTOGRADER_PRELOAD_TRANSFORMERS"] = "1" if transformers else "0"
-            _server_preload[0] = transformers
-        if start:
-            with _no_main_module():
-                from multiprocessing import forkserver
-                forkserver.ensure_running()
-    return ctx
-
-
-@contextlib.contextmanager
-def _no_main_module():
-    """Do not make ranks re-import the grader's ``__main__`` (multiprocessing does by default).
-
-    A rank has no use for it, it costs time, and a script that calls ``grade()`` without an
-    ``if __name__ == "__main__"`` guard would otherwise run again inside every rank.
-    """
-    import multiprocessing.spawn as mpspawn
-    original = mpspawn.get_preparation_data
-
-    def without_main(name):
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
-
-    mpspawn.get_preparation_data = without_main
-    try:
-        yield
-    finally:
-        mpspawn.get_preparation_data = original
-
-
-class Capture:
-    """Keeps the head and the tail of what a rank prints during one check, and counts the rest."""
-
-    HEAD = 6000
-    TAIL = 6000
-
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.lock = threading.Lock()
-        self.reset()
-        self.thread = threading.Thread(target=self._pump, daemon=True)
-        self.thread.start()
-
-    def reset(self) -> None:
-        with getattr(self, "lock", threading.Lock()):
-            self.head = bytearray()
-            self.tail = bytearray()
-            self.total = 0
-
-    def _pump(self) -> None:
-        while True:
-            try:
-                data = os.read(self.fd, 1 << 16)
-            except OSError:
-                break
-            if not data:
-                break
-            with self.lock:
-                self.total += len(data)
-                room = self.HEAD - len(self.head)
-                if room > 0:
-                    self.head += data[:room]
-                    data = data[room:]
-                if data:
-                    self.tail += data
-                    if len(self.tail) > 4 * self.TAIL:
-                        del self.tail[: len(self.tail) - self.TAIL]
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
-
-    def text(self, strip_dumps: bool = True) -> str:
-        with self.lock:
-            head, tail, total = bytes(self.head), bytes(self.tail[-self.TAIL:]), self.total
-        shown = len(head) + len(tail)
-        body = head.decode("utf-8", "replace")
-        if total > shown:
-            body += f"\n... [{total - shown} bytes of output omitted; {total} in all] ...\n"
-        body += tail.decode("utf-8", "replace")
-        if strip_dumps:
-            body = _DUMP_RE.sub("", body)
-        return body
-
-    def raw_tail(self) -> str:
-        with self.lock:
-            return bytes(self.tail[-self.TAIL:] or self.head).decode("utf-8", "replace")
-
-
-_DUMP_RE = re.compile(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):\n(  File .*\n)*", re.M)
-_FRAME_RE = re.compile(r'  File "([^"]+)", line (\d+) in (\S+)')
-
-
-def where_from_dump(text: str) -> str | None:
-    """The innermost student frame of the last faulthandler dump in ``text``."""
-    dumps = list(re.finditer(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):\n((?:  File .*\n?)*)", text))
-    if not dumps:
-        return None
-    frames = _FRAME_RE.findall(dumps[-1].group(1))
-    for path, line, fn in frames:  # most recent first
-        p = path.replace(os.sep, "/")
-        if "/student_src/" in p and "/student_src/kit/" not in p:
-            return f"student_src/{p.split('/student_src/', 1)[1]}:{line} in {fn}"
-    if frames:
-        path, line, fn = frames[0]
-        return f"{os.path.basename(path)}:{line} in {fn}"
-    return None
 
 
 @dataclass
@@ -205,17 +63,74 @@ class Outcome:
 
 
 class PoolError(RuntimeError):
-    """The pool itself could not start or talk to its ranks (a grader problem)."""
+    """The sandbox could not start ranks or talk to them (a grader problem, not the student's)."""
 
 
-class RankPool:
-    """``world_size`` rank processes in one gloo group (or none: ``store=None``, world 1)."""
+def rank_memory_bytes(world_size: int, settings: Settings) -> int:
+    """Private memory one rank may use: ``settings.rank_memory_mb``, else half of this machine's
+    memory shared by the group's ranks, and never under 2 GiB (a rank with torch and a tiny
+    BERT uses well under 1 GiB)."""
+    if settings.rank_memory_mb:
+        return int(settings.rank_memory_mb) << 20
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 8 << 30
+    return max(2 << 30, total // 2 // max(1, world_size))
 
-    def __init__(self, world_size: int, ctx, store, workdir: str, settings: Settings, name: str = "pool"):
+
+class _SandboxProc:
+    """A rank forked inside the sandbox, seen from the grader: the parts of
+    ``multiprocessing.Process`` that ``SandboxGroup`` uses (``pid``, ``sentinel``, ``is_alive``,
+    ``join``, ``exitcode``), built on a pidfd (readable once the process has ended)."""
+
+    def __init__(self, sandbox, inner: int, host: int | None):
+        self.sandbox = sandbox
+        self.inner = inner
+        self.pid = host if host is not None else -1
+        self._code = None
+        try:
+            self.sentinel = os.pidfd_open(host) if host is not None else None
+        except (OSError, AttributeError):
+            self.sentinel = None
+        if self.sentinel is None:  # ended before we could look, or no pidfds: an always-ready pipe
+            r, w = os.pipe()
+            os.close(w)
+            self.sentinel = r
+
+    def is_alive(self) -> bool:
+        import select
+        r, _, _ = select.select([self.sentinel], [], [], 0)
+        return not r
+
+    def join(self, timeout: float | None = None) -> None:
+        import select
+        select.select([self.sentinel], [], [], timeout)
+
+    @property
+    def exitcode(self):
+        if self._code is None and not self.is_alive():
+            self._code = self.sandbox.exit_codes([self.inner]).get(self.inner)
+        return self._code
+
+    def close(self) -> None:
+        try:
+            os.close(self.sentinel)
+        except OSError:
+            pass
+
+
+class SandboxGroup:
+    """``world_size`` fresh ranks forked inside the sandbox for exactly one check.
+
+    Nothing is reused: the ranks, their rendezvous store, their scratch folders and everything
+    they started are gone when the check ends (``kill``), so no thread, child or patched module
+    of one check can reach the next.
+    """
+
+    def __init__(self, world_size: int, sandbox, settings: Settings, name: str = "group"):
         self.world_size = world_size
-        self.ctx = ctx
-        self.store = store
-        self.workdir = workdir
+        self.sandbox = sandbox
         self.settings = settings
         self.name = name
         self.procs: list = []
@@ -223,36 +138,71 @@ class RankPool:
         self.captures: list[Capture] = []
         self.pids: list[int] = []
         self.alive = False
-        self.seq = 0
         self._ready = False
 
     # --- life cycle -------------------------------------------------------------------------
-    def launch(self) -> "RankPool":
-        """Start the ranks without waiting for them (see ``wait_ready``)."""
+    def launch(self) -> "SandboxGroup":
+        from multiprocessing.connection import Connection
         prefix = f"{self.name}-{os.getpid()}-{next(_prefix_counter)}"
-        port = self.store.port if self.store is not None else None
-        cfg = {"pg_timeout": self.settings.pg_timeout}
-        with _no_main_module():
-            for r in range(self.world_size):
-                self._launch_rank(r, prefix, port, cfg)
+        child_fds, mine = [], []
+        for _ in range(self.world_size):
+            a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            out_r, out_w = os.pipe()
+            child_fds += [b.detach(), out_w]
+            mine.append((a.detach(), out_r))
+        try:
+            cfg = {"pg_timeout": self.settings.pg_timeout, "memory_bytes": rank_memory_bytes(self.world_size, self.settings),
+                   "max_processes": 512 if self.sandbox.isolation.level == "user" else 0}
+            inner = self.sandbox.spawn(self.world_size, prefix, cfg, child_fds)
+        except Exception as exc:
+            for fd in child_fds + [fd for pair in mine for fd in pair]:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            raise PoolError(str(exc)) from None
+        finally:
+            for fd in child_fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        hosts = self.sandbox.host_pids(inner)
+        for (ctrl_fd, out_r), i, h in zip(mine, inner, hosts):
+            self.ctrls.append(Connection(ctrl_fd))
+            self.captures.append(Capture(out_r))
+            self.procs.append(_SandboxProc(self.sandbox, i, h))
         self.pids = [p.pid for p in self.procs]
         self.alive = True
-        _LIVE_POOLS.add(self)
+        _LIVE_GROUPS.add(self)
         return self
 
-    def _launch_rank(self, r, prefix, port, cfg) -> None:
-        parent_ctrl, child_ctrl = self.ctx.Pipe()
-        out_r, out_w = self.ctx.Pipe(duplex=False)
-        wd = os.path.join(self.workdir, f"{prefix}-rank{r}")
-        p = self.ctx.Process(target=_rank_entry, args=(r, self.world_size, port, prefix, child_ctrl, out_w, wd, cfg),
-                             name=f"autograder-{self.name}-rank{r}", daemon=False)
-        p.start()
-        child_ctrl.close()
-        out_w.close()
-        self.procs.append(p)
-        self.ctrls.append(parent_ctrl)
-        self.captures.append(Capture(os.dup(out_r.fileno())))
-        out_r.close()
+    def kill(self) -> None:
+        """End the check: every process in the sandbox but its server dies, scratch is emptied."""
+        if not self.alive:
+            return
+        self.alive = False
+        for p in self.procs:
+            if p.pid > 0:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        try:
+            self.sandbox.cleanup()
+        except Exception:  # the server was stopped or broken by student code: a new sandbox
+            try:
+                self.sandbox.restart()
+            except Exception:
+                pass
+        for c in self.ctrls:
+            c.close()
+        for cap in self.captures:
+            cap.thread.join(timeout=1.0)
+        for p in self.procs:
+            p.close()
+
+    close = kill
 
     def wait_ready(self) -> None:
         if self._ready:
@@ -282,52 +232,6 @@ class RankPool:
                     self.kill()
                     raise PoolError(f"{self.name}: rank {r} exited while starting (code {self.procs[r].exitcode})\n{out}")
         self._ready = True
-
-    def close(self) -> None:
-        """Ask the ranks to stop; kill whatever does not."""
-        if not self.alive:
-            return
-        for c in self.ctrls:
-            try:
-                wire.send(c, {"kind": "stop"})
-            except (OSError, ValueError):
-                pass
-        for p in self.procs:
-            p.join(timeout=1.0)
-        self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL every rank and everything it started (its session and descendants)."""
-        if not self.alive:
-            return
-        self.alive = False
-        victims = set()
-        try:
-            import psutil
-            for pid in self.pids:
-                try:
-                    victims.update(c.pid for c in psutil.Process(pid).children(recursive=True))
-                except psutil.Error:
-                    pass
-        except ImportError:  # pragma: no cover
-            pass
-        for pid in self.pids:
-            for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-                try:
-                    kill()
-                except (ProcessLookupError, PermissionError, OSError):
-                    pass
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, OSError):
-                pass
-        for p in self.procs:
-            p.join(timeout=5.0)
-        for c in self.ctrls:
-            c.close()
-        for cap in self.captures:
-            cap.thread.join(timeout=1.0)
 
     # --- running a job ---------------------------------------------------------------------
     def _main_cpu(self, r: int) -> float:
@@ -362,7 +266,7 @@ class RankPool:
         return self.wait(timeout)
 
     def submit(self, job: dict) -> None:
-        """Send ``job`` to every rank; ``wait`` collects it (so a pool can work in the background)."""
+        """Send ``job`` to every rank (each with its own secret); ``wait`` collects the reports."""
         self.wait_ready()
         for cap in self.captures:
             cap.reset()
@@ -458,43 +362,7 @@ class RankPool:
         if any(rep is None or rep.get("status") != "ok" for rep in reports):
             time.sleep(0.05)  # let the reader threads catch the output printed just before the report
         outcome.outputs = [cap.text() for cap in self.captures]
-        if not self._health():
-            self.kill()
         return outcome
-
-    def _health(self) -> bool:
-        """Are all ranks still in step? One all_reduce with a sequence number, short deadline."""
-        if self.store is None:
-            return all(p.is_alive() for p in self.procs)
-        self.seq += 1
-        for c in self.ctrls:
-            try:
-                wire.send(c, {"kind": "health", "seq": self.seq})
-            except (OSError, ValueError):
-                return False
-        deadline = time.monotonic() + self.settings.health_timeout
-        pending = set(range(self.world_size))
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            ready = mp_wait([self.ctrls[r] for r in pending], timeout=left)
-            for r in list(pending):
-                if self.ctrls[r] in ready:
-                    try:
-                        msg = wire.recv(self.ctrls[r])
-                    except (EOFError, OSError, ValueError):
-                        return False
-                    if msg.get("status") != "healthy":
-                        return False
-                    pending.discard(r)
-        return True
-
-
-def _rank_entry(*args):
-    from .worker import rank_main
-    rank_main(*args)
-
 
 def _death_message(dead: dict) -> str:
     parts = []
@@ -523,144 +391,12 @@ def _stall_message(pending, done, where, stall) -> str:
 
 
 @atexit.register
-def _kill_all_pools() -> None:  # pragma: no cover - safety net at interpreter exit
-    for pool in list(_LIVE_POOLS):
+def _kill_all_groups() -> None:  # pragma: no cover - safety net at interpreter exit
+    for group in list(_LIVE_GROUPS):
         try:
-            pool.kill()
+            group.kill()
         except Exception:
             pass
 
 
 # ----------------------------------------------------------------------------- sandboxed ranks
-def rank_memory_bytes(world_size: int, settings: Settings) -> int:
-    """Private memory one rank may use: ``settings.rank_memory_mb``, else half of this machine's
-    memory shared by the group's ranks, and never under 2 GiB (a rank with torch and a tiny
-    BERT uses well under 1 GiB)."""
-    if settings.rank_memory_mb:
-        return int(settings.rank_memory_mb) << 20
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        total = 8 << 30
-    return max(2 << 30, total // 2 // max(1, world_size))
-
-
-class _SandboxProc:
-    """A rank forked inside the sandbox, seen from the grader: the parts of
-    ``multiprocessing.Process`` that ``RankPool`` uses (``pid``, ``sentinel``, ``is_alive``,
-    ``join``, ``exitcode``), built on a pidfd (readable once the process has ended)."""
-
-    def __init__(self, sandbox, inner: int, host: int | None):
-        self.sandbox = sandbox
-        self.inner = inner
-        self.pid = host if host is not None else -1
-        self._code = None
-        try:
-            self.sentinel = os.pidfd_open(host) if host is not None else None
-        except (OSError, AttributeError):
-            self.sentinel = None
-        if self.sentinel is None:  # ended before we could look, or no pidfds: an always-ready pipe
-            r, w = os.pipe()
-            os.close(w)
-            self.sentinel = r
-
-    def is_alive(self) -> bool:
-        import select
-        r, _, _ = select.select([self.sentinel], [], [], 0)
-        return not r
-
-    def join(self, timeout: float | None = None) -> None:
-        import select
-        select.select([self.sentinel], [], [], timeout)
-
-    @property
-    def exitcode(self):
-        if self._code is None and not self.is_alive():
-            self._code = self.sandbox.exit_codes([self.inner]).get(self.inner)
-        return self._code
-
-    def close(self) -> None:
-        try:
-            os.close(self.sentinel)
-        except OSError:
-            pass
-
-
-class SandboxGroup(RankPool):
-    """``world_size`` fresh ranks forked inside the sandbox for exactly one check.
-
-    Nothing is reused: the ranks, their rendezvous store, their scratch folders and everything
-    they started are gone when the check ends (``finish``), so no thread, child or patched
-    module of one check can reach the next.
-    """
-
-    def __init__(self, world_size: int, sandbox, settings: Settings, name: str = "group"):
-        super().__init__(world_size, None, None, "", settings, name=name)
-        self.sandbox = sandbox
-
-    def launch(self) -> "SandboxGroup":
-        from multiprocessing.connection import Connection
-        prefix = f"{self.name}-{os.getpid()}-{next(_prefix_counter)}"
-        child_fds, mine = [], []
-        for _ in range(self.world_size):
-            a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            out_r, out_w = os.pipe()
-            child_fds += [b.detach(), out_w]
-            mine.append((a.detach(), out_r))
-        try:
-            cfg = {"pg_timeout": self.settings.pg_timeout, "memory_bytes": rank_memory_bytes(self.world_size, self.settings),
-                   "max_processes": 512 if self.sandbox.isolation.level == "user" else 0}
-            inner = self.sandbox.spawn(self.world_size, prefix, cfg, child_fds)
-        except Exception as exc:
-            for fd in child_fds + [fd for pair in mine for fd in pair]:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            raise PoolError(str(exc)) from None
-        finally:
-            for fd in child_fds:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        hosts = self.sandbox.host_pids(inner)
-        for (ctrl_fd, out_r), i, h in zip(mine, inner, hosts):
-            self.ctrls.append(Connection(ctrl_fd))
-            self.captures.append(Capture(out_r))
-            self.procs.append(_SandboxProc(self.sandbox, i, h))
-        self.pids = [p.pid for p in self.procs]
-        self.alive = True
-        _LIVE_POOLS.add(self)
-        return self
-
-    def _health(self) -> bool:
-        return True  # the group ends with its check
-
-    def kill(self) -> None:
-        """End the check: every process in the sandbox but its server dies, scratch is emptied."""
-        if not self.alive:
-            return
-        self.alive = False
-        for p in self.procs:
-            if p.pid > 0:
-                try:
-                    os.kill(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        try:
-            self.sandbox.cleanup()
-        except Exception:  # the server was stopped or broken by student code: a new sandbox
-            try:
-                self.sandbox.restart()
-            except Exception:
-                pass
-        for c in self.ctrls:
-            c.close()
-        for cap in self.captures:
-            cap.thread.join(timeout=1.0)
-        for p in self.procs:
-            p.close()
-
-    def close(self) -> None:
-        self.kill()

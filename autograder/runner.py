@@ -1,26 +1,25 @@
-"""Grade one submission: pick the checks, run them on rank pools, judge, collect results.
+"""Grade one submission: pick the checks, run each on fresh ranks in the sandbox, judge, collect.
 
-The grader's own process never imports student code. It hosts the rendezvous store (a
-``TCPStore`` on port 0, so the operating system picks a free port and graders running side by
-side never collide), keeps one pool per world size, and a separate *trusted* single-rank worker
-that computes reference runs and never sees student code.
+The grader's own process never imports student code: ranks run it inside the sandbox
+(``sandbox.py``) and report raw observations; the judges here decide, from inputs they rebuild
+from each check's secrets.
 """
 
 from __future__ import annotations
 
-import datetime
-import multiprocessing as mp
+import importlib
 import os
 import random
 import shutil
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
 
 from . import registry
 from .points import points_for, visibility_for
-from .pool import PoolError, RankPool, SandboxGroup, Settings, mp_context
+from .pool import PoolError, SandboxGroup, Settings
 from .results import Results, TestResult
 from .submission import Submission, SubmissionError, kit_has
 
@@ -35,22 +34,15 @@ class Verdict:
 
 
 class Pools:
-    """Fresh rank groups for every check, forked inside one sandbox; and the trusted worker.
-
-    Student code runs only in the sandbox (``sandbox.py``), in ranks that exist for one check.
-    The trusted reference worker never sees student code: it is a plain process of the grader.
-    """
+    """Fresh rank groups for every check, forked inside one sandbox (``sandbox.py``)."""
 
     def __init__(self, settings: Settings, workdir: str, isolation, transformers: bool = True):
         from .sandbox import Sandbox
 
         self.settings = settings
-        self.workdir = workdir
-        self.ctx = mp.get_context(settings.start_method)
         self.sandbox = Sandbox(isolation, readable=[workdir], transformers=transformers,
                                start_timeout=settings.start_timeout).start(wait=False)
         self.started = 0
-        self.trusted: RankPool | None = None
 
     def group(self, world_size: int) -> SandboxGroup:
         """``world_size`` new ranks for one check (killed, with all they started, by ``kill()``)."""
@@ -66,14 +58,7 @@ class Pools:
         self.started += 1
         return group
 
-    def trusted_worker(self) -> RankPool:
-        if self.trusted is None or not self.trusted.alive:
-            self.trusted = RankPool(1, self.ctx, None, self.workdir, self.settings, name="trusted").launch()
-        return self.trusted
-
     def close(self) -> None:
-        if self.trusted:
-            self.trusted.close()
         self.sandbox.close()
 
 
@@ -85,13 +70,12 @@ def select_checks(tasks: set[str] | None, public_only: bool) -> list[registry.Ch
 
 
 def grade(submission_path, tasks: set[str] | None = None, settings: Settings | None = None,
-          public_only: bool = False, fresh_per_check: bool = True, progress=None,
+          public_only: bool = False, progress=None,
           sandbox: str = "auto") -> Results:
     """Grade ``submission_path``; never raises for anything the student's code does.
 
     ``sandbox``: the isolation level for student code (``auto`` takes the strongest this host
-    allows; see ``autograder.sandbox``). ``fresh_per_check`` is kept for compatibility: every
-    check always gets fresh ranks now.
+    allows; see ``autograder.sandbox``). Every check gets fresh ranks.
     """
     from .sandbox import GraderFiles, choose, SandboxError
     settings = settings or Settings()
@@ -106,16 +90,19 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     if hasattr(results, "isolation"):
         results.isolation = isolation.describe()
     guard = None  # process level: the grader's files (and the trusted kit workspace) fingerprinted
-    if settings.start_method == "forkserver":
-        # start the fork server first: it imports torch while this process does the same
-        mp_context(settings.start_method, start=True,
-                   transformers=tasks is None or bool(tasks & NEEDS_TRANSFORMERS))
     workdir = tempfile.mkdtemp(prefix="autograder-")
     if isolation.level == "user":
         os.chmod(workdir, 0o755)  # ranks run as nobody and must read their workspace
     pools = None
     checks: list = []
     try:
+        # The sandbox's server imports torch (seconds) while this process plans the grading, and
+        # (where the loss-equivalence judges will need it) imports transformers in the background.
+        needs_bert = tasks is None or bool(tasks & NEEDS_TRANSFORMERS)
+        if needs_bert:
+            threading.Thread(target=_import_quietly, args=("transformers.models.bert.modeling_bert",),
+                             daemon=True).start()
+        pools = Pools(settings, workdir, isolation, transformers=needs_bert)
         checks = select_checks(tasks, public_only)
         sub = Submission(submission_path, workdir)
         results.header = sub.describe()
@@ -136,28 +123,13 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             plan.append((c, src, None))
 
         runnable = [(c, s) for c, s, skip in plan if skip is None]
-        refs_needed = sorted({c.reference for c, _ in runnable if c.reference})
-        for c, src in runnable:  # every workspace exists before the sandbox maps the folder
+        for c, src in runnable:  # every workspace exists before a rank looks for it
             sub.workspace(src)
-        if refs_needed:
-            sub.workspace(None)  # the trusted worker's kit
         if isolation.level == "user":
             _readable_by_all(workdir)
         if isolation.level == "process":
-            guard = GraderFiles(_grader_roots() + [sub.workspace(None)])
-        if runnable:
-            pools = Pools(settings, workdir, isolation,
-                          transformers=any(c.task in NEEDS_TRANSFORMERS for c, _ in runnable))
-        ref_jobs = {}
-        if refs_needed:
-            pools.trusted_worker()  # starts now, computes while the first checks run
-            ref_jobs = {name: {"kind": "reference", "name": name, "workspace": str(sub.workspace(None))} for name in refs_needed}
-        ref_cache: dict[str, tuple] = {}
+            guard = GraderFiles(_grader_roots() + [sub.workspace(src) for _, src in runnable])
         timed_out: dict[str, bool] = {}
-        if ref_jobs:  # the first reference computes in the background while other checks run
-            first = refs_needed[0]
-            pools.trusted_worker().submit(ref_jobs[first])
-            ref_cache[first] = None
 
         for c, src, skip in plan:
             pts = points_for(c)
@@ -168,17 +140,6 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             if progress:
                 progress(c)
             tc = time.monotonic()
-            ref = None
-            if c.reference:
-                if ref_cache.get(c.reference) is None:
-                    ref_cache[c.reference] = _reference(pools, ref_jobs[c.reference], settings,
-                                                        submitted=c.reference in ref_cache)
-                ok, ref = ref_cache[c.reference]
-                if not ok:
-                    results.add(TestResult.of(c, 0.0, pts, False, f"autograder problem (not your code): the reference run failed: {ref}",
-                                              visibility_for(c), time.monotonic() - tc))
-                    results.grader_errors.append(f"reference {c.reference}: {ref}")
-                    continue
             secrets = draw_secrets(c.world_size)
             job = {"kind": "check", "check": c.id, "workspace": str(sub.workspace(src)), "seed": 0, "secrets": secrets}
             timeout = c.timeout or settings.timeout
@@ -188,7 +149,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             try:
                 group = pools.group(c.world_size)
                 outcome = group.run(job, timeout)
-                verdict = judge(c, outcome, ref, secrets)
+                verdict = judge(c, outcome, None, secrets)
             except PoolError as exc:
                 verdict = Verdict(False, f"autograder problem (not your code): {exc}")
                 results.grader_errors.append(str(exc))
@@ -222,20 +183,6 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     return results
 
 
-def _reference(pools: Pools, job: dict, settings: Settings, submitted: bool) -> tuple[bool, object]:
-    """Run (or collect the already submitted) trusted reference job: (True, payload) or (False, why)."""
-    try:
-        worker = pools.trusted_worker()
-        timeout = max(settings.timeout, 120.0)
-        out = worker.wait(timeout) if submitted else worker.run(job, timeout)
-    except PoolError as exc:
-        return False, str(exc)
-    rep = out.reports[0]
-    if out.problem or rep is None or rep.get("status") != "ok":
-        return False, out.message or (rep or {}).get("message", "no report")
-    return True, rep.get("payload")
-
-
 def _output_excerpt(outcome, limit: int = 1500) -> str:
     parts = []
     for r, text in enumerate(outcome.outputs or []):
@@ -248,6 +195,13 @@ def _output_excerpt(outcome, limit: int = 1500) -> str:
         if len(parts) >= 2:
             break
     return ("\n" + "\n".join(parts)) if parts else ""
+
+
+def _import_quietly(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except Exception:  # the judge that needs it reports the problem
+        pass
 
 
 def _grader_roots() -> list:

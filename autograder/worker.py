@@ -1,20 +1,14 @@
-"""The rank process: joins the pool's gloo group once, then runs check after check.
+"""The rank process: forked inside the sandbox for one check, it joins the check's gloo group,
+runs the check's rank half on the submission's code, reports, and is killed.
 
-Each rank is forked from a fork server that has already imported torch (and transformers), so
-a new pool costs a fraction of a second. The parent (``pool.py``) talks to it over a private
-pipe in JSON (``wire.py``); everything the student's code prints goes to a second pipe that the
-parent reads, bounds and truncates.
+The grader (``pool.py``) talks to it over a private socket in JSON (``wire.py``); everything the
+student's code prints goes to a pipe that the grader reads, bounds and truncates. The rank
+imports the submission's modules from the check's workspace only (``WorkspaceOnlyFinder``),
+seeds torch, runs ``check.run(ctx)`` and reports ``ok`` with the raw observations, or what went
+wrong. It decides nothing: the judge, in the grader, does.
 
-Per check the rank: drops every ``student_src`` module from ``sys.modules`` and puts the
-check's workspace (the submission's files over the grader's trusted kit) first on
-``sys.path``, so the student's modules are imported fresh and nothing carries over from the
-previous check; seeds torch; runs ``check.run(ctx)``; reports ``ok`` with the payload, or what
-went wrong; and puts back what student code may have changed (``torch.distributed``'s
-functions, ``sys.stdout``, the working directory, the default dtype).
-
-Isolation: the rank starts its own session (so the parent kills it together with anything it
-spawned) and asks the kernel to kill it when its parent dies (no orphans). It runs in a private
-working directory, so files a student writes land there, never where results go.
+The rank starts its own session and dies with the sandbox's server (``PR_SET_PDEATHSIG``); it
+works in a private scratch folder.
 """
 
 from __future__ import annotations
@@ -80,23 +74,6 @@ def _set_pdeathsig() -> None:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
-
-
-def _drop_forkserver_fds() -> None:
-    """Close the fork server's "alive" pipe that multiprocessing hands every forked child.
-
-    While any process holds its write end the fork server never learns that the grader died,
-    so it would not exit, and this rank (which dies with the fork server) would outlive the
-    grader. Closing it keeps the chain grader -> fork server -> ranks tight: no orphans.
-    """
-    try:
-        from multiprocessing import forkserver
-        fd = forkserver._forkserver._forkserver_alive_fd
-        if fd is not None:
-            os.close(fd)
-            forkserver._forkserver._forkserver_alive_fd = None
-    except (ImportError, AttributeError, OSError):
         pass
 
 
@@ -253,14 +230,10 @@ class Rank:
         random.seed(seed)
         res: dict = {"rank": self.rank}
         try:
-            if msg["kind"] == "reference":
-                refs = importlib.import_module("autograder.references")
-                payload = getattr(refs, msg["name"])()
-            else:
-                chk = registry.get(msg["check"])
-                ctx = RankContext(self.rank, self.world_size, self.workdir, self.workspace, self.originals,
-                                  secret=int(msg.get("secret", 0)))
-                payload = chk.run(ctx)
+            chk = registry.get(msg["check"])
+            ctx = RankContext(self.rank, self.world_size, self.workdir, self.workspace, self.originals,
+                              secret=int(msg.get("secret", 0)))
+            payload = chk.run(ctx)
             res.update(status="ok", payload=payload)
         except CheckFailure as exc:
             res.update(status="fail", message=_short(str(exc)))
@@ -284,19 +257,6 @@ class Rank:
             self.restore(snap)
         res["elapsed"] = time.perf_counter() - t0
         return res
-
-    def health(self, seq: int) -> dict:
-        """One all_reduce that every rank must reach with the same sequence number."""
-        import torch
-        import torch.distributed as dist
-        if not dist.is_initialized():
-            return {"status": "poisoned", "message": "the default process group was destroyed"}
-        if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
-            return {"status": "poisoned", "message": "the default process group was replaced"}
-        t = torch.tensor([1.0, float(seq)])
-        self.originals["all_reduce"](t)
-        ok = t[0].item() == self.world_size and t[1].item() == seq * self.world_size
-        return {"status": "healthy" if ok else "poisoned", "message": "" if ok else f"health all_reduce gave {t.tolist()}"}
 
     def init_group(self, store_port, prefix: str) -> None:
         """Join the check's gloo group: ``store_port`` is a TCPStore's port on 127.0.0.1, or the
@@ -323,7 +283,6 @@ def rank_main(rank, world_size, store_port, prefix, ctrl, out, workdir, settings
     except OSError:
         pass
     _set_pdeathsig()
-    _drop_forkserver_fds()
     if os.getppid() == 1:  # the parent died before we could ask to die with it
         os._exit(1)
     _redirect_output(out)
@@ -357,7 +316,7 @@ def rank_main(rank, world_size, store_port, prefix, ctrl, out, workdir, settings
         if kind == "stop":
             os._exit(0)
         try:
-            reply = me.health(msg["seq"]) if kind == "health" else me.run_job(msg)
+            reply = me.run_job(msg)
         except BaseException as exc:  # pragma: no cover - grader bug; report, do not hang
             reply = {"status": "error", "rank": rank, "message": f"autograder worker: {type(exc).__name__}: {exc}"}
         try:

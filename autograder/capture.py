@@ -1,0 +1,93 @@
+"""What a rank prints, as the grader keeps it: head and tail, bounded; where a stack dump points.
+
+A rank's stdout and stderr go to one pipe the grader reads in a thread (``Capture``), keeping the
+first and last few kilobytes of each check's output and counting the rest, so a rank printing
+without end costs the grader no memory. ``where_from_dump`` reads the faulthandler dump a rank
+writes on SIGUSR1 and names the innermost student line it was at (for deadlock and timeout
+messages).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+
+
+class Capture:
+    """Keeps the head and the tail of what a rank prints during one check, and counts the rest."""
+
+    HEAD = 6000
+    TAIL = 6000
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.reset()
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def reset(self) -> None:
+        with getattr(self, "lock", threading.Lock()):
+            self.head = bytearray()
+            self.tail = bytearray()
+            self.total = 0
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except OSError:
+                break
+            if not data:
+                break
+            with self.lock:
+                self.total += len(data)
+                room = self.HEAD - len(self.head)
+                if room > 0:
+                    self.head += data[:room]
+                    data = data[room:]
+                if data:
+                    self.tail += data
+                    if len(self.tail) > 4 * self.TAIL:
+                        del self.tail[: len(self.tail) - self.TAIL]
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+    def text(self, strip_dumps: bool = True) -> str:
+        with self.lock:
+            head, tail, total = bytes(self.head), bytes(self.tail[-self.TAIL:]), self.total
+        shown = len(head) + len(tail)
+        body = head.decode("utf-8", "replace")
+        if total > shown:
+            body += f"\n... [{total - shown} bytes of output omitted; {total} in all] ...\n"
+        body += tail.decode("utf-8", "replace")
+        if strip_dumps:
+            body = _DUMP_RE.sub("", body)
+        return body
+
+    def raw_tail(self) -> str:
+        with self.lock:
+            return bytes(self.tail[-self.TAIL:] or self.head).decode("utf-8", "replace")
+
+
+_DUMP_RE = re.compile(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):\n(  File .*\n)*", re.M)
+_FRAME_RE = re.compile(r'  File "([^"]+)", line (\d+) in (\S+)')
+
+
+def where_from_dump(text: str) -> str | None:
+    """The innermost student frame of the last faulthandler dump in ``text``."""
+    dumps = list(re.finditer(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):\n((?:  File .*\n?)*)", text))
+    if not dumps:
+        return None
+    frames = _FRAME_RE.findall(dumps[-1].group(1))
+    for path, line, fn in frames:  # most recent first
+        p = path.replace(os.sep, "/")
+        if "/student_src/" in p and "/student_src/kit/" not in p:
+            return f"student_src/{p.split('/student_src/', 1)[1]}:{line} in {fn}"
+    if frames:
+        path, line, fn = frames[0]
+        return f"{os.path.basename(path)}:{line} in {fn}"
+    return None
