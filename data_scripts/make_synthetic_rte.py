@@ -529,7 +529,7 @@ balanced):
 
 Every hypothesis template is used with both labels, so no single word ("not", "by", "was")
 or the length gives the label away; a bag-of-words logistic regression stays near 57% on dev
-(see `benchmarks/task1/README.md`).
+(the course kit's Task 1 benchmark measured it).
 
 To use the real RTE instead (needs internet):
 

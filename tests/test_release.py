@@ -228,8 +228,6 @@ def test_every_command_path_and_file_the_release_mentions_exists(release):
     assert problems == []
 
 
-@pytest.mark.xfail(strict=True, reason="make_synthetic_rte.py's data README points to benchmarks/task1/README.md, "
-                                       "which the release does not ship (data_scripts/ is not this test's to edit)")
 def test_what_make_data_writes_names_only_what_the_release_holds(release):
     problems, checked = check_tree(release, docs=(), makefile=False, notebooks=False, python_dirs=("data_scripts",))
     assert checked > 0 and problems == []
