@@ -1,17 +1,13 @@
-"""How long grading the full solution takes: the rank pool against a fresh group per test.
+"""How long grading the full solution takes, per isolation level.
 
-    .venv/bin/python benchmarks/grading/bench_grading.py            # both modes, once each
-    .venv/bin/python benchmarks/grading/bench_grading.py --modes pool --repeat 3
+    .venv/bin/python benchmarks/grading/bench_grading.py                  # auto (bwrap where it works)
+    .venv/bin/python benchmarks/grading/bench_grading.py --modes auto,process --repeat 3
     .venv/bin/python benchmarks/grading/bench_grading.py --tasks 1,2a
 
-Each run is ``python -m autograder grade . --json-only`` in a fresh process (so the fork
-server's start, the parent's imports and everything else a real grading run pays are counted).
-
-* ``pool``: the default. Ranks are forked from a fork server that imported torch/transformers
-  once; one pool per world size runs every check, and is replaced only when a check kills it.
-* ``spawn-per-test``: the naive baseline (``--spawn-per-test``): every check starts fresh rank
-  processes with multiprocessing's ``spawn`` (each imports torch, and transformers where the
-  check needs it), joins a new gloo group, runs one check and exits.
+Each run is ``python -m autograder grade . --json-only --sandbox MODE`` in a fresh process (so
+the sandbox's start, the parent's imports and everything else a real grading run pays are
+counted). Until the sandbox (issue 11) the modes were ``pool`` and ``spawn-per-test``; their
+results stay in ``results/`` and the README.
 
 Results (wall seconds, the grader's own execution_time, the score, the load average when the
 run started: this machine is shared, so the load is part of the figure) go to
@@ -30,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = {"pool": [], "spawn-per-test": ["--spawn-per-test"]}
+MODES = {m: ["--sandbox", m] for m in ("auto", "bwrap", "user", "process")}
 
 
 def run_once(mode: str, tasks: str | None, timeout: float) -> dict:
@@ -49,7 +45,7 @@ def run_once(mode: str, tasks: str | None, timeout: float) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--modes", default="pool,spawn-per-test")
+    p.add_argument("--modes", default="auto")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--tasks", help="grade only these tasks (default: all)")
     p.add_argument("--timeout", type=float, default=3600)
