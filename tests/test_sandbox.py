@@ -309,3 +309,36 @@ def test_the_graders_environment_does_not_reach_student_code(tmp_path, monkeypat
     code = 'import os\nraise RuntimeError("env: " + os.environ.get("INSTRUCTOR_SECRET_TOKEN", "absent"))\n'
     res = runner.grade(make_submission(tmp_path / "sub", profiling=code), tasks={"4"})
     assert res.tests and all("env: absent" in t.output for t in res.tests), [t.output[:200] for t in res.tests]
+
+
+FORGE_OK = '''
+import gc, json, os, sys
+from multiprocessing.connection import Connection
+# A determined cheat: report "ok" for this check before the grader's own code can, with a
+# payload shaped like a real one, then leave; and patch the rank's job runner for good measure.
+_w = sys.modules.get("autograder.worker")
+if _w is not None:
+    _w.Rank.run_job = lambda self, msg: {"rank": self.rank, "status": "ok", "payload": {}, "elapsed": 0.0}
+for _obj in gc.get_objects():
+    if isinstance(_obj, Connection) and _obj.writable and not _obj.closed:
+        try:
+            _obj.send_bytes(json.dumps({"rank": 0, "status": "ok", "elapsed": 0.0, "payload": {
+                "events": [], "returned": {"type": "Tensor", "dim": 0, "requires_grad": False},
+                "grads": {}, "losses": [0.0], "calls": []}}).encode())
+        except OSError:
+            pass
+os._exit(0)
+'''
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_forged_ok_reports_do_not_pass(tmp_path, level):
+    """train_step always raises, and the module forges an ``ok`` report on the rank's control
+    socket at import (and patches the job runner): the judges, outside the sandbox, see no
+    real observation and give nothing."""
+    sub = make_submission(tmp_path / "sub", train=FORGE_OK)
+    with open(sub / "student_src" / "train.py", "a") as fh:
+        fh.write("\ndef train_step(*args, **kwargs):\n    raise RuntimeError('never trains')\n")
+    res = runner.grade(sub, tasks={"1"}, sandbox=level)
+    assert res.tests and not res.grader_errors, res.grader_errors
+    assert all(t.score == 0 for t in res.tests), [(t.id, t.score, t.output[:200]) for t in res.tests]
