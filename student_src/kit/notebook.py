@@ -317,6 +317,11 @@ def _widgets_available() -> bool:
         return False
 
 
+#: progress bars without tqdm's own rate (it would count start-up and event delays as step time):
+#: the postfix carries the ranks' measured seconds per step instead
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}, {postfix}]"
+
+
 class RunMonitor:
     """Live view of a launch: a progress bar per rank, a loss curve, rank 0's log lines.
 
@@ -331,6 +336,7 @@ class RunMonitor:
         self.title, self.world_size = title, world_size
         self.widgets = _widgets_available() if widgets is None else widgets
         self.rank_losses = {r: {} for r in range(world_size)}
+        self.step_times = {r: [] for r in range(world_size)}  # the ranks' own seconds per step
         self.global_losses: dict[int, float] = {}
         self.total = None
         self.t0 = time.perf_counter()
@@ -341,7 +347,8 @@ class RunMonitor:
         else:
             from tqdm.std import tqdm
 
-            self.bars = [tqdm(total=None, desc=f"rank {r}", position=r, unit="step", leave=True) for r in range(world_size)]
+            self.bars = [tqdm(total=None, desc=f"rank {r}", position=r, unit="step", leave=True, bar_format=BAR_FORMAT)
+                         for r in range(world_size)]
 
     def _build_widgets(self) -> None:
         import ipywidgets as w
@@ -349,8 +356,10 @@ class RunMonitor:
         from tqdm.notebook import tqdm
 
         self.header = w.HTML(f"<b>{self.title}</b> &mdash; starting {self.world_size} rank(s)...")
-        self.bars = [tqdm(total=None, desc=f"rank {r}", unit="step", display=False, leave=True) for r in range(self.world_size)]
-        self.image = w.Image(format="png", layout=w.Layout(max_width="640px"))
+        self.bars = [tqdm(total=None, desc=f"rank {r}", unit="step", display=False, leave=True, bar_format=BAR_FORMAT)
+                     for r in range(self.world_size)]
+        # hidden until the first curve is drawn: an empty Image shows a broken-image icon
+        self.image = w.Image(format="png", layout=w.Layout(max_width="640px", display="none"))
         self.log = w.Output(layout=w.Layout(max_height="160px", overflow="auto", border="1px solid #ddd"))
         self.box = w.VBox([self.header, *[b.container for b in self.bars], self.image, self.log])
         display(self.box)
@@ -377,11 +386,22 @@ class RunMonitor:
             if self.widgets and rank == 0:
                 self.header.value = f"<b>{self.title}</b> &mdash; training, {total} steps"
         bar.update(max(0, step - bar.n))
-        bar.set_postfix(loss=f"{ev['loss']:.4f}", refresh=False)
+        if ev.get("iter_time") is not None:
+            self.step_times.setdefault(rank, []).append(float(ev["iter_time"]))
+        bar.set_postfix_str(self.rate_text(rank) + f"loss={ev['loss']:.4f}", refresh=False)
         self.rank_losses.setdefault(rank, {})[step] = float(ev["loss"])
         self.global_losses[step] = float(ev["global_loss"])
         if self.widgets and time.perf_counter() - self._last_draw > self.REDRAW_S:
             self._draw()
+
+    def rate_text(self, rank: int) -> str:
+        """Seconds per step as the rank measured them (its own step timer, not the arrival of
+        events here, which also counts start-up and the trip from the rank to this process)."""
+        times = self.step_times.get(rank) or []
+        if not times:
+            return ""
+        recent = times[-10:]
+        return f"{sum(recent) / len(recent):.3f} s/step, "
 
     def _draw(self) -> None:
         from . import plots
@@ -389,6 +409,7 @@ class RunMonitor:
         self._last_draw = time.perf_counter()
         fig = plots.live_losses(self.rank_losses, self.global_losses, title=self.title, total=self.total)
         self.image.value = plots.to_png(fig, dpi=80)
+        self.image.layout.display = None  # shown from the first curve on
 
     def note(self, text: str) -> None:
         """A line in the log area (rank 0's messages, evaluations, the command)."""

@@ -1,0 +1,31 @@
+"""The notebooks' live view of a run (``kit.notebook.RunMonitor``): what it shows, not how fast."""
+
+import pytest
+
+from student_src.kit.notebook import RunMonitor
+
+
+def _step(rank, step, iter_time, loss=0.7):
+    return {"kind": "step", "rank": rank, "step": step, "total": 4, "loss": loss, "global_loss": loss,
+            "iter_time": iter_time}
+
+
+@pytest.mark.parametrize("widgets", [True, False])
+def test_bars_show_the_ranks_own_step_time(widgets):
+    mon = RunMonitor("task 2b", 2, widgets=widgets)
+    for step in (1, 2, 3):
+        for rank in (0, 1):
+            mon(_step(rank, step, iter_time=0.8 if rank == 0 else 0.5))
+    assert mon.rate_text(0) == "0.800 s/step, " and mon.rate_text(1) == "0.500 s/step, "
+    assert "0.800 s/step" in str(mon.bars[0]) and "0.500 s/step" in str(mon.bars[1])
+    assert "it/s" not in str(mon.bars[0]) and "s/it" not in str(mon.bars[0])
+    mon.finish(None)
+
+
+def test_no_image_before_the_first_curve():
+    mon = RunMonitor("task 1", 1, widgets=True)
+    assert mon.image.layout.display == "none"  # no broken-image icon while nothing is drawn
+    mon(_step(0, 1, 0.3))
+    mon._draw()
+    assert mon.image.layout.display != "none" and mon.image.value[:4] == b"\x89PNG"
+    mon.finish(None)
