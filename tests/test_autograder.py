@@ -221,14 +221,6 @@ def test_export_zip_grades_each_task_from_its_folder(tmp_path):
     assert sources["2a"].startswith("task2a") and sources["2b"].startswith("task2b") and sources["1"].startswith("task1")
 
 
-def test_same_submission_same_score_five_times():
-    scores = []
-    for _ in range(5):
-        res = grade(ROOT, tasks=parse_tasks("1,2,2b"), settings=Settings(**FAST))
-        scores.append((res.score, tuple(sorted(failed_ids(res)))))
-    assert len(set(scores)) == 1 and scores[0][1] == ()
-
-
 def test_nothing_found_is_a_zero_with_a_message(tmp_path):
     (tmp_path / "notes.txt").write_text("oops, wrong upload")
     res = grade(tmp_path, tasks=parse_tasks("1"), settings=Settings(**FAST))
@@ -363,20 +355,32 @@ def test_killing_the_grader_leaves_no_orphans(tmp_path):
     """})
     grader = subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(sub), "--tasks", "1", "--quiet"],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def spinning_rank(procs) -> bool:
+        for p in procs:  # ranks are forks of the sandbox's server: same command line
+            try:
+                if "autograder.zygote" in " ".join(p.cmdline()) and p.cpu_percent(interval=0.2) > 50:
+                    return True
+            except psutil.Error:  # ended meanwhile (or a zombie)
+                pass
+        return False
+
     try:
         family: list = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # wait for the fork server and a spinning rank
-            family = psutil.Process(grader.pid).children(recursive=True)
-            if any(p.cpu_percent(interval=0.2) > 50 for p in family if "forkserver" in " ".join(p.cmdline())):
+        found = False
+        deadline = time.monotonic() + 300  # a hang guard only
+        while time.monotonic() < deadline and not found:
+            try:
+                family = psutil.Process(grader.pid).children(recursive=True)
+            except psutil.Error:
                 break
-            time.sleep(0.5)
-        assert len(family) >= 2, "the grader never started its ranks"
+            found = spinning_rank(family)
+            time.sleep(0.2)
+        assert found, "no spinning rank was ever seen: the test proves nothing"
     finally:
         grader.send_signal(signal.SIGKILL)
         grader.wait()
     gone, alive = psutil.wait_procs(family, timeout=15)
-    assert not alive, [p.cmdline()[:3] for p in alive]
+    assert not alive, [p.pid for p in alive]
 
 
 def test_task_missing_from_the_kit_is_skipped_with_a_message(monkeypatch):
