@@ -174,11 +174,12 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     finally:
         if pools is not None:
             pools.close()
+        changed = guard.changed() if guard is not None else []  # before the workspaces go
         shutil.rmtree(workdir, ignore_errors=True)
-    if guard is not None and guard.changed():
+    if changed:
         results.grader_errors.append("the grader's own files changed while this submission was graded "
-                                     f"(isolation level {isolation.level}): do not trust this grade or any later one; "
-                                     "restore the grader and grade with --sandbox bwrap")
+                                     f"(isolation level {isolation.level}: {', '.join(changed[:3])}): do not trust "
+                                     "this grade or any later one; restore the grader and grade with --sandbox bwrap")
     results.execution_time = time.monotonic() - t0
     return results
 

@@ -202,10 +202,10 @@ class GraderFiles:
 
     def __init__(self, roots):
         self.roots = [Path(r) for r in roots]
-        self.digest = self.compute()
+        self.digests = self.compute()
 
-    def compute(self) -> str:
-        h = hashlib.sha256()
+    def compute(self) -> dict[str, str]:
+        out = {}
         for root in self.roots:
             for dirpath, dirnames, filenames in os.walk(root):
                 dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
@@ -214,13 +214,15 @@ class GraderFiles:
                         continue
                     p = Path(dirpath, name)
                     try:
-                        h.update(str(p).encode() + b"\0" + p.read_bytes())
+                        out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
                     except OSError:
-                        h.update(str(p).encode() + b"\0?")
-        return h.hexdigest()
+                        out[str(p)] = "?"
+        return out
 
-    def changed(self) -> bool:
-        return self.compute() != self.digest
+    def changed(self) -> list[str]:
+        """The files added, removed or changed since the fingerprint was taken."""
+        now = self.compute()
+        return sorted(p for p in set(now) | set(self.digests) if now.get(p) != self.digests.get(p))
 
 
 # ----------------------------------------------------------------------------- the running sandbox
