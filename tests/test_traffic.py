@@ -154,7 +154,9 @@ def test_sampler_writes_csv_and_stops(tmp_path):
     path = tmp_path / "traffic.csv"
     with tr.TrafficSampler(tr.loopback_interface(), str(path), interval=0.05) as s:
         _blast(1_000_000)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 60  # a hang guard only: waits for two samples, however slow
+        while len(path.read_text().splitlines()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert s._thread is None
     rows = list(csv.reader(path.open()))
     assert rows[0] == ["time", "bytes_recv_per_s", "bytes_sent_per_s"]
