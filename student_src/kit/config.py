@@ -57,7 +57,7 @@ class TrainConfig:
     num_threads: int | None = None
     no_progress: bool = False
     timing_iters: int | None = None
-    # distributed (see student_src/kit/dist.py)
+    # distributed (see student_src/kit/process_group.py)
     master_ip: str | None = None
     master_port: int | None = None
     world_size: int | None = None
