@@ -310,3 +310,31 @@ def test_every_check_has_points_in_the_table():
     assert not registry.discover()
     missing = [c.id for c in registry.all_checks() if c.id not in table]
     assert not missing, missing
+
+
+def test_compare_grads_tolerance_is_tight():
+    """The grader's gradient comparison accepts float32 rounding and nothing more: loosening
+    ``judging.TOLERANCE`` (atol 1e-5 -> 1.0 made the n+1 divisor above gain 6 points) fails here."""
+    import torch
+
+    from autograder import judging
+
+    g = torch.Generator().manual_seed(0)
+    want = {"w": torch.randn(64, 8, generator=g, dtype=torch.float64), "frozen": None}
+    exact = {"w": want["w"].float(), "frozen": None}
+    assert judging.compare_grads(exact, want, rank=0) is None            # float32 rounding passes
+    for wrong in (exact["w"] * 1.0001,                                   # 0.01 % off
+                  exact["w"] + 2e-5,                                     # just past atol
+                  exact["w"] * 4 / 5):                                   # divided by N+1 (N=4)
+        msg = judging.compare_grads({"w": wrong, "frozen": None}, want, rank=2)
+        assert msg and msg.startswith("rank 2: w.grad is not the mean"), msg
+    assert "divided by 5" in judging.compare_grads({"w": exact["w"] * 4 / 5}, want, rank=0, world=4)
+    assert "sum over the ranks" in judging.compare_grads({"w": exact["w"] * 4}, want, rank=0, world=4)
+    # float64 gradients are held to float64 precision
+    want64 = {"w": want["w"]}
+    assert judging.compare_grads({"w": want["w"].clone()}, want64, 0, dtype=torch.float64) is None
+    assert judging.compare_grads({"w": want["w"] * (1 + 1e-8)}, want64, 0, dtype=torch.float64)
+    assert judging.compare_grads({"w": exact["w"].double()}, want64, 0, dtype=torch.float64)  # float32 precision is not enough
+    # a gradient where the mean has none, and none where it needs one
+    assert "had no gradient" in judging.compare_grads({"w": exact["w"], "frozen": exact["w"]}, want, 0)
+    assert "is None after the sync" in judging.compare_grads({"frozen": None}, want, 0)
