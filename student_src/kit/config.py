@@ -67,7 +67,7 @@ class TrainConfig:
     init_method: str | None = None
     dist_timeout: float = 60.0
     no_cuda: bool = False
-    # Task 4 traffic measurement (student_src/kit/traffic.py)
+    # Task 4 traffic measurement (student_src/kit/traffic_meter.py, traffic_model.py)
     measure_traffic: bool = False
     traffic_interface: str | None = None
     traffic_csv: str | None = None

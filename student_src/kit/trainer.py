@@ -263,7 +263,7 @@ def _traffic_meter(cfg, ctx):
         return None
     if cfg.task == "1":
         raise KitError("--measure_traffic measures gradient traffic between ranks: use it with --task 2a, 2b, 3 or 5")
-    from .traffic import RunTrafficMeter
+    from .traffic_meter import RunTrafficMeter
 
     return RunTrafficMeter(cfg.task, ctx.world_size, ctx.rank, interface=cfg.traffic_interface,
                            master_ip=(ctx.master.rsplit(":", 1)[0] or None) if ctx.master else None,
