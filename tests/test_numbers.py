@@ -2,7 +2,7 @@
 
 Written to kill the mutants ``make mutation`` found alive (tests/README.md lists them): the
 time-per-iteration summary (first iteration dropped), its second copy in the report, the
-textbook traffic figure students compare with, the grader's per-rank fixtures and its
+the grader's per-rank fixtures and its
 loss-equivalence judge.
 """
 
@@ -35,7 +35,10 @@ def test_timing_summary_of_short_runs():
     # nothing left after dropping: keep what there is rather than report nothing
     assert timing.summarize_iter_times([5.0]) == {"iterations": 1, "dropped": 0, "mean_s": 5.0, "std_s": 0.0,
                                                   "min_s": 5.0, "max_s": 5.0}
-    assert timing.summarize_iter_times([])["iterations"] == 0 and timing.summarize_iter_times([])["mean_s"] is None
+    assert timing.summarize_iter_times([5.0, 6.0], drop_first=3)["iterations"] == 2  # fewer than dropped: keep all
+    assert timing.summarize_iter_times([]) == {"iterations": 0, "dropped": 0, "mean_s": None, "std_s": None,
+                                               "min_s": None, "max_s": None}
+    assert timing.summarize_iter_times([9.0, 1.0, 3.0])["std_s"] == statistics.stdev([1.0, 3.0])  # two kept: a spread
 
 
 def test_timing_table_rows():
@@ -64,6 +67,9 @@ def test_report_timing_row_follows_the_same_protocol():
     assert one["iterations"] == 1 and one["mean_s"] == 5.0 and one["std_s"] == 0.0
     exactly = report.timing_row("x/task1", {"task": 1, "iter_times": [9.0, 1.0, 3.0]}, iters=3)
     assert exactly["protocol"] is True and exactly["mean_s"] == statistics.fmean([1.0, 3.0])
+    assert exactly["std_s"] == statistics.stdev([1.0, 3.0])  # two kept: a spread
+    empty = report.timing_row("x/task1", {"task": 1, "iter_times": []}, iters=3)
+    assert (empty["iterations"], empty["mean_s"], empty["std_s"], empty["protocol"]) == (0, None, None, False)
 
 
 # ----------------------------------------------------------------------------- grader fixtures

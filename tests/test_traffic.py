@@ -179,6 +179,38 @@ def test_run_meter_single_process_block():
     json.dumps(block)
 
 
+# ------------------------------------------------------------------------------- the textbook figure
+def test_textbook_bytes_per_rank():
+    """The figure students compare their measurement with: 2(N-1)/N x S per tensor for a ring
+    all_reduce (2b, and the buckets of 3 and 5), a worker's S for 2a's gather + scatter."""
+    assert model.textbook_bytes("2b", 1000, 4) == 1500 and model.textbook_bytes("3", 1000, 4) == 1500
+    assert model.textbook_bytes("2b", 1000, 2) == 1000 and model.textbook_bytes("5", 900, 3) == 1200
+    assert model.textbook_bytes("2b", 1001, 4) == 1502           # rounded to the nearest byte
+    assert model.textbook_bytes("2b", 1000, 1) == 0
+    assert model.textbook_bytes("2a", 1000, 4) == 1000 and model.textbook_bytes("2a", 7, 2) == 7
+
+
+def test_tensors_of_one_step():
+    one_step = [{"op": "all_reduce", "nbytes": 600}, {"op": "all_reduce", "nbytes": 400}]
+    assert model.tensors_of_one_step(one_step, 1000, 10) == [600, 400]
+    assert model.tensors_of_one_step(one_step * 3, 1000, 3) == [600, 400]      # records of every step
+    assert model.tensors_of_one_step(one_step + [{"op": "loss", "nbytes": 4}], 1000, 10) == [600, 400]
+    assert model.tensors_of_one_step([], 1000, 10) == [1000] and model.tensors_of_one_step(None, 0, 10) == []
+
+
+def test_meter_block_reports_the_textbook_figure():
+    m = meter.RunTrafficMeter("2b", 4, 0)
+    m.start()
+    block = m.finish(10, 1000, comm_records=[{"op": "all_reduce", "nbytes": 600},
+                                             {"op": "all_reduce", "nbytes": 400}])
+    assert block["textbook_sent_per_rank_per_iter"] == 900 + 600
+    ring = model.allreduce_traffic(600, 4) + model.allreduce_traffic(400, 4)
+    assert sum(block["per_rank"][str(r)]["payload_sent"] for r in range(4)) == 10 * (ring.total_payload + 4 * 3 * 16)
+    a = meter.RunTrafficMeter("2a", 2, 0)
+    a.start()
+    assert a.finish(5, 1000)["textbook_sent_per_rank_per_iter"] == 1000
+
+
 # ------------------------------------------------------------------------------- a real run
 def _in_private_netns() -> list:
     """Prefix that runs a command in a fresh namespace (its own quiet loopback), if we can."""

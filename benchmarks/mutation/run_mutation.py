@@ -12,7 +12,8 @@ small test selection that runs in seconds. Mutation runs are CPU-heavy: run them
 never in CI. The survivors of the last run are in ``benchmarks/mutation/<target>.txt``; why each
 one left alive is harmless is in ``tests/README.md``.
 
-    python benchmarks/mutation/run_mutation.py TARGET [--limit N]   # one target
+    python benchmarks/mutation/run_mutation.py TARGET   # one target (make mutation TARGET=...)
+    python benchmarks/mutation/run_mutation.py --all    # every target, one at a time
     python benchmarks/mutation/run_mutation.py --list
 """
 
@@ -50,27 +51,25 @@ class Target:
     timeout: float = 120.0       # per mutant (an endless loop is a kill)
 
 
+NUMBERS = "tests/test_numbers.py"
 TARGETS = {
-    "timing": Target("student_src/kit/timing.py", (), "tests/test_mutation_kills.py -k timing"),
-    "report-timing": Target("student_src/kit/report.py", ("timing_row",), "tests/test_mutation_kills.py -k timing"),
-    "traffic-model": Target("student_src/kit/traffic.py",
-                            ("Traffic", "allreduce_traffic", "gather_scatter_traffic", "broadcast_traffic",
-                             "allgather_traffic", "collective_traffic", "barrier_traffic", "_round_up",
-                             "WireModel", "step_traffic", "_textbook_bytes"),
-                            "tests/test_traffic.py tests/test_mutation_kills.py -k 'traffic and not local_ranks "
-                            "and not sampler and not meter and not cluster'"),
+    "timing": Target("student_src/kit/timing.py", (), f"{NUMBERS} -k timing"),
+    "report-timing": Target("student_src/kit/report.py", ("timing_row",), f"{NUMBERS} -k timing"),
+    "traffic-model": Target("student_src/kit/traffic_model.py", (),
+                            "tests/test_traffic.py -k 'textbook or tensors_of or ring or world_size_one "
+                            "or gather_scatter or allgather or step_traffic or wire_model or run_meter'"),
     "profiling": Target("student_src/profiling.py", (), "tests/test_profiling.py"),
     "train": Target("student_src/train.py", ("train_step",), "tests/test_train_step.py"),
     "partition": Target("student_src/partition.py", ("build_train_loader",), "tests/test_partition.py"),
     "sync": Target("student_src/sync.py", (), "tests/test_distributed.py -k sync_functions"),
     "ddp": Target("student_src/ddp.py", ("wrap_ddp",), "tests/test_distributed.py -k ddp"),
     "bucketed": Target("student_src/bucketed.py", (), "tests/test_bucketed.py"),
-    "collectives": Target("student_src/collectives.py", (), "tests/test_task0.py -k 'solution'"),
+    "collectives": Target("student_src/collectives.py", (), "tests/test_task0.py -k solution"),
     "judging": Target("autograder/judging.py", ("_close", "compare_grads", "expected_mean_grads", "rank_grads"),
                       "tests/test_check_zoo.py -k tolerance"),
-    "references": Target("autograder/references.py", (), "tests/test_mutation_kills.py -k references"),
-    "fixtures": Target("autograder/fixtures.py", ("rank_grad", "make_model", "trainable_names"),
-                       "tests/test_mutation_kills.py -k fixtures"),
+    "references": Target("autograder/references.py", (), f"{NUMBERS} -k 'equivalence or single_node'"),
+    "fixtures": Target("autograder/fixtures.py", ("derive_seed", "rank_grad", "trainable_names"),
+                       f"{NUMBERS} -k 'seed or rank_grads or trainable'"),
     "data-cache": Target("student_src/kit/data.py",
                          ("file_fingerprint", "tokenizer_id", "cache_path", "_load_cache", "_save_cache",
                           "load_glue_dataset"),
@@ -160,15 +159,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("target", nargs="?", help="one of --list")
     ap.add_argument("--list", action="store_true", help="the targets, with their module and tests")
+    ap.add_argument("--all", action="store_true", help="every target, one after the other (hours on 2 cores)")
     args = ap.parse_args()
+    if (args.all or args.target) and not args.list and not shutil.which("cosmic-ray", path=str(Path(sys.executable).parent)):
+        sys.exit("cosmic-ray is not installed next to this Python: make mutation installs it (pip install cosmic-ray==8.7.0)")
+    if args.all:
+        return max(run(name) for name in TARGETS)
     if args.list or not args.target:
         for n, t in TARGETS.items():
             print(f"{n:<14} {t.module} [{', '.join(t.functions) or 'all'}]  <- pytest {t.tests}")
         return 0
     if args.target not in TARGETS:
         sys.exit(f"unknown target {args.target!r}; choose one of: {', '.join(TARGETS)}")
-    if not shutil.which("cosmic-ray", path=str(Path(sys.executable).parent)):
-        sys.exit("cosmic-ray is not installed in this environment: pip install -e '.[dev]' (or pip install cosmic-ray)")
     return run(args.target)
 
 
