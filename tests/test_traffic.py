@@ -37,6 +37,16 @@ def test_ring_allreduce_small_tensor_uses_few_messages():
     assert model.allreduce_traffic(4096, 4).total_msgs == 48     # 8 segments, 6 sent per rank
 
 
+def test_ring_allreduce_per_rank_schedule_with_empty_segments():
+    """gloo's segment schedule, worked by hand: 40 bytes on 4 ranks make 8 segments of 8 bytes,
+    the last 3 empty. Rank r sends segments (r+1)*2+i (reduce-scatter) and r*2+i (all-gather),
+    i < 6, mod 8, skipping empty ones: rank 0 sends 2,3,4 then 0..4 = 8 segments, 64 bytes."""
+    t = model.allreduce_traffic(40, 4)
+    assert t.sent == [64, 48, 56, 72] and t.msgs_sent == [8, 6, 7, 9]
+    assert t.recv == [48, 56, 72, 64] and t.msgs_recv == [6, 7, 9, 8]   # rank r sends to rank r-1
+    assert model.allreduce_traffic(100, 3).sent == [140, 120, 140]
+
+
 def test_world_size_one_sends_nothing():
     for f in (model.allreduce_traffic, model.gather_scatter_traffic, model.allgather_traffic, model.broadcast_traffic):
         t = f(1000, 1)
@@ -52,7 +62,8 @@ def test_gather_scatter_root_versus_worker():
 
 
 def test_allgather_and_broadcast_and_barrier():
-    assert model.allgather_traffic(16, 4).sent == [48] * 4
+    g = model.allgather_traffic(16, 4)
+    assert g.sent == g.recv == [48] * 4 and g.msgs_sent == g.msgs_recv == [3] * 4
     b = model.broadcast_traffic(100, 4)
     assert b.sent == [300, 0, 0, 0] and b.recv == [0, 100, 100, 100]
     assert model.barrier_traffic(4).total_msgs == 8 and model.barrier_traffic(5).total_msgs == 15

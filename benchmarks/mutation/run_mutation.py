@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -125,6 +126,8 @@ def run(name: str) -> int:
     bindir = Path(sys.executable).parent
     source = ROOT / target.module
     backup = source.read_bytes()
+    # a SIGTERM (timeout, kill of the process group) must still run the restore below
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as tmp:
         cfg, session = Path(tmp) / "config.toml", Path(tmp) / "session.sqlite"
         write_config(target, cfg)
