@@ -49,7 +49,7 @@ class TrainConfig:
     num_threads: int | None = None
     no_progress: bool = False
     timing_iters: int | None = None
-    # distributed (see student_src/kit/dist.py)
+    # distributed (see student_src/kit/process_group.py)
     master_ip: str | None = None
     master_port: int | None = None
     world_size: int | None = None
@@ -59,7 +59,7 @@ class TrainConfig:
     init_method: str | None = None
     dist_timeout: float = 60.0
     no_cuda: bool = False
-    # Task 4 traffic measurement (student_src/kit/traffic.py)
+    # Task 4 traffic measurement (student_src/kit/traffic_meter.py, traffic_model.py)
     measure_traffic: bool = False
     traffic_interface: str | None = None
     traffic_csv: str | None = None

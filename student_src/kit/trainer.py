@@ -264,7 +264,7 @@ def _traffic_meter(cfg, ctx):
         return None
     if cfg.task == "1":
         raise KitError("--measure_traffic measures gradient traffic between ranks: use it with --task 2a, 2b, 3 or 5")
-    from .traffic import RunTrafficMeter
+    from .traffic_meter import RunTrafficMeter
 
     return RunTrafficMeter(cfg.task, ctx.world_size, ctx.rank, interface=cfg.traffic_interface,
                            master_ip=(ctx.master.rsplit(":", 1)[0] or None) if ctx.master else None,
@@ -449,28 +449,28 @@ def check_data(cfg: TrainConfig) -> None:
 
 def run(cfg: TrainConfig, on_event=None) -> dict:
     """Run ``cfg`` however it asks to be started; return rank 0's metrics."""
-    from . import dist as kdist
+    from . import process_group
 
     from .models import check_model_available
 
     check_output_dir(cfg)
-    kdist.pick_device(cfg, 0)  # --backend nccl without a GPU is refused here, not in every rank
+    process_group.pick_device(cfg, 0)  # --backend nccl without a GPU is refused here, not in every rank
     check_data(cfg)
     check_model_available(cfg.model_name_or_path)
     if cfg.spawn:
-        stall = max(cfg.dist_timeout, kdist.MIN_COLLECTIVE_TIMEOUT_S)
+        stall = max(cfg.dist_timeout, process_group.MIN_COLLECTIVE_TIMEOUT_S)
         results = klaunch.launch(rank_main, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
                                  on_event=on_event or ConsoleEvents(cfg))
         return results[0]
     with klaunch.event_sink(on_event):  # in-process runs report to on_event too (notebooks)
-        if cfg.task == "1" and kdist.resolve_mode(cfg) == "single":
-            ctx = kdist.DistContext(device=kdist.pick_device(cfg, 0)[0])
+        if cfg.task == "1" and process_group.resolve_mode(cfg) == "single":
+            ctx = process_group.DistContext(device=process_group.pick_device(cfg, 0)[0])
             return train(cfg, ctx)
-        ctx = kdist.init_distributed(cfg)
+        ctx = process_group.init_distributed(cfg)
         try:
             return train(cfg, ctx)
         finally:
-            kdist.cleanup()
+            process_group.cleanup()
 
 
 class ConsoleEvents:
