@@ -9,6 +9,7 @@
         requirements.txt # what to pip install after torch
     OUT/launch.sh        # starts rank i on node i over ssh, with the multi-node flags
     OUT/CLOUDLAB.md      # how to run the tasks on a 4-node cluster
+    OUT/profile.py, OUT/cloudlab_setup.sh, OUT/slurm.sbatch   # CloudLab profile, Slurm batch script
     OUT/submission.zip   # the task folders, ready to upload to Gradescope
 
 Each task folder runs on its own (copy it to every node)::
@@ -154,7 +155,12 @@ run_glue.py, your student_src/ (with the kit), data_scripts/ and requirements.tx
    1023 and free (`ss -ltn`), and that no firewall blocks it. Set `GLOO_SOCKET_IFNAME` to the
    experimental interface if gloo picks the wrong network (the kit does this for you when it
    can find the interface on the master's subnet).
-6. For the report: `--timing_iters 40` prints the mean time per iteration of iterations 2..40;
+6. Two shortcuts, both written by the export beside launch.sh: `profile.py` is a CloudLab
+   profile (put this folder in a git repository and make a profile from it: N nodes on one LAN
+   at 10.10.1.1, 10.10.1.2, ..., with `cloudlab_setup.sh` run at boot, which installs
+   /local/venv and the data; then `PYTHON=/local/venv/bin/python ./launch.sh ...` on node0).
+   On a Slurm cluster: `sbatch --nodes 4 slurm.sbatch 2b` (one torchrun per node).
+7. For the report: `--timing_iters 40` prints the mean time per iteration of iterations 2..40;
    `--measure_traffic` compares the bytes on the NIC with what the algorithm predicts. Ranks
    that share a machine share its cores (`--num_threads N` sets the threads per rank).
 '''
@@ -194,6 +200,7 @@ def _data_scripts(source: Path) -> Path:
 def export(out: Path, force: bool = False, source: Path = PACKAGE) -> Path:
     """Write the task folders, the launch script, the guide and ``submission.zip`` into ``out``."""
     from student_src.kit.errors import KitError
+    from student_src.kit.real_clusters import write_cluster_files
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not force:
@@ -216,6 +223,7 @@ def export(out: Path, force: bool = False, source: Path = PACKAGE) -> Path:
                                            .replace("@TASKS@", task_table.spoken(TASKS)))
         (staging / "launch.sh").chmod(0o755)
         (staging / "CLOUDLAB.md").write_text(CLOUDLAB_MD.format(torch_spec=TORCH_SPEC, folders=", ".join(f"`task{t}/`" for t in TASKS)))
+        write_cluster_files(staging, TORCH_SPEC)
         with zipfile.ZipFile(staging / "submission.zip", "w", zipfile.ZIP_DEFLATED) as zf:
             for task in TASKS:
                 for path in sorted((staging / f"task{task}").rglob("*")):
@@ -242,7 +250,7 @@ def main(argv=None) -> int:
     except KitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {out}/{' '.join('task' + t for t in TASKS)}, launch.sh, CLOUDLAB.md and {out}/submission.zip")
+    print(f"wrote {out}/{' '.join('task' + t for t in TASKS)}, launch.sh, CLOUDLAB.md, profile.py, slurm.sbatch and {out}/submission.zip")
     return 0
 
 
