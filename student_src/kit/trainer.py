@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 
 from . import launch as klaunch
-from .config import TASK_TITLES, TrainConfig, per_worker_batch_size
+from . import tasks
+from .config import TrainConfig, per_worker_batch_size
 from .errors import KitError
 from .timing import summarize_iter_times
 
@@ -213,7 +214,7 @@ def train(cfg: TrainConfig, ctx) -> dict | None:
     model, sync_gradients, comm_log = setup_task(cfg, model, ctx)
 
     metrics = {
-        "task": cfg.task, "title": TASK_TITLES[cfg.task], "world_size": ctx.world_size,
+        "task": cfg.task, "title": tasks.get(cfg.task).title, "world_size": ctx.world_size,
         "backend": ctx.backend if cfg.task != "1" else None, "device": str(ctx.device),
         "model": {"name": cfg.model_name_or_path, "parameters": count_parameters(base_model)},
         "losses": [], "rank_losses": [[] for _ in range(ctx.world_size)], "iter_times": [],
@@ -236,7 +237,7 @@ def train(cfg: TrainConfig, ctx) -> dict | None:
         epochs = math.ceil(total_steps / steps_per_epoch)
         metrics.update(global_batch_size=per_worker * ctx.world_size, per_worker_batch_size=per_worker,
                        steps_per_epoch=steps_per_epoch, total_steps=total_steps)
-        log(f"Task {cfg.task} ({TASK_TITLES[cfg.task]}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
+        log(f"Task {cfg.task} ({tasks.get(cfg.task).title}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
             f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "
             f"{torch.get_num_threads()} thread(s) per rank, {ctx.ranks_on_host} rank(s) on this host]")
         optimizer, scheduler = build_optimizer(base_model, cfg, total_steps)
