@@ -236,6 +236,10 @@ def write_report(runs_dir, out) -> dict:
         (out / "traffic.png").write_bytes(plots.to_png(plots.traffic_bars(traffic)))
         written.update({k: out / k for k in ("traffic.csv", "traffic.png")})
 
+    from .scaling_report import scaling_section
+
+    scaling_files, scaling_md = scaling_section(runs, out)  # timelines, speed-up on the what-if curves
+    written.update(scaling_files)
     sections = [f"# Results from `{runs_dir}`", "", f"{len(runs)} run(s): " + (", ".join(runs) or "none"), ""]
     if evals:
         sections += ["## Dev accuracy after every epoch", "", eval_markdown(evals), ""]
@@ -247,6 +251,7 @@ def write_report(runs_dir, out) -> dict:
                      "![time per iteration](time_per_iteration.png)", ""]
     if traffic:
         sections += ["## Network traffic: measured against expected", "", traffic_markdown(traffic), "", "![traffic](traffic.png)", ""]
+    sections += scaling_md
     (out / "report.md").write_text("\n".join(sections))
     written["report.md"] = out / "report.md"
     return written

@@ -36,6 +36,7 @@ from . import launch as klaunch
 from . import tasks
 from .config import TrainConfig, per_worker_batch_size
 from .errors import KitError
+from .timeline import recorder_for
 from .timing import summarize_iter_times
 
 FIRST_LOSSES_PRINTED = 5
@@ -242,8 +243,11 @@ def train(cfg: TrainConfig, ctx) -> dict | None:
             f"{torch.get_num_threads()} thread(s) per rank, {ctx.ranks_on_host} rank(s) on this host]")
         optimizer, scheduler = build_optimizer(base_model, cfg, total_steps)
         meter = _traffic_meter(cfg, ctx)
+        recorder = recorder_for(cfg, ctx, model, base_model, optimizer)  # --timeline N
         _run_epochs(cfg, ctx, model, base_model, loader, optimizer, scheduler, sync_gradients, comm_log,
-                    train_step, dev_ds, total_steps, epochs, metrics, log, meter)
+                    recorder.wrap(train_step) if recorder else train_step, dev_ds, total_steps, epochs, metrics, log, meter)
+        if recorder:
+            metrics.update(recorder.results(ctx.world_size))
     elif cfg.do_eval:
         result = evaluate(base_model, dev_ds, ctx, cfg.per_device_eval_batch_size)
         metrics["eval"].append({"epoch": 0, **result})
