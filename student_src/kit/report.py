@@ -66,7 +66,7 @@ def reference_run(runs: dict) -> tuple[str, dict] | tuple[None, None]:
     return ones[0]
 
 
-def comparable(a: dict, b: dict) -> list[str]:
+def incomparable_reasons(a: dict, b: dict) -> list[str]:
     """Why two runs' losses should NOT be compared step by step (empty list: they should agree)."""
     why = []
     ca, cb = a.get("config", {}), b.get("config", {})
@@ -96,7 +96,7 @@ def loss_table(runs: dict, steps: int | None = None) -> dict:
     rows = [[i + 1] + [l[i] for _, l in cols] for i in range(n_rows)]
     diffs, notes = {}, []
     for (lab, losses), (n, m) in zip(cols[1:], others):
-        why = comparable(ref, m)
+        why = incomparable_reasons(ref, m)
         if why:
             notes.append(f"{lab} is not comparable step by step with Task 1: " + ", ".join(why))
         k = min(len(losses), len(ref["losses"]))

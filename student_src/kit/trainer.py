@@ -401,7 +401,7 @@ def write_metrics(output_dir: str, metrics: dict) -> Path:
 
 
 # --------------------------------------------------------------------------- entry points
-def rank_main(ctx, cfg: TrainConfig):
+def train_rank(ctx, cfg: TrainConfig):
     """What each launched rank runs (importable, so the spawn start method can find it)."""
     return train(cfg, ctx)
 
@@ -463,7 +463,7 @@ def run(cfg: TrainConfig, on_event=None) -> dict:
     check_model_available(cfg.model_name_or_path)
     if cfg.spawn:
         stall = max(cfg.dist_timeout, process_group.MIN_COLLECTIVE_TIMEOUT_S)
-        results = klaunch.launch(rank_main, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
+        results = klaunch.launch(train_rank, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
                                  on_event=on_event or ConsoleEvents(cfg))
         return results[0]
     with klaunch.event_sink(on_event):  # in-process runs report to on_event too (notebooks)
