@@ -180,9 +180,10 @@ def student_init(host: str, port: int, rank: int, world_size: int, backend: str,
     0 included (torch's own switch, ``TORCHELASTIC_USE_AGENT_STORE``, which torchrun sets for its
     workers itself).
     """
-    try:
-        from student_src.collectives import init_distributed as theirs
-    except ImportError:
+    from . import student_api
+
+    theirs = student_api.init_distributed()
+    if theirs is None:  # no student_src/collectives.py (or no init_distributed in it)
         return False
     env = {"TORCHELASTIC_USE_AGENT_STORE": "True",
            "TORCHELASTIC_RESTART_COUNT": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")} if agent_store else {}
