@@ -63,6 +63,7 @@ class TrainConfig:
     measure_traffic: bool = False
     traffic_interface: str | None = None
     traffic_csv: str | None = None
+    timeline: int = 0
     # Task 5 and compression
     bucket_cap_mb: float = 25.0
     grad_compression: str = "none"
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--measure_traffic", action="store_true", default=None, help="measure NIC bytes during training and compare with the expected traffic")
     g.add_argument("--traffic_interface", help="network interface to measure (default: loopback for local ranks, the master's NIC otherwise)")
     g.add_argument("--traffic_csv", help="also sample the interface every second into this CSV (like dstat)")
+    g.add_argument("--timeline", type=int, help="record each rank's forward/backward/collectives/optimizer over N iterations (kit/timeline.py)")
     g.add_argument("--bucket_cap_mb", type=float, help="Task 5 bucket size in MB (default 25)")
     g.add_argument("--grad_compression", choices=("none", "fp16", "bf16"), help="Task 3/5: all-reduce gradients in half precision")
     return p

@@ -247,10 +247,10 @@ def load_metrics(task: str, name: str | None = None) -> dict | None:
 def task1_reference(like: dict | None = None) -> dict | None:
     """Task 1's metrics for the comparison: the earlier run if it matches ``like``'s settings
     and is long enough, otherwise a fresh Task 1 run with the same number of steps."""
-    from .report import comparable
+    from .report import incomparable_reasons
 
     ref = load_metrics("1")
-    if ref is not None and (like is None or (not comparable(ref, like) and len(ref["losses"]) >= len(like.get("losses", [])))):
+    if ref is not None and (like is None or (not incomparable_reasons(ref, like) and len(ref["losses"]) >= len(like.get("losses", [])))):
         return ref
     if grading():
         return None

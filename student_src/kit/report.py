@@ -66,7 +66,7 @@ def reference_run(runs: dict) -> tuple[str, dict] | tuple[None, None]:
     return ones[0]
 
 
-def comparable(a: dict, b: dict) -> list[str]:
+def incomparable_reasons(a: dict, b: dict) -> list[str]:
     """Why two runs' losses should NOT be compared step by step (empty list: they should agree)."""
     why = []
     ca, cb = a.get("config", {}), b.get("config", {})
@@ -96,7 +96,7 @@ def loss_table(runs: dict, steps: int | None = None) -> dict:
     rows = [[i + 1] + [l[i] for _, l in cols] for i in range(n_rows)]
     diffs, notes = {}, []
     for (lab, losses), (n, m) in zip(cols[1:], others):
-        why = comparable(ref, m)
+        why = incomparable_reasons(ref, m)
         if why:
             notes.append(f"{lab} is not comparable step by step with Task 1: " + ", ".join(why))
         k = min(len(losses), len(ref["losses"]))
@@ -236,6 +236,10 @@ def write_report(runs_dir, out) -> dict:
         (out / "traffic.png").write_bytes(plots.to_png(plots.traffic_bars(traffic)))
         written.update({k: out / k for k in ("traffic.csv", "traffic.png")})
 
+    from .scaling_report import scaling_section
+
+    scaling_files, scaling_md = scaling_section(runs, out)  # timelines, speed-up on the what-if curves
+    written.update(scaling_files)
     sections = [f"# Results from `{runs_dir}`", "", f"{len(runs)} run(s): " + (", ".join(runs) or "none"), ""]
     if evals:
         sections += ["## Dev accuracy after every epoch", "", eval_markdown(evals), ""]
@@ -247,6 +251,7 @@ def write_report(runs_dir, out) -> dict:
                      "![time per iteration](time_per_iteration.png)", ""]
     if traffic:
         sections += ["## Network traffic: measured against expected", "", traffic_markdown(traffic), "", "![traffic](traffic.png)", ""]
+    sections += scaling_md
     (out / "report.md").write_text("\n".join(sections))
     written["report.md"] = out / "report.md"
     return written

@@ -60,6 +60,13 @@ class Traffic:
                          ((self.sent, o.sent), (self.recv, o.recv),
                           (self.msgs_sent, o.msgs_sent), (self.msgs_recv, o.msgs_recv))])
 
+    def message(self, src: int, dst: int, nbytes: int, count: int = 1) -> None:
+        """Count ``count`` point-to-point messages of ``nbytes`` from rank ``src`` to rank ``dst``."""
+        self.sent[src] += count * nbytes
+        self.recv[dst] += count * nbytes
+        self.msgs_sent[src] += count
+        self.msgs_recv[dst] += count
+
     def scaled(self, k: int) -> "Traffic":
         return Traffic(*[[k * v for v in x] for x in
                          (self.sent, self.recv, self.msgs_sent, self.msgs_recv)])
@@ -101,11 +108,7 @@ def allreduce_traffic(nbytes: int, world_size: int, element_size: int = 4) -> Tr
             for i in range(num_segments - per_rank):
                 length = seg_len(first + i)
                 if length:
-                    dst = (r - 1) % n
-                    t.sent[r] += length
-                    t.recv[dst] += length
-                    t.msgs_sent[r] += 1
-                    t.msgs_recv[dst] += 1
+                    t.message(r, (r - 1) % n, length)
     return t
 
 
@@ -121,11 +124,8 @@ def gather_scatter_traffic(nbytes: int, world_size: int, root: int = 0) -> Traff
     for r in range(n):
         if r == root:
             continue
-        for src, dst in ((r, root), (root, r)):   # gather message, then scatter message
-            t.sent[src] += nbytes
-            t.recv[dst] += nbytes
-            t.msgs_sent[src] += 1
-            t.msgs_recv[dst] += 1
+        t.message(r, root, nbytes)      # gather message
+        t.message(root, r, nbytes)      # scatter message
     return t
 
 
@@ -137,10 +137,7 @@ def broadcast_traffic(nbytes: int, world_size: int, root: int = 0) -> Traffic:
         return t
     for r in range(n):
         if r != root:
-            t.sent[root] += nbytes
-            t.recv[r] += nbytes
-            t.msgs_sent[root] += 1
-            t.msgs_recv[r] += 1
+            t.message(root, r, nbytes)
     return t
 
 
@@ -151,10 +148,7 @@ def allgather_traffic(nbytes: int, world_size: int) -> Traffic:
     if n == 1 or nbytes == 0:
         return t
     for r in range(n):
-        t.sent[r] += (n - 1) * nbytes
-        t.recv[(r + 1) % n] += (n - 1) * nbytes
-        t.msgs_sent[r] += n - 1
-        t.msgs_recv[(r + 1) % n] += n - 1
+        t.message(r, (r + 1) % n, nbytes, count=n - 1)
     return t
 
 

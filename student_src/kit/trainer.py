@@ -41,6 +41,7 @@ from . import progress, student_api, tasks
 from .config import TrainConfig, per_worker_batch_size
 from .errors import KitError
 from .metrics import write_metrics  # noqa: F401  (trainer.write_metrics: where runs write their results)
+from .timeline import recorder_for
 
 FIRST_LOSSES_PRINTED = 5
 
@@ -169,6 +170,7 @@ class Run:
     log: progress.RankLog
     history: kmetrics.History
     meter: object | None = None      # --measure_traffic
+    recorder: object | None = None   # --timeline N (timeline.py)
     bar: progress.StepBar | None = None  # rank 0's terminal bar (_run_epochs)
     steps_done: int = 0
 
@@ -212,6 +214,8 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
         run = _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, parts)
         _run_epochs(run)
         parts.update(_communication(run))
+        if run.recorder is not None:  # --timeline N
+            parts["extra"] = run.recorder.results(ctx.world_size)
     elif cfg.do_eval:
         result = evaluate(model, dev_ds, ctx, cfg.per_device_eval_batch_size)
         history.evaluated(0, result)
@@ -245,11 +249,14 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, parts: dict) -> Ru
         f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "
         f"{torch.get_num_threads()} thread(s) per rank, {ctx.ranks_on_host} rank(s) on this host]")
     optimizer, scheduler = build_optimizer(model, cfg, total_steps)
-    return Run(cfg=cfg, ctx=ctx, model=wrapped, base_model=model, train_step=student_api.train_step(),
+    meter = _traffic_meter(cfg, ctx)
+    recorder = recorder_for(cfg, ctx, wrapped, model, optimizer)  # --timeline N
+    train_step = student_api.train_step()
+    return Run(cfg=cfg, ctx=ctx, model=wrapped, base_model=model,
+               train_step=recorder.wrap(train_step) if recorder else train_step,
                sync_gradients=sync_gradients, comm_log=comm_log, loader=loader, optimizer=optimizer,
                scheduler=scheduler, dev_ds=dev_ds, total_steps=total_steps,
-               epochs=math.ceil(total_steps / steps_per_epoch), log=log, history=history,
-               meter=_traffic_meter(cfg, ctx))
+               epochs=math.ceil(total_steps / steps_per_epoch), log=log, history=history, meter=meter, recorder=recorder)
 
 
 def _traffic_meter(cfg, ctx):
@@ -344,7 +351,7 @@ def _communication(run: Run) -> dict:
     return {"comm": comm, "traffic": run.meter.finish(run.steps_done, comm["grad_bytes_per_step"], comm_records=records)}
 
 # --------------------------------------------------------------------------- entry points
-def rank_main(ctx, cfg: TrainConfig):
+def train_rank(ctx, cfg: TrainConfig):
     """What each launched rank runs (importable, so the spawn start method can find it)."""
     return train(cfg, ctx)
 
@@ -406,7 +413,7 @@ def run(cfg: TrainConfig, on_event=None) -> dict:
     check_model_available(cfg.model_name_or_path)
     if cfg.spawn:
         stall = max(cfg.dist_timeout, process_group.MIN_COLLECTIVE_TIMEOUT_S)
-        results = klaunch.launch(rank_main, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
+        results = klaunch.launch(train_rank, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
                                  on_event=on_event or progress.ConsoleEvents(cfg))
         return results[0]
     with progress.event_sink(on_event):  # in-process runs report to on_event too (notebooks)
