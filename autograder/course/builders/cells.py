@@ -1,0 +1,127 @@
+"""What every course notebook is made of: the cell kinds (with their nbgrader metadata) and the
+set-up, parameters, check and results cells the notebooks share.
+
+Every cell carries nbgrader metadata (the notebooks are nbgrader *source* notebooks):
+
+* instructions: markdown, read-only (``locked``);
+* the ``parameters`` cell (papermill's tag): editable, no nbgrader metadata;
+* set-up and run cells: read-only code;
+* checks: autograded test cells (``grade``) that call the autograder's public checks
+  through ``kit.check`` (they raise when a point is lost, so nbgrader gives the cell 0);
+* report questions: manually graded markdown answer cells holding a model answer between
+  solution markers; the student release shows "YOUR ANSWER HERE" instead.
+
+The markers are spelled without being written on a line of their own (``SOL_BEGIN`` below) so
+that nothing here is mistaken for one by the release's stripper.
+"""
+
+from __future__ import annotations
+
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+SOL_BEGIN, SOL_END = "### " + "BEGIN SOLUTION", "### " + "END SOLUTION"
+CHECK_POINTS = 2
+ANSWER_POINTS = 2
+
+
+# --------------------------------------------------------------------------- cell kinds
+def _meta(grade_id: str, *, grade=False, solution=False, locked=True, points=None) -> dict:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3, "solution": solution, "task": False}
+    if points is not None:
+        meta["points"] = points
+    return {"nbgrader": meta}
+
+
+class NB:
+    """Collects the cells of one notebook; grade ids are numbered so they stay unique."""
+
+    def __init__(self, stem: str):
+        self.stem, self.cells, self.n = stem, [], 0
+
+    def _id(self, kind: str) -> str:
+        self.n += 1
+        return f"{kind}_{self.n:02d}"
+
+    def _add(self, cell, grade_id: str | None = None) -> "NB":
+        cell.id = grade_id or f"cell-{len(self.cells) + 1:02d}"  # fixed ids: rebuilding gives the same bytes
+        self.cells.append(cell)
+        return self
+
+    def md(self, text: str) -> "NB":
+        gid = self._id("md")
+        return self._add(new_markdown_cell(text.strip("\n"), metadata=_meta(gid)), gid)
+
+    def code(self, src: str) -> "NB":
+        gid = self._id("code")
+        return self._add(new_code_cell(src.strip("\n"), metadata=_meta(gid)), gid)
+
+    def params(self, src: str) -> "NB":
+        return self._add(new_code_cell(src.strip("\n"), metadata={"tags": ["parameters"]}), "parameters")
+
+    def check(self, src: str, points: int = CHECK_POINTS) -> "NB":
+        gid = self._id("check")
+        return self._add(new_code_cell(src.strip("\n"), metadata=_meta(gid, grade=True, points=points)), gid)
+
+    def question(self, prompt: str, answer: str, points: int = ANSWER_POINTS) -> "NB":
+        """A read-only prompt, then the student's (manually graded) answer cell."""
+        self.md(prompt)
+        body = f"{SOL_BEGIN}\n{answer.strip()}\n{SOL_END}"
+        gid = self._id("answer")
+        return self._add(new_markdown_cell(body, metadata=_meta(gid, grade=True, solution=True, locked=False, points=points)), gid)
+
+    def notebook(self):
+        nb = new_notebook(cells=self.cells)
+        nb.metadata.update({
+            "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
+            "language_info": {"name": "python"},
+        })
+        return nb
+
+
+# --------------------------------------------------------------------------- shared cells
+PARAMS = '''
+QUICK = True      # True: tiny model, 3 steps (measured: 17-55 s a notebook on 2 busy cores). False: MiniLM, the assignment's settings (report numbers)
+WORLD_SIZE = 4    # local ranks for Tasks 2a, 2b, 3, 5
+MAX_STEPS = None  # None: 3 steps in quick mode, 3 epochs in full mode
+'''
+
+SETUP = '''
+import os, sys
+from pathlib import Path
+ROOT = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "student_src" / "kit").is_dir()), Path(os.environ.get("KIT_ROOT", "..")))
+sys.path.insert(0, str(ROOT))
+from student_src.kit import notebook as kit, plots
+
+S = kit.start(quick=QUICK, world_size=WORLD_SIZE, steps=MAX_STEPS)
+'''
+
+RUN_INTRO = """
+## Run it
+
+The cell below starts the ranks with the kit's launcher (separate processes, so a bug in your
+code cannot crash this notebook). Watch one progress bar per rank and the loss curve grow; the
+black line is the global loss (mean over ranks), the one Task 1 should match.
+"""
+
+RESULTS_INTRO = """
+## Results
+
+Losses against Task 1 (the same examples each step: with dropout off they should agree to
+rounding error), and the time per iteration of every task you have run in this mode: the
+assignment's protocol is the mean over 40 iterations with the first dropped (full mode).
+"""
+
+
+def header(nb: NB, title: str, idea: str, todo: str, params: str = "") -> None:
+    nb.md(f"# {title}\n\n{idea.strip()}\n\n**Your TODO:** {todo.strip()}")
+    nb.md("## Parameters\n\nStart with `QUICK = True` to see everything work; switch to `QUICK = False` "
+          "for the numbers in your report. (CI and graders force quick mode with `KIT_NOTEBOOK_QUICK=1`.)")
+    nb.params(PARAMS.strip("\n") + ("\n" + params.strip("\n") if params else ""))
+    nb.code(SETUP)
+
+
+def check_cells(nb: NB, tasks: str, what: str) -> None:
+    args = ", ".join(f'"{t}"' for t in tasks.split(","))
+    nb.md(f"## Check your code\n\n{what.strip()}\n\nThis runs the autograder's public checks "
+          "(the same ones `python -m autograder check` runs). A failure prints what went wrong.")
+    nb.check(f"kit.check({args})")
