@@ -26,8 +26,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from . import tasks
+
 TIMING_ITERS = 40  # the assignment: mean over 40 iterations, first discarded
-TASK_ORDER = ["1", "2a", "2b", "3", "4", "5"]
 
 
 # --------------------------------------------------------------------------- loading
@@ -45,12 +46,7 @@ def load_runs(runs_dir) -> dict:
             continue
         name = path.parent.relative_to(root).as_posix()
         runs[name if name != "." else path.parent.name] = metrics
-    return dict(sorted(runs.items(), key=lambda kv: (_task_rank(kv[1].get("task")), kv[0])))
-
-
-def _task_rank(task) -> int:
-    task = str(task)
-    return TASK_ORDER.index(task) if task in TASK_ORDER else len(TASK_ORDER)
+    return dict(sorted(runs.items(), key=lambda kv: (tasks.order(kv[1].get("task")), kv[0])))
 
 
 def label(name: str, metrics: dict) -> str:
@@ -71,7 +67,7 @@ def reference_run(runs: dict) -> tuple[str, dict] | tuple[None, None]:
     return ones[0]
 
 
-def comparable(a: dict, b: dict) -> list[str]:
+def incomparable_reasons(a: dict, b: dict) -> list[str]:
     """Why two runs' losses should NOT be compared step by step (empty list: they should agree)."""
     why = []
     ca, cb = a.get("config", {}), b.get("config", {})
@@ -101,7 +97,7 @@ def loss_table(runs: dict, steps: int | None = None) -> dict:
     rows = [[i + 1] + [l[i] for _, l in cols] for i in range(n_rows)]
     diffs, notes = {}, []
     for (lab, losses), (n, m) in zip(cols[1:], others):
-        why = comparable(ref, m)
+        why = incomparable_reasons(ref, m)
         if why:
             notes.append(f"{lab} is not comparable step by step with Task 1: " + ", ".join(why))
         k = min(len(losses), len(ref["losses"]))
@@ -253,6 +249,10 @@ def write_report(runs_dir, out) -> dict:
         (out / "traffic.png").write_bytes(plots.to_png(plots.traffic_bars(traffic)))
         written.update({k: out / k for k in ("traffic.csv", "traffic.png")})
 
+    from .scaling_report import scaling_section
+
+    scaling_files, scaling_md = scaling_section(runs, out)  # timelines, speed-up on the what-if curves
+    written.update(scaling_files)
     sections = [f"# Results from `{runs_dir}`", "", f"{len(runs)} run(s): " + (", ".join(runs) or "none"), ""]
     if evals:
         sections += ["## Dev accuracy after every epoch", "", eval_markdown(evals), ""]
@@ -265,6 +265,7 @@ def write_report(runs_dir, out) -> dict:
                      "![time per iteration](time_per_iteration.png)", ""]
     if traffic:
         sections += ["## Network traffic: measured against expected", "", traffic_markdown(traffic), "", "![traffic](traffic.png)", ""]
+    sections += scaling_md
     (out / "report.md").write_text("\n".join(sections))
     written["report.md"] = out / "report.md"
     return written
