@@ -166,3 +166,7 @@ def test_notebook_executes(name, notebook_env):
     if name == "4_traffic":
         rows = report.traffic_rows(runs)
         assert len(rows) == 2 and all(r["measured_mb_per_iter"] > 0 for r in rows)
+        timeline = notebook_env / "timeline_2b.png"  # the per-rank timeline of the last traffic run
+        assert timeline.read_bytes()[:4] == b"\x89PNG" and timeline.stat().st_size > 10_000
+        if "task1" in runs:  # the whole sequence ran: the what-if curves with the measured runs on them
+            assert (notebook_env / "speedup.png").stat().st_size > 10_000
