@@ -15,7 +15,7 @@ Why it is built this way:
 * Task 1 is launched the same way, as one rank: the kernel never trains in-process, so a crash
   in a TODO never takes the kernel down, and Task 1 gets the same live widgets.
 * Quick mode (``tiny`` model, 3 steps, 32 tokens) shows every mechanism in about a minute and is
-  what CI runs; full mode uses the assignment's settings (MiniLM, batch 64, 128 tokens, 3 epochs).
+  what CI runs; full mode uses the assignment's settings (MiniLM, batch 64, 128 tokens, 3 epochs; MiniLM's own lr 1e-4 and warm-up).
   ``KIT_NOTEBOOK_QUICK=1`` (or ``0``) overrides the notebook's ``QUICK`` parameter.
 * While nbgrader executes a notebook (``NBGRADER_EXECUTION`` is set) training and results are
   skipped: grading runs the checks only, in seconds, on the submission's own ``student_src``.
@@ -42,8 +42,10 @@ ENV_QUICK, ENV_RUNS, ENV_DATA, ENV_ROOT, ENV_TRUSTED = (
 #: flags per mode; the task, world size, steps and output folder are added per run
 QUICK_FLAGS = ["--model_name_or_path", "tiny", "--max_seq_length", "32", "--global_batch_size", "16",
                "--learning_rate", "1e-4", "--dropout", "0", "--logging_steps", "1"]
+# full mode: the assignment's settings, except the learning rate and warm-up, which come from
+# the model's defaults (kit/models.py MODEL_DEFAULTS: MiniLM 1e-4 with 10 warm-up steps, BERT-base 2e-5)
 FULL_FLAGS = ["--model_name_or_path", "minilm", "--max_seq_length", "128", "--global_batch_size", "64",
-              "--learning_rate", "2e-5", "--num_train_epochs", "3", "--dropout", "0", "--logging_steps", "10"]
+              "--num_train_epochs", "3", "--dropout", "0", "--logging_steps", "10"]
 QUICK_STEPS = 3
 
 
@@ -115,7 +117,7 @@ def start(quick: bool = True, world_size: int = 4, steps: int | None = None, run
         _make_data(root, data)
     _SESSION = Session(root=root, data_dir=data, runs_dir=runs, quick=quick, world_size=world_size, steps=steps,
                        flags=list(QUICK_FLAGS if quick else FULL_FLAGS))
-    mode = "QUICK (tiny model, a few steps)" if quick else "FULL (MiniLM, the assignment's settings)"
+    mode = "QUICK (tiny model, a few steps)" if quick else "FULL (MiniLM, the assignment's settings with MiniLM's lr 1e-4 + 10 warm-up steps)"
     print(f"kit: {root}\ndata: {data}\nruns: {runs}\nmode: {mode}" + ("\nnbgrader is executing: training is skipped" if grading() else ""))
     return _SESSION
 

@@ -85,3 +85,37 @@ def scaling_section(runs: dict, out) -> tuple[dict, list[str]]:
     if timelines:
         lines += ["## Per-rank timelines (`--timeline N`)", ""] + [f"![{k}]({k})" for k in timelines] + [""]
     return written, lines
+
+
+# --------------------------------------------------------------------------- notebooks
+def show_scaling(runs_dir, out_name: str = "speedup.png") -> list[dict]:
+    """Notebook API: draw the what-if curves with the measured runs of ``runs_dir`` on them and
+    return the measured points (needs a Task 1 run there: notebook 1)."""
+    from IPython.display import Image, display
+
+    from .report import load_runs, reference_run
+
+    runs = load_runs(runs_dir)
+    _, reference = reference_run(runs)
+    if reference is None:
+        print(f"no Task 1 run in {runs_dir}: run notebook 1 first (its time per iteration is the baseline)")
+        return []
+    written = speedup_figure(runs, reference, Path(runs_dir))
+    if not written:
+        print("the Task 1 run recorded no time per iteration: run it for at least 2 steps")
+        return []
+    display(Image(filename=str(written["speedup.png"])))
+    return measured_speedups(runs, reference)
+
+
+def show_timeline(metrics: dict | None, path) -> None:
+    """Notebook API: draw the per-rank timeline of a run made with ``--timeline N``."""
+    from IPython.display import Image, display
+
+    from .timeline_plot import plot_timeline
+
+    if not metrics or not metrics.get("timeline"):
+        print("this run has no timeline: run it with --timeline 2")
+        return
+    display(Image(filename=str(plot_timeline(metrics["timeline"], path, title=f"task {metrics.get('task')}: "
+                                             f"{metrics.get('world_size')} ranks"))))

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 WRAPPED = ("all_reduce", "gather", "scatter", "broadcast", "all_gather", "reduce_scatter", "reduce")
-KINDS = ("forward", "backward", "comm", "optimizer")
+KINDS = ("forward", "backward", "comm", "optimizer", "step")
 
 
 def recorder_for(cfg, ctx, model, base_model, optimizer) -> Optional["TimelineRecorder"]:
@@ -174,9 +174,12 @@ class TimelineRecorder:
         """``train_step`` with this iteration's window opened before it and closed after it."""
         def recorded_step(*args, **kwargs):
             self.begin(self._iteration + 1)
+            start = time.time()
             try:
                 return train_step(*args, **kwargs)
             finally:
+                if self._on:
+                    self._add("step", "train_step", start, time.time())
                 self.end()
 
         return recorded_step
@@ -209,15 +212,19 @@ class TimelineRecorder:
 
 
 def compute_split(events: list[dict]) -> Optional[dict]:
-    """Mean seconds of forward, backward and optimizer per iteration, over ranks and iterations."""
+    """Mean seconds of forward, backward and optimizer per iteration, over ranks and iterations,
+    and ``other_s``: the rest of the step outside forward .. optimizer (moving the batch,
+    scheduler, zero_grad: compute the what-if model adds too)."""
+    spans: dict = {}
+    for e in events:
+        spans.setdefault((e["rank"], e["iteration"]), {}).setdefault(e["kind"], []).append(e)
     out = {}
     for kind in ("forward", "backward", "optimizer"):
-        per_iter: dict = {}
-        for e in events:
-            if e["kind"] == kind:
-                key = (e["rank"], e["iteration"])
-                per_iter[key] = per_iter.get(key, 0.0) + e["end"] - e["start"]
+        per_iter = [sum(e["end"] - e["start"] for e in kinds[kind]) for kinds in spans.values() if kind in kinds]
         if not per_iter:
             return None
-        out[f"{kind}_s"] = statistics.fmean(per_iter.values())
+        out[f"{kind}_s"] = statistics.fmean(per_iter)
+    other = [kinds["step"][0]["end"] - kinds["step"][0]["start"] - (kinds["optimizer"][-1]["end"] - kinds["forward"][0]["start"])
+             for kinds in spans.values() if all(k in kinds for k in ("step", "forward", "optimizer"))]
+    out["other_s"] = max(0.0, statistics.fmean(other)) if other else 0.0
     return out

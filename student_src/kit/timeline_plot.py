@@ -23,7 +23,7 @@ def plot_timeline(events: list[dict], path, title: str = "") -> Path:
     fig, ax = plt.subplots(figsize=(11, 0.9 + 0.8 * max(1, len(ranks))))
     for row, rank in enumerate(ranks):
         base = (len(ranks) - 1 - row) * 1.0
-        for e in (e for e in events if e["rank"] == rank):
+        for e in (e for e in events if e["rank"] == rank and e["kind"] != "step"):
             lane = base + (0.05 if e["kind"] == "comm" else 0.45)
             width = max(e["end"] - e["start"], 1e-5)
             ax.broken_barh([(e["start"], width)], (lane, 0.38), facecolors=COLOURS.get(e["kind"], "grey"),

@@ -99,19 +99,28 @@ def evaluate(model, dataset, ctx, batch_size: int) -> dict:
     model.eval()
     part = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))
     totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+    hits = []  # per example, for the accuracy per slice (student_src/kit/slices.py)
     with torch.no_grad():
         for batch in DataLoader(part, batch_size=batch_size):
             batch = _on_device(batch, ctx.device)
             out = model(**batch)
             labels = batch["labels"]
             loss = torch.nn.functional.cross_entropy(out.logits.float(), labels, reduction="sum")
-            totals += torch.tensor([loss.item(), (out.logits.argmax(-1) == labels).sum().item(), labels.numel()],
-                                   dtype=torch.float64)
+            hits.append((out.logits.argmax(-1) == labels).cpu())
+            totals += torch.tensor([loss.item(), hits[-1].sum().item(), labels.numel()], dtype=torch.float64)
+    slices = getattr(dataset, "slices", None)
+    per_slice = (slices.count(part.indices, torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool))
+                 if slices is not None else None)
     if dist.is_initialized() and ctx.world_size > 1:
         dist.all_reduce(totals)
+        if per_slice is not None:
+            dist.all_reduce(per_slice)
     model.train()
     n = max(totals[2].item(), 1.0)
-    return {"accuracy": totals[1].item() / n, "loss": totals[0].item() / n, "examples": int(totals[2].item())}
+    result = {"accuracy": totals[1].item() / n, "loss": totals[0].item() / n, "examples": int(totals[2].item())}
+    if per_slice is not None:
+        result["slices"] = slices.rows(per_slice)
+    return result
 
 
 # --------------------------------------------------------------------------- task set-up
