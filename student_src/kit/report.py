@@ -10,7 +10,8 @@ into OUT:
                               global batch: with ``--dropout 0`` they agree to rounding error)
 * ``time_per_iteration.csv/.png``  the assignment's protocol: the first 40 iterations of a run,
                               the first dropped, mean and std
-* ``dev_accuracy.csv``        evaluation after every epoch (Task 1 asks for it)
+* ``dev_accuracy.csv``        evaluation after every epoch (Task 1 asks for it); report.md also
+                              has Task 1's dev accuracy per slice (pattern / premise length, kit/slices.py)
 * ``traffic.csv/.png``        measured against expected bytes (Task 4 runs with ``--measure_traffic``)
 
 The functions are importable too; the notebooks show the same tables as they go.
@@ -189,6 +190,18 @@ def eval_markdown(rows: list[dict]) -> str:
     return markdown_table(["run", "epoch", "dev accuracy", "dev loss"], [[r["label"], r["epoch"], r["accuracy"], r["loss"]] for r in rows])
 
 
+def slice_sections(runs: dict) -> list[str]:
+    """Report lines: each Task 1 run's last dev accuracy per slice (what it learned, what not)."""
+    from .slices import markdown_table as slice_markdown
+
+    out = []
+    for name, m in runs.items():
+        table = slice_markdown(m) if str(m.get("task")) == "1" else ""
+        if table:
+            out += [f"## What {label(name, m)} learned: dev accuracy per slice", "", table, ""]
+    return out
+
+
 def traffic_markdown(rows: list[dict]) -> str:
     return markdown_table(["run", "global batch", "iterations", "expected MB/iter", "measured MB/iter", "measured/expected", "CommLog MB/step"],
                           [[r["label"], r["global_batch_size"], r["iterations"], r["expected_mb_per_iter"],
@@ -243,6 +256,7 @@ def write_report(runs_dir, out) -> dict:
     sections = [f"# Results from `{runs_dir}`", "", f"{len(runs)} run(s): " + (", ".join(runs) or "none"), ""]
     if evals:
         sections += ["## Dev accuracy after every epoch", "", eval_markdown(evals), ""]
+    sections += slice_sections(runs)
     sections += ["## Loss per step against Task 1", "", loss_markdown(losses), ""]
     if losses["rows"]:
         sections += ["![loss](loss_vs_task1.png)", ""]
