@@ -35,7 +35,8 @@ MEAN_TESTS = {"mean_4_ranks", "none_grads_skipped", "world_size_1", "mean_3_rank
               "float64_grads"}
 TASK_2A = {f"2a.{t}" for t in MEAN_TESTS | {"uses_gather_scatter", "loss_matches_single_node"}}
 TASK_2B = {f"2b.{t}" for t in MEAN_TESTS | {"uses_all_reduce", "comm_log_entries", "loss_matches_single_node"}}
-TASK_2B_OFF_BY_TOLERANCE = TASK_2B - {"2b.uses_all_reduce"}  # comm_log_entries checks the mean too
+# comm_log_entries checks the mean too; the losses stay within the loss check's tolerance
+TASK_2B_OFF_BY_TOLERANCE = TASK_2B - {"2b.uses_all_reduce", "2b.loss_matches_single_node"}
 TASK_2 = {"2.shards_disjoint_complete", "2.per_worker_batch_size", "2.set_epoch_reshuffles", "2.same_seed_same_shards",
           "2.equal_steps_per_rank"}
 TASK_3 = {"3.returns_ddp", "3.params_identical_across_ranks", "3.loss_matches_single_node"}
@@ -109,14 +110,15 @@ ZOO = {
         {"2b.non_contiguous_grads"}, "non-contiguous"),
     "2b_off_by_a_tolerance": ("sync", "2b", """
         def allreduce_average(model, group=None, comm_log=None):
-            # right collective, right divisor, then off by 0.1 %: far inside any plot, far outside 1e-5
+            # right collective, right divisor, then off by 0.01 %: invisible in any plot and in the
+            # losses (the loss check's 1e-4 passes it; 0.1 % sat on that edge), far outside 1e-5
             n = dist.get_world_size(group)
             for grad in _grads(model):
                 if comm_log is not None:
                     comm_log.record("all_reduce", grad)
                 buf = grad.contiguous()
                 dist.all_reduce(buf, group=group)
-                grad.copy_(buf / n * 1.001)
+                grad.copy_(buf / n * 1.0001)
         """,
         TASK_2B_OFF_BY_TOLERANCE, "not the mean"),
     "2b_wrong_collective_max": ("sync", "2b", """
