@@ -338,6 +338,56 @@ def test_compare_grads_tolerance_is_tight():
     assert judging.compare_grads({"w": want["w"].clone()}, want64, 0, dtype=torch.float64) is None
     assert judging.compare_grads({"w": want["w"] * (1 + 1e-8)}, want64, 0, dtype=torch.float64)
     assert judging.compare_grads({"w": exact["w"].double()}, want64, 0, dtype=torch.float64)  # float32 precision is not enough
+    # a frozen parameter (no gradient) first does not end the comparison
+    frozen_first = {"frozen": None, "w": want["w"]}
+    assert judging.compare_grads({"frozen": None, "w": exact["w"] * 1.0001}, frozen_first, 0)
+    # the non-contiguous hint only in the non-contiguous test
+    noise = exact["w"] + 0.5
+    assert "non-contiguous" not in judging.compare_grads({"w": noise}, want, 0, world=4)
+    assert "non-contiguous" in judging.compare_grads({"w": noise}, want, 0, world=4, layout="non_contiguous")
     # a gradient where the mean has none, and none where it needs one
     assert "had no gradient" in judging.compare_grads({"w": exact["w"], "frozen": exact["w"]}, want, 0)
     assert "is None after the sync" in judging.compare_grads({"frozen": None}, want, 0)
+
+
+def test_expected_mean_is_the_mean_of_every_ranks_gradient():
+    """What the judges compare with: per trainable parameter, the mean of the ranks' gradients in
+    float64; None for a frozen parameter (the sync must skip it)."""
+    import torch
+
+    from autograder import fixtures as F
+    from autograder import judging
+
+    secrets = [5, 6, 7]
+    want = judging.expected_mean_grads({"frozen": True}, secrets)
+    model = F.make_model(0, frozen=True)
+    trainable = set(F.trainable_names(model))
+    assert trainable and set(want) == {n for n, _ in model.named_parameters()} != trainable
+    for name, p in model.named_parameters():
+        if name not in trainable:
+            assert want[name] is None
+            continue
+        mean = sum(F.rank_grad(s, name, p.shape).double() for s in secrets) / 3
+        assert want[name].dtype == torch.float64 and torch.allclose(want[name], mean, rtol=0, atol=1e-12), name
+    own = judging.rank_grads({"frozen": True}, 6)
+    assert {n for n, g in own.items() if g is not None} == trainable
+    some = next(iter(trainable))
+    assert torch.equal(own[some], F.rank_grad(6, some, own[some].shape))
+
+
+def test_compare_grads_messages():
+    """The hint names the likely cause, and the reported error is the real one."""
+    import torch
+
+    from autograder import judging
+
+    w = torch.linspace(-1, 1, 50, dtype=torch.float64).reshape(10, 5)
+    want = {"w": w}
+    assert "(max abs error 0.5)" in judging.compare_grads({"w": (w + 0.5).float()}, want, 0)
+    own = {"w": (w * 3).float()}
+    assert "still this rank's own gradient" in judging.compare_grads(own, want, 0, own=own, world=4)
+    for shape in ((5, 10), (11, 5)):  # smaller and larger than the right shape
+        assert f"has shape {shape}" in judging.compare_grads({"w": torch.zeros(shape)}, want, 0)
+    # small gradients are held to the same relative precision: 1 % off at 0.01 is wrong
+    tiny = {"w": w * 0.01}
+    assert judging.compare_grads({"w": (w * 0.01 * 1.01).float()}, tiny, 0)
