@@ -163,6 +163,8 @@ def test_notebook_executes(name, notebook_env):
     if task and task != "1":
         table = report.loss_table({"task1": runs["task1"], f"task{task}": runs[f"task{task}"]})
         assert table["max_abs_diff"][f"Task {task}"] < 1e-4, table
+    if name in ("3_ddp", "5_bucketed"):  # the per-rank timeline of the task's run
+        assert (notebook_env / f"timeline_{task}.png").stat().st_size > 10_000
     if name == "4_traffic":
         rows = report.traffic_rows(runs)
         assert len(rows) == 2 and all(r["measured_mb_per_iter"] > 0 for r in rows)
