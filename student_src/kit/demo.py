@@ -46,7 +46,7 @@ def _tasks_in_one_world(ctx, cfgs):
 
 def _run_distributed(argvs):
     """Launch the configurations of ``argvs`` (same world size) in one set of local ranks."""
-    from student_src.kit import dist as kdist
+    from student_src.kit import process_group
     from student_src.kit import launch as klaunch
     from student_src.kit.config import parse_config
     from student_src.kit.models import check_model_available
@@ -57,7 +57,7 @@ def _run_distributed(argvs):
         check_output_dir(cfg)
         check_data(cfg)
     check_model_available(cfgs[0].model_name_or_path)
-    stall = max(cfgs[0].dist_timeout, kdist.MIN_COLLECTIVE_TIMEOUT_S)
+    stall = max(cfgs[0].dist_timeout, process_group.MIN_COLLECTIVE_TIMEOUT_S)
     results = klaunch.launch(_tasks_in_one_world, cfgs[0].world_size, args=(cfgs,), cfg=cfgs[0],
                              stall_timeout=stall, on_event=ConsoleEvents(cfgs[0]))
     return results[0]
