@@ -12,7 +12,7 @@ dashes; flags given on the command line win over the file.
 import argparse
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from . import tasks

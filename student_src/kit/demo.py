@@ -46,11 +46,12 @@ def _tasks_in_one_world(ctx, cfgs):
 
 def _run_distributed(argvs):
     """Launch the configurations of ``argvs`` (same world size) in one set of local ranks."""
-    from student_src.kit import process_group
     from student_src.kit import launch as klaunch
+    from student_src.kit import process_group
     from student_src.kit.config import parse_config
     from student_src.kit.models import check_model_available
-    from student_src.kit.trainer import ConsoleEvents, check_data, check_output_dir
+    from student_src.kit.progress import ConsoleEvents
+    from student_src.kit.trainer import check_data, check_output_dir
 
     cfgs = [parse_config(argv) for argv in argvs]
     for cfg in cfgs:

@@ -10,7 +10,7 @@ A notebook needs four lines of this module::
 Why it is built this way:
 
 * Ranks run in separate processes started by ``student_src.kit.launch`` (spawn); they send
-  events (one per step) back to the notebook, and ``RunMonitor`` turns them into widgets.
+  events (one per step) back to the notebook, and ``progress.RunMonitor`` turns them into widgets.
   Worker functions stay in importable modules: a spawned child cannot import a notebook cell.
 * Task 1 is launched the same way, as one rank: the kernel never trains in-process, so a crash
   in a TODO never takes the kernel down, and Task 1 gets the same live widgets.
@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import tasks
+from .progress import RunMonitor
 
 ENV_QUICK, ENV_RUNS, ENV_DATA, ENV_ROOT, ENV_TRUSTED = (
     "KIT_NOTEBOOK_QUICK", "KIT_RUNS_DIR", "KIT_DATA_DIR", "KIT_ROOT", "KIT_TRUSTED_ROOT")
@@ -308,145 +308,6 @@ def show_figure(fig) -> None:
     display(Image(to_png(fig)))
 
 
-# --------------------------------------------------------------------------- widgets
-def _widgets_available() -> bool:
-    try:
-        import ipywidgets  # noqa: F401
-        from IPython import get_ipython
-
-        ip = get_ipython()
-        return ip is not None and hasattr(ip, "kernel")
-    except ImportError:
-        return False
-
-
-#: progress bars without tqdm's own rate (it would count start-up and event delays as step time):
-#: the postfix carries the ranks' measured seconds per step instead
-BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}, {postfix}]"
-
-
-class RunMonitor:
-    """Live view of a launch: a progress bar per rank, a loss curve, rank 0's log lines.
-
-    Called with every event a rank emits (``trainer.run(cfg, on_event=monitor)``). In Jupyter it
-    draws ipywidgets (tqdm's notebook bars in a box, an Image for the curve, an Output for the
-    log); elsewhere it falls back to one text bar per rank.
-    """
-
-    REDRAW_S = 0.5  # at most two redraws of the curve per second: drawing is not free
-
-    def __init__(self, title: str, world_size: int, widgets: bool | None = None):
-        self.title, self.world_size = title, world_size
-        self.widgets = _widgets_available() if widgets is None else widgets
-        self.rank_losses = {r: {} for r in range(world_size)}
-        self.step_times = {r: [] for r in range(world_size)}  # the ranks' own seconds per step
-        self.global_losses: dict[int, float] = {}
-        self.total = None
-        self.t0 = time.perf_counter()
-        self._last_draw = 0.0
-        self.bars = []
-        if self.widgets:
-            self._build_widgets()
-        else:
-            from tqdm.std import tqdm
-
-            self.bars = [tqdm(total=None, desc=f"rank {r}", position=r, unit="step", leave=True, bar_format=BAR_FORMAT)
-                         for r in range(world_size)]
-
-    def _build_widgets(self) -> None:
-        import ipywidgets as w
-        from IPython.display import display
-        from tqdm.notebook import tqdm
-
-        self.header = w.HTML(f"<b>{self.title}</b> &mdash; starting {self.world_size} rank(s)...")
-        self.bars = [tqdm(total=None, desc=f"rank {r}", unit="step", display=False, leave=True, bar_format=BAR_FORMAT)
-                     for r in range(self.world_size)]
-        # hidden until the first curve is drawn: an empty Image shows a broken-image icon
-        self.image = w.Image(format="png", layout=w.Layout(max_width="640px", display="none"))
-        self.log = w.Output(layout=w.Layout(max_height="160px", overflow="auto", border="1px solid #ddd"))
-        self.box = w.VBox([self.header, *[b.container for b in self.bars], self.image, self.log])
-        display(self.box)
-
-    # events ---------------------------------------------------------------------------------
-    def __call__(self, event: dict) -> None:
-        kind = event.get("kind")
-        if kind == "step":
-            self._step(event)
-        elif kind == "log":
-            self.note(event.get("text", ""))
-        elif kind == "eval":
-            self.note(f"[eval] epoch {event.get('epoch')}: dev accuracy {event.get('accuracy', 0):.4f}, "
-                      f"loss {event.get('loss', 0):.4f} ({event.get('examples')} examples)")
-
-    def _step(self, ev: dict) -> None:
-        rank, step, total = int(ev["rank"]), int(ev["step"]), int(ev["total"])
-        if rank >= len(self.bars):
-            return
-        bar = self.bars[rank]
-        if bar.total != total:
-            bar.reset(total=total)
-            self.total = total
-            if self.widgets and rank == 0:
-                self.header.value = f"<b>{self.title}</b> &mdash; training, {total} steps"
-        bar.update(max(0, step - bar.n))
-        if ev.get("iter_time") is not None:
-            self.step_times.setdefault(rank, []).append(float(ev["iter_time"]))
-        bar.set_postfix_str(self.rate_text(rank) + f"loss={ev['loss']:.4f}", refresh=False)
-        self.rank_losses.setdefault(rank, {})[step] = float(ev["loss"])
-        self.global_losses[step] = float(ev["global_loss"])
-        if self.widgets and time.perf_counter() - self._last_draw > self.REDRAW_S:
-            self._draw()
-
-    def rate_text(self, rank: int) -> str:
-        """Seconds per step as the rank measured them (its own step timer, not the arrival of
-        events here, which also counts start-up and the trip from the rank to this process)."""
-        times = self.step_times.get(rank) or []
-        if not times:
-            return ""
-        recent = times[-10:]
-        return f"{sum(recent) / len(recent):.3f} s/step, "
-
-    def _draw(self) -> None:
-        from . import plots
-
-        self._last_draw = time.perf_counter()
-        fig = plots.live_losses(self.rank_losses, self.global_losses, title=self.title, total=self.total)
-        self.image.value = plots.to_png(fig, dpi=80)
-        self.image.layout.display = None  # shown from the first curve on
-
-    def note(self, text: str) -> None:
-        """A line in the log area (rank 0's messages, evaluations, the command)."""
-        if self.widgets:
-            self.log.append_stdout(text.rstrip("\n") + "\n")
-        else:
-            (self.bars[0].write if self.bars else print)(text)
-
-    # end ------------------------------------------------------------------------------------
-    def finish(self, metrics: dict | None) -> None:
-        for bar in self.bars:
-            bar.close()
-        elapsed = time.perf_counter() - self.t0
-        timing = (metrics or {}).get("timing") or {}
-        mean = timing.get("mean_s")
-        line = f"done in {elapsed:.1f} s" + (f"; {mean:.3f} s per iteration (mean of {timing['iterations']}, first dropped)" if mean else "")
-        if self.widgets:
-            self._draw()
-            self.header.value = f"<b>{self.title}</b> &mdash; {line}"
-        else:
-            print(line)
-
-    def fail(self, exc: BaseException) -> None:
-        for bar in self.bars:
-            bar.close()  # unfinished bars turn red
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        if self.widgets:
-            import html
-
-            if self.global_losses:
-                self._draw()
-            self.header.value = f"<b>{self.title}</b> &mdash; <span style='color:#c00'>failed: {html.escape(first)}</span>"
-
-
 # --------------------------------------------------------------------------- Task 4
 def predict_traffic(world_size: int | None = None) -> dict | None:
     """Task 4, before measuring: the bytes one step should move, from YOUR profiling functions.
@@ -456,14 +317,14 @@ def predict_traffic(world_size: int | None = None) -> dict | None:
     """
     from IPython.display import Markdown, display
 
-    from student_src.profiling import expected_allreduce_bytes, tensor_nbytes
-
     from .config import parse_config
     from .models import load_model
     from .report import markdown_table
+    from .student_api import traffic_functions
 
     if grading():
         return None
+    tensor_nbytes, expected_allreduce_bytes = traffic_functions()
     s = session()
     n = world_size or s.world_size
     cfg = parse_config(task_argv("2b", s))

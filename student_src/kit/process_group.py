@@ -182,9 +182,10 @@ def student_init(host: str, port: int, rank: int, world_size: int, backend: str,
     workers itself). ``check_world_size``: ranks started by hand may disagree on the world size;
     a ``WorldSizeWatch`` then turns gloo's timeout into the kit's one-line message.
     """
-    try:
-        from student_src.collectives import init_distributed as theirs
-    except ImportError:
+    from . import student_api
+
+    theirs = student_api.init_distributed()
+    if theirs is None:  # no student_src/collectives.py (or no init_distributed in it)
         return False
     env = {"TORCHELASTIC_USE_AGENT_STORE": "True",
            "TORCHELASTIC_RESTART_COUNT": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")} if agent_store else {}

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from student_src.kit import tasks
 from student_src.kit.errors import KitError
 
 # Protocol constants (measured, see the module docstring and benchmarks/traffic/README.md)
@@ -210,6 +211,7 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
     * 2a: one gather + one scatter through rank 0 per gradient tensor;
     * 2b: one ring all_reduce per gradient tensor;
     * 3 / 5 (DDP, bucketed): one ring all_reduce per bucket (same total bytes as 2b);
+      (the task table's ``traffic`` column says which; a task not in it is modelled as 2b)
     * plus the collective the trainer does for logging (``logging = (op, nbytes)``; the kit's
       trainer all-gathers (loss, seconds) as float64: ``("all_gather", 16)``; a float32 loss
       all_reduce would be ``("all_reduce", 4)``).
@@ -218,14 +220,14 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
     t = Traffic.zero(n)
     if n == 1:
         return t
-    task = str(task).lower()
-    if task == "2a":
+    pattern = traffic_pattern(task)
+    if pattern == "gather_scatter":
         for s in tensor_nbytes:
             t = t + gather_scatter_traffic(s, n)
-    elif task in ("3", "5") and bucket_nbytes:
+    elif pattern == "ring_buckets" and bucket_nbytes:
         for s in bucket_nbytes:
             t = t + allreduce_traffic(s, n)
-    elif task != "1":
+    elif pattern is not None:
         for s in tensor_nbytes:
             t = t + allreduce_traffic(s, n)
     if logging:
@@ -233,9 +235,15 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
     return t
 
 
+def traffic_pattern(task) -> str | None:
+    """How ``task``'s gradients travel (the task table's ``traffic``); "ring" for a task not in it."""
+    row = tasks.TASKS.get(str(task).lower())
+    return "ring" if row is None else row.traffic
+
+
 def textbook_bytes(task: str, nbytes: int, n: int) -> int:
     """Bytes ONE rank sends per tensor by the textbook formulas (2a: a worker's S)."""
-    if str(task) == "2a":
+    if traffic_pattern(task) == "gather_scatter":
         return nbytes
     return round(2 * (n - 1) * nbytes / n)
 
