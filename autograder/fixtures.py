@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .task_table import tasks as task_table
+
 VOCAB = 50
 SEQ = 6
 HIDDEN = 8
@@ -148,7 +150,8 @@ def student_function(ctx, module: str, name: str):
     return fn
 
 
-SYNC_FUNCTIONS = {"2a": "gather_scatter_average", "2b": "allreduce_average"}
+#: the student function of each gradient-sync task (the task table's first function)
+SYNC_FUNCTIONS = {t.id: t.functions[0] for t in task_table.TASKS.values() if t.sync == "function"}
 
 
 def run_sync(ctx, task: str, model_kwargs: dict, dtype: torch.dtype | None = None,

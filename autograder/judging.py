@@ -16,8 +16,9 @@ from . import fixtures as F
 from .registry import CheckFailure
 
 SYNC_FUNCTIONS = F.SYNC_FUNCTIONS
-ALLOWED_COLLECTIVES = {"2a": {"gather", "scatter", "barrier"}, "2b": {"all_reduce", "barrier"}}
-REQUIRED_COLLECTIVES = {"2a": {"gather", "scatter"}, "2b": {"all_reduce"}}
+#: per task, the collectives its code may call and those it must call (the kit's task table)
+ALLOWED_COLLECTIVES = {t.id: set(t.collectives) for t in F.task_table.TASKS.values() if t.collectives is not None}
+REQUIRED_COLLECTIVES = {t.id: set(t.must_call) for t in F.task_table.TASKS.values() if t.must_call}
 
 #: (atol, rtol) per gradient dtype
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-10, 1e-10)}

@@ -11,6 +11,8 @@ import os
 import re
 from pathlib import Path
 
+from .task_table import tasks as task_table
+
 try:
     import tomllib  # Python 3.11+
 except ImportError:  # Python 3.10 (Gradescope's Ubuntu 22.04 image): points.toml is simple enough
@@ -100,8 +102,8 @@ def visibility_for(check) -> str:
 
 
 def extra_credit_tasks() -> frozenset[str]:
-    """Tasks whose tests are extra credit (``[tasks] extra_credit``; Task 5 unless the file says otherwise)."""
-    tasks = _load().get("tasks", {}).get("extra_credit", ["5"])
+    """Tasks whose tests are extra credit (``[tasks] extra_credit``; else the task table's, Task 5)."""
+    tasks = _load().get("tasks", {}).get("extra_credit", task_table.ids(lambda t: t.extra_credit))
     if isinstance(tasks, str):
         tasks = [tasks]
     return frozenset(str(t).strip().lower().removeprefix("task") for t in tasks)

@@ -44,12 +44,13 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
-#: the order tasks appear in tables and results (unknown tasks go last)
-TASK_ORDER = ["0", "1", "2", "2a", "2b", "3", "4", "5"]
+from .task_table import tasks as task_table
+
+#: the order tasks appear in tables and results (unknown tasks go last): the kit's task table
+TASK_ORDER = task_table.ids()
 
 #: the student module each task is about (``student_src/<name>.py``)
-TASK_MODULES = {"0": "collectives", "1": "train", "2": "partition", "2a": "sync", "2b": "sync", "3": "ddp",
-                "4": "profiling", "5": "bucketed"}
+TASK_MODULES = {t.id: t.module for t in task_table.TASKS.values()}
 
 #: packages scanned for check modules; the hidden one is absent from the student release
 CHECK_PACKAGES = ["autograder.public", "autograder.checks"]

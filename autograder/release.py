@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from .strip import has_markers, strip_notebook, strip_source
+from .task_table import tasks as task_table
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,8 +48,8 @@ INSTRUCTOR_ONLY = {"checks", "references.py", "release.py", "strip.py", "gradesc
 PUBLIC_TESTS = ["test_public*.py"]
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info", ".pytest_cache",
                                 "cached", ".DS_Store")
-#: student modules the verification imports
-STUDENT_MODULES = ["train", "partition", "sync", "ddp", "profiling", "bucketed"]
+#: student modules the verification imports (every task's, from the task table)
+STUDENT_MODULES = task_table.modules()
 
 
 def _copy(src: Path, dst: Path) -> None:

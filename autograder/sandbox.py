@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from .task_table import ENV as TASK_TABLE_ENV, table_path
+
 LEVELS = ("bwrap", "user", "process")
 SCRATCH_BYTES = 1 << 30   # the sandbox's /tmp (memory-backed): a submission cannot fill the RAM with files
 #: what of the grader's environment reaches student code (names, or prefixes ending in "_"):
@@ -152,6 +154,8 @@ def bwrap_argv(scratch: str, readable: list[str]) -> list[str]:
         argv += ["--ro-bind", path, path]
     for path in hidden_student_src():
         argv += ["--tmpfs", path]
+    table = str(table_path())  # the kit's task table, one stdlib-only file (autograder/task_table.py)
+    argv += ["--ro-bind", table, table]
     argv += ["--dir", scratch, "--chdir", scratch, "--setenv", "HOME", scratch, "--setenv", "TMPDIR", scratch]
     return argv
 
@@ -285,7 +289,7 @@ class Sandbox:
         env.update({"AUTOGRADER_PRELOAD_TRANSFORMERS": "1" if self.transformers else "0",
                     "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "TORCH_CPP_LOG_LEVEL": env.get("TORCH_CPP_LOG_LEVEL", "FATAL"),
-                    "PYTHONPATH": str(GRADER_PACKAGE.parent)})
+                    "PYTHONPATH": str(GRADER_PACKAGE.parent), TASK_TABLE_ENV: str(table_path())})
         level = self.isolation.level
         if level == "bwrap":
             self.scratch = "/tmp/sandbox"

@@ -12,7 +12,7 @@ becomes one line at the marker's indentation,
 file still imports). ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` regions are
 removed. Every other byte of the file is kept as it was.
 
-Notebooks: the same in code cells (the task comes from the file name, ``2a_gather_scatter``);
+Notebooks: the same in code cells (the task comes from the task table's notebook column: ``2a_gather_scatter`` is 2a's);
 solution regions in markdown cells become ``YOUR ANSWER HERE`` (nbgrader's convention); hidden
 test regions are removed (a cell left empty by that is dropped unless nbgrader grades it);
 outputs, execution counts and stored widget state are cleared.
@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import re
 
+from .task_table import tasks as task_table
+
 BEGIN = re.compile(r"^([ \t]*)### BEGIN SOLUTION[ \t]*\r?\n?$")
 END = re.compile(r"^[ \t]*### END SOLUTION[ \t]*\r?\n?$")
 HIDDEN_BEGIN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[ \t]*\r?\n?$")
@@ -30,9 +32,6 @@ HIDDEN_END = re.compile(r"^[ \t]*### END HIDDEN TESTS[ \t]*\r?\n?$")
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?(def|class)[ \t]+(\w+)")
 
-#: which task a student file belongs to (sync.py is decided per function)
-FILE_TASKS = {"collectives.py": "0", "train.py": "1", "partition.py": "2", "ddp.py": "3", "profiling.py": "4", "bucketed.py": "5"}
-NOTEBOOK_TASK = re.compile(r"^(\d[ab]?)_")
 
 
 class StripError(ValueError):
@@ -55,18 +54,19 @@ def _enclosing(lines, index: int, indent: int):
 
 
 def task_for(filename: str, qualname: str | None) -> str | None:
+    """The task a solution region belongs to, from the task table: the task of the student
+    module (of the function, where a module serves two tasks, as sync.py does), or the notebook's."""
     base = filename.replace("\\", "/").rsplit("/", 1)[-1]
-    if base == "sync.py":
-        fn = (qualname or "").lower()
-        if "gather" in fn or "scatter" in fn:
-            return "2a"
-        if "allreduce" in fn or "all_reduce" in fn:
-            return "2b"
-        return "2a/2b"
     if base.endswith(".ipynb"):
-        m = NOTEBOOK_TASK.match(base)
-        return m.group(1) if m else None
-    return FILE_TASKS.get(base)
+        stem = base.removesuffix(".ipynb")
+        owners = task_table.for_notebook(stem)  # 2a_gather_scatter teaches 2 and 2a: its name says 2a
+        named = [t for t in owners if stem.startswith(t.id + "_")]
+        return (named or owners)[0].id if owners else None
+    owners = task_table.for_module(base.removesuffix(".py")) if base.endswith(".py") else []
+    if len(owners) > 1:
+        top = (qualname or "").split(".", 1)[0]
+        owners = [t for t in owners if top in t.functions] or owners
+    return "/".join(t.id for t in owners) or None
 
 
 def todo_message(task: str | None, qualname: str | None) -> str:

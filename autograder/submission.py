@@ -25,14 +25,16 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .task_table import tasks as task_table
+
 from .registry import TASK_MODULES
 
 STUDENT_FILES = {f"{m}.py" for m in TASK_MODULES.values()}
 SKIP_DIRS = {"__pycache__", "__MACOSX", ".git", ".venv", "venv", "node_modules", ".ipynb_checkpoints", "kit"}
-TASK_DIR_RE = re.compile(r"^task[\s_-]*(\d[ab]?)$", re.I)
-#: which task folders each task prefers, best first
-PREFERRED = {"0": ["task0", "task1", "task2a", "task2b", "task3"], "1": ["task1"], "2": ["task2", "task2a", "task2b", "task3"], "2a": ["task2a"], "2b": ["task2b"],
-             "3": ["task3"], "4": ["task4", "task2b"], "5": ["task5"]}
+#: a task folder of the export (``task2a``, ``Task_2a``), for every task of the table (longest ids first)
+TASK_DIR_RE = re.compile(r"^task[\s_-]*(" + "|".join(sorted(map(re.escape, task_table.TASKS), key=len, reverse=True)) + r")$", re.I)
+#: which task folders each task prefers, best first (the task table's ``graded_from``)
+PREFERRED = {t.id: list(t.folders) for t in task_table.TASKS.values()}
 MAX_ZIP_BYTES = 300 << 20
 MAX_ZIP_MEMBERS = 20_000
 MAX_FILE_BYTES = 2 << 20

@@ -9,7 +9,8 @@
         requirements.txt # what to pip install after torch
     OUT/launch.sh        # starts rank i on node i over ssh, with the multi-node flags
     OUT/CLOUDLAB.md      # how to run the tasks on a 4-node cluster
-    OUT/submission.zip   # the four task folders, ready to upload to Gradescope
+    OUT/profile.py, OUT/cloudlab_setup.sh, OUT/slurm.sbatch   # CloudLab profile, Slurm batch script
+    OUT/submission.zip   # the task folders, ready to upload to Gradescope
 
 Each task folder runs on its own (copy it to every node)::
 
@@ -24,7 +25,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-TASKS = ("1", "2a", "2b", "3")
+from student_src.kit import tasks as task_table
+
+#: the tasks with a folder in the export (the task table's ``export`` column)
+TASKS = tuple(task_table.ids(lambda t: t.export))
+#: ... and those of them that run on several nodes (what launch.sh starts)
+MULTI_NODE = tuple(t for t in TASKS if task_table.get(t).distributed)
 PACKAGE = Path(__file__).resolve().parent
 #: what a task folder needs to make its data (copied from the repository's data_scripts/)
 DATA_SCRIPTS = ("make_synthetic_rte.py", "download_glue_data.py")
@@ -76,7 +82,7 @@ LAUNCH_SH = r'''#!/usr/bin/env bash
 #
 #   ./launch.sh TASK "node0 node1 node2 node3" [IFNAME] [-- extra run_glue.py flags]
 #
-# TASK is 2a, 2b or 3 (the folder task$TASK/ of this export runs on every node). The first node is the master (rank 0); MASTER_IP defaults to 10.10.1.1,
+# TASK is @MULTI_NODE@ (the folder task$TASK/ of this export runs on every node). The first node is the master (rank 0); MASTER_IP defaults to 10.10.1.1,
 # CloudLab's experimental-network address of node0. IFNAME (e.g. enp6s0f1, see `ip -br addr`)
 # becomes GLOO_SOCKET_IFNAME so gloo uses the experimental network, not the control network.
 # REMOTE_DIR is where this folder lives on every node (default: the same path as here).
@@ -84,7 +90,7 @@ LAUNCH_SH = r'''#!/usr/bin/env bash
 set -euo pipefail
 TASK=${1:?usage: ./launch.sh TASK "node0 node1 ..." [IFNAME] [-- flags]}
 HERE=$(cd "$(dirname "$0")" && pwd)
-[[ -f "$HERE/task$TASK/run_glue.py" ]] || { echo "no task$TASK/run_glue.py next to launch.sh (TASK is 1, 2a, 2b or 3)" >&2; exit 2; }
+[[ -f "$HERE/task$TASK/run_glue.py" ]] || { echo "no task$TASK/run_glue.py next to launch.sh (TASK is @TASKS@)" >&2; exit 2; }
 read -r -a NODES <<< "${2:?give the node list in quotes}"
 shift 2
 IFNAME=""
@@ -116,8 +122,8 @@ exit $status
 
 CLOUDLAB_MD = '''# Running the tasks on a 4-node cluster (CloudLab or any other)
 
-This folder is everything a node needs: each task folder (`task1/`, `task2a/`, `task2b/`,
-`task3/`) holds run_glue.py, your student_src/ (with the kit), data_scripts/ and requirements.txt.
+This folder is everything a node needs: each task folder ({folders}) holds
+run_glue.py, your student_src/ (with the kit), data_scripts/ and requirements.txt.
 
 1. Copy this folder to the same path on every node (or use a shared home directory), and on
    each node install the environment, torch first (the CPU build here; your cluster's CUDA
@@ -126,7 +132,7 @@ This folder is everything a node needs: each task folder (`task1/`, `task2a/`, `
        pip install {torch_spec}
        pip install -r task2a/requirements.txt
 
-2. Make the data on each node, once for all four task folders (it lands in
+2. Make the data on each node, once for all the task folders (it lands in
    `data/glue_data/RTE` here, where every `run_glue.py` finds it):
 
        python task2a/data_scripts/make_synthetic_rte.py
@@ -149,7 +155,12 @@ This folder is everything a node needs: each task folder (`task1/`, `task2a/`, `
    1023 and free (`ss -ltn`), and that no firewall blocks it. Set `GLOO_SOCKET_IFNAME` to the
    experimental interface if gloo picks the wrong network (the kit does this for you when it
    can find the interface on the master's subnet).
-6. For the report: `--timing_iters 40` prints the mean time per iteration of iterations 2..40;
+6. Two shortcuts, both written by the export beside launch.sh: `profile.py` is a CloudLab
+   profile (put this folder in a git repository and make a profile from it: N nodes on one LAN
+   at 10.10.1.1, 10.10.1.2, ..., with `cloudlab_setup.sh` run at boot, which installs
+   /local/venv and the data; then `PYTHON=/local/venv/bin/python ./launch.sh ...` on node0).
+   On a Slurm cluster: `sbatch --nodes 4 slurm.sbatch 2b` (one torchrun per node).
+7. For the report: `--timing_iters 40` prints the mean time per iteration of iterations 2..40;
    `--measure_traffic` compares the bytes on the NIC with what the algorithm predicts. Ranks
    that share a machine share its cores (`--num_threads N` sets the threads per rank).
 '''
@@ -189,6 +200,7 @@ def _data_scripts(source: Path) -> Path:
 def export(out: Path, force: bool = False, source: Path = PACKAGE) -> Path:
     """Write the task folders, the launch script, the guide and ``submission.zip`` into ``out``."""
     from student_src.kit.errors import KitError
+    from student_src.kit.real_clusters import write_cluster_files
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not force:
@@ -207,9 +219,11 @@ def export(out: Path, force: bool = False, source: Path = PACKAGE) -> Path:
             (folder / "requirements.txt").write_text(
                 f"# pip install {TORCH_SPEC}   (first), then: pip install -r requirements.txt\n"
                 + "".join(r + "\n" for r in REQUIREMENTS))
-        (staging / "launch.sh").write_text(LAUNCH_SH)
+        (staging / "launch.sh").write_text(LAUNCH_SH.replace("@MULTI_NODE@", task_table.spoken(MULTI_NODE))
+                                           .replace("@TASKS@", task_table.spoken(TASKS)))
         (staging / "launch.sh").chmod(0o755)
-        (staging / "CLOUDLAB.md").write_text(CLOUDLAB_MD.format(torch_spec=TORCH_SPEC))
+        (staging / "CLOUDLAB.md").write_text(CLOUDLAB_MD.format(torch_spec=TORCH_SPEC, folders=", ".join(f"`task{t}/`" for t in TASKS)))
+        write_cluster_files(staging, TORCH_SPEC)
         with zipfile.ZipFile(staging / "submission.zip", "w", zipfile.ZIP_DEFLATED) as zf:
             for task in TASKS:
                 for path in sorted((staging / f"task{task}").rglob("*")):
@@ -236,7 +250,7 @@ def main(argv=None) -> int:
     except KitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {out}/task1 task2a task2b task3, launch.sh, CLOUDLAB.md and {out}/submission.zip")
+    print(f"wrote {out}/{' '.join('task' + t for t in TASKS)}, launch.sh, CLOUDLAB.md, profile.py, slurm.sbatch and {out}/submission.zip")
     return 0
 
 

@@ -125,7 +125,7 @@ def test_ranks_started_with_the_multi_node_flags_share_the_hosts_cores(small_rte
 
 
 def test_torchrun_local_world_size_sets_the_share_and_num_threads_overrides(monkeypatch):
-    from student_src.kit import dist as kdist
+    from student_src.kit import process_group
     from student_src.kit.config import parse_config
     from student_src.kit.launch import available_cores
 
@@ -135,14 +135,14 @@ def test_torchrun_local_world_size_sets_the_share_and_num_threads_overrides(monk
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     try:
-        ctx = kdist.init_distributed(parse_config(["--task", "3"]))
-        kdist.cleanup()
+        ctx = process_group.init_distributed(parse_config(["--task", "3"]))
+        process_group.cleanup()
         assert ctx.mode == "env" and ctx.ranks_on_host == 2
         assert ctx.threads == torch.get_num_threads() == max(1, available_cores() // 2)
         monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-        ctx = kdist.init_distributed(parse_config(["--task", "3", "--num_threads", "3"]))
-        kdist.cleanup()
+        ctx = process_group.init_distributed(parse_config(["--task", "3", "--num_threads", "3"]))
+        process_group.cleanup()
         assert ctx.threads == torch.get_num_threads() == 3
     finally:
-        kdist.cleanup()
+        process_group.cleanup()
         torch.set_num_threads(before)

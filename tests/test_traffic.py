@@ -1,4 +1,4 @@
-"""kit/traffic.py: the traffic models, the meter, the sampler, and one real 4-rank run."""
+"""kit/traffic_model.py and traffic_meter.py: the traffic models, the meter, the sampler, and one real 4-rank run."""
 import csv
 import json
 import os
@@ -12,7 +12,9 @@ import uuid
 
 import pytest
 
-from student_src.kit import traffic as tr
+from student_src.kit import network_interface as nif
+from student_src.kit import traffic_meter as meter
+from student_src.kit import traffic_model as model
 from student_src.kit.errors import KitError
 
 
@@ -20,7 +22,7 @@ from student_src.kit.errors import KitError
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 @pytest.mark.parametrize("nbytes", [4, 512, 4000, 4096, 1_000_004, 16 << 20])
 def test_ring_allreduce_sums_to_textbook(nbytes, n):
-    t = tr.allreduce_traffic(nbytes, n)
+    t = model.allreduce_traffic(nbytes, n)
     assert t.total_payload == 2 * (n - 1) * nbytes          # exact, over all ranks
     assert sum(t.recv) == t.total_payload
     per_rank = 2 * (n - 1) * nbytes / n
@@ -30,79 +32,79 @@ def test_ring_allreduce_sums_to_textbook(nbytes, n):
 
 
 def test_ring_allreduce_small_tensor_uses_few_messages():
-    t = tr.allreduce_traffic(4, 4)                 # one element: one non-empty segment
+    t = model.allreduce_traffic(4, 4)                 # one element: one non-empty segment
     assert t.total_payload == 24 and t.total_msgs == 6
-    assert tr.allreduce_traffic(4096, 4).total_msgs == 48     # 8 segments, 6 sent per rank
+    assert model.allreduce_traffic(4096, 4).total_msgs == 48     # 8 segments, 6 sent per rank
 
 
 def test_world_size_one_sends_nothing():
-    for f in (tr.allreduce_traffic, tr.gather_scatter_traffic, tr.allgather_traffic, tr.broadcast_traffic):
+    for f in (model.allreduce_traffic, model.gather_scatter_traffic, model.allgather_traffic, model.broadcast_traffic):
         t = f(1000, 1)
         assert t.total_payload == 0 and t.total_msgs == 0
-    assert tr.barrier_traffic(1).total_msgs == 0
+    assert model.barrier_traffic(1).total_msgs == 0
 
 
 def test_gather_scatter_root_versus_worker():
     s, n = 1000, 4
-    t = tr.gather_scatter_traffic(s, n)
+    t = model.gather_scatter_traffic(s, n)
     assert (t.sent[0], t.recv[0]) == ((n - 1) * s, (n - 1) * s)
     assert all((t.sent[r], t.recv[r]) == (s, s) for r in range(1, n))
 
 
 def test_allgather_and_broadcast_and_barrier():
-    assert tr.allgather_traffic(16, 4).sent == [48] * 4
-    b = tr.broadcast_traffic(100, 4)
+    assert model.allgather_traffic(16, 4).sent == [48] * 4
+    b = model.broadcast_traffic(100, 4)
     assert b.sent == [300, 0, 0, 0] and b.recv == [0, 100, 100, 100]
-    assert tr.barrier_traffic(4).total_msgs == 8 and tr.barrier_traffic(5).total_msgs == 15
+    assert model.barrier_traffic(4).total_msgs == 8 and model.barrier_traffic(5).total_msgs == 15
     with pytest.raises(KitError):
-        tr.collective_traffic("reduce_scatter", 4, 4)
+        model.collective_traffic("reduce_scatter", 4, 4)
 
 
 def test_step_traffic_per_task():
     sizes = [4000, 400]
-    a = tr.step_traffic("2a", 4, sizes, logging=None)
-    b = tr.step_traffic("2b", 4, sizes, logging=None)
-    d = tr.step_traffic("3", 4, sizes, bucket_nbytes=[4400], logging=None)
+    a = model.step_traffic("2a", 4, sizes, logging=None)
+    b = model.step_traffic("2b", 4, sizes, logging=None)
+    d = model.step_traffic("3", 4, sizes, bucket_nbytes=[4400], logging=None)
     assert a.sent[0] == 3 * 4400 and a.sent[1] == 4400
     assert b.total_payload == d.total_payload == 6 * 4400
     assert d.total_msgs < b.total_msgs                       # one bucket, fewer messages
-    with_log = tr.step_traffic("2b", 4, sizes)
+    with_log = model.step_traffic("2b", 4, sizes)
     assert with_log.total_payload == b.total_payload + 4 * 3 * 16
-    assert tr.step_traffic("1", 4, sizes).total_payload == 4 * 3 * 16   # logging only
+    assert model.step_traffic("1", 4, sizes).total_payload == 4 * 3 * 16   # logging only
 
 
 def test_wire_model_scopes_agree():
-    t = tr.allreduce_traffic(1 << 20, 4)
-    w = tr.WireModel()
+    t = model.allreduce_traffic(1 << 20, 4)
+    w = model.WireModel()
     nodes = [w.node(t, r) for r in range(4)]
     # every byte sent by one node is received by another, so node totals = 2 x loopback total
     assert sum(x["total"] for x in nodes) == pytest.approx(2 * w.loopback_total(t))
-    assert tr.header_fraction("x", mtu=1500) > 20 * tr.header_fraction("x", mtu=65536)
+    assert meter.header_fraction("x", mtu=1500) > 20 * meter.header_fraction("x", mtu=65536)
 
 
 # ------------------------------------------------------------------------------- interfaces
 def test_loopback_and_address_lookup():
-    lo = tr.loopback_interface()
+    lo = nif.loopback_interface()
     assert lo in ("lo", "lo0") or lo.startswith("lo")
-    assert tr.interface_for_address("127.0.0.1") == lo
-    assert tr.choose_interface(master_ip="127.0.0.1") == lo
-    assert tr.choose_interface(master_ip="localhost") == lo
+    assert nif.interface_for_address("127.0.0.1") == lo
+    assert meter.choose_interface(master_ip="127.0.0.1") == lo
+    assert meter.choose_interface(master_ip="localhost") == lo
     with pytest.raises(KitError, match="resolve"):
-        tr.choose_interface(master_ip="no-such-host.invalid")
-    assert tr.choose_interface() == lo
+        meter.choose_interface(master_ip="no-such-host.invalid")
+    assert meter.choose_interface() == lo
 
 
 @pytest.mark.parametrize("bad", ["203.0.113.77", "not-an-ip"])
 def test_missing_interface_is_a_clear_error(bad):
     with pytest.raises(KitError, match="interface|address"):
-        tr.interface_for_address(bad)
+        nif.interface_for_address(bad)
 
 
 def test_unknown_interface_name():
     with pytest.raises(KitError, match="not found"):
-        tr.TrafficMeter("no-such-nic0")
+        meter.TrafficMeter("no-such-nic0")
     with pytest.raises(KitError, match="not found"):
-        tr.RunTrafficMeter("2b", 2, 0, interface="no-such-nic0")
+        meter.RunTrafficMeter("2b", 2, 0, interface="no-such-nic0")
 
 
 def _blast(nbytes: int) -> None:
@@ -134,7 +136,7 @@ def _blast(nbytes: int) -> None:
 
 
 def test_meter_counts_running_spans_only():
-    m = tr.TrafficMeter(tr.loopback_interface())
+    m = meter.TrafficMeter(nif.loopback_interface())
     m.start()
     _blast(2_000_000)
     m.pause()
@@ -152,7 +154,7 @@ def test_meter_counts_running_spans_only():
 
 def test_sampler_writes_csv_and_stops(tmp_path):
     path = tmp_path / "traffic.csv"
-    with tr.TrafficSampler(tr.loopback_interface(), str(path), interval=0.05) as s:
+    with meter.TrafficSampler(nif.loopback_interface(), str(path), interval=0.05) as s:
         _blast(1_000_000)
         time.sleep(0.3)
     assert s._thread is None
@@ -163,7 +165,7 @@ def test_sampler_writes_csv_and_stops(tmp_path):
 
 
 def test_run_meter_single_process_block():
-    m = tr.RunTrafficMeter("2b", 4, 0)
+    m = meter.RunTrafficMeter("2b", 4, 0)
     m.start()
     m.pause(); m.resume(); m.epoch_end(0)
     block = m.finish(10, 1000, comm_records=[{"op": "all_reduce", "nbytes": 600},

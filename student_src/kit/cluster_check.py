@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from student_src.kit.traffic import RunTrafficMeter
+from student_src.kit.traffic_meter import RunTrafficMeter
 
 
 def parse_args(argv=None):

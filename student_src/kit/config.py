@@ -15,16 +15,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from . import tasks
 from .errors import KitError
-
-TASKS = ("1", "2a", "2b", "3", "5")
-TASK_TITLES = {
-    "1": "single node",
-    "2a": "gather/scatter",
-    "2b": "all_reduce",
-    "3": "DistributedDataParallel",
-    "5": "bucketed overlap (advanced)",
-}
 
 
 @dataclass
@@ -57,7 +49,7 @@ class TrainConfig:
     num_threads: int | None = None
     no_progress: bool = False
     timing_iters: int | None = None
-    # distributed (see student_src/kit/dist.py)
+    # distributed (see student_src/kit/process_group.py)
     master_ip: str | None = None
     master_port: int | None = None
     world_size: int | None = None
@@ -67,7 +59,7 @@ class TrainConfig:
     init_method: str | None = None
     dist_timeout: float = 60.0
     no_cuda: bool = False
-    # Task 4 traffic measurement (student_src/kit/traffic.py)
+    # Task 4 traffic measurement (student_src/kit/traffic_meter.py, traffic_model.py)
     measure_traffic: bool = False
     traffic_interface: str | None = None
     traffic_csv: str | None = None
@@ -84,10 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m student_src.run_glue",
         description="Fine-tune a BERT-family model on a GLUE task: Task 1 on one node, "
-        "Tasks 2a/2b/3/5 data-parallel (--spawn for local ranks, or the multi-node flags).",
+        f"Tasks {'/'.join(tasks.ids(lambda t: t.distributed))} data-parallel (--spawn for local ranks, or the multi-node flags).",
     )
     g = p.add_argument_group("task")
-    g.add_argument("--task", choices=TASKS, help="which assignment task to run (default 1)")
+    g.add_argument("--task", choices=tasks.ids(lambda t: t.trains), help="which assignment task to run (default 1)")
     g.add_argument("--config", help="JSON file of flag values; command-line flags win")
 
     g = p.add_argument_group("model and data (the original run_glue.py flags)")
@@ -122,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timing_iters", type=int, help="timing protocol: run N iterations, drop the first, report the mean (the assignment uses 40)")
     g.add_argument("--num_threads", type=int, help="torch threads per process (default: cores / local ranks)")
 
-    g = p.add_argument_group("distributed (Tasks 2a, 2b, 3, 5)")
+    g = p.add_argument_group(f"distributed (Tasks {', '.join(tasks.ids(lambda t: t.distributed))})")
     g.add_argument("--master_ip", help="rank 0's IP address (multi-node)")
     g.add_argument("--master_port", type=int, help="a free TCP port on the master, above 1023")
     g.add_argument("--world_size", type=int, help="number of workers")
@@ -183,8 +175,11 @@ def parse_config(argv=None, defaults: dict | None = None) -> TrainConfig:
 def validate(cfg: TrainConfig) -> None:
     """Catch inconsistent flags before anything starts, each with a one-line fix."""
     cfg.task = str(cfg.task)
-    if cfg.task not in TASKS:
-        raise KitError(f"unknown --task {cfg.task!r}; choose one of {', '.join(TASKS)}")
+    runnable = tasks.ids(lambda t: t.trains)
+    if cfg.task not in runnable:
+        raise KitError(f"unknown --task {cfg.task!r}; choose one of {', '.join(runnable)}")
+    task = tasks.get(cfg.task)
+    distributed = tasks.spoken(tasks.ids(lambda t: t.distributed))
     if cfg.world_size is not None and cfg.world_size < 1:
         raise KitError(f"--world_size must be at least 1, got {cfg.world_size}")
     if cfg.spawn and cfg.local_rank >= 0:
@@ -204,8 +199,8 @@ def validate(cfg: TrainConfig) -> None:
         raise KitError("--master_ip needs --master_port (a free port above 1023 on the master)")
     if cfg.master_port is not None and not 0 < cfg.master_port < 65536:
         raise KitError(f"--master_port must be in 1..65535, got {cfg.master_port}")
-    if cfg.task == "1" and (cfg.world_size or 1) > 1:
-        raise KitError("Task 1 is single-node; use --task 2a, 2b, 3 or 5 with --world_size > 1")
+    if not task.distributed and (cfg.world_size or 1) > 1:
+        raise KitError(f"Task {task.id} is single-node; use --task {distributed} with --world_size > 1")
     for name in ("max_seq_length", "per_device_eval_batch_size"):
         if getattr(cfg, name) < 1:
             raise KitError(f"--{name} must be positive")
@@ -219,11 +214,12 @@ def validate(cfg: TrainConfig) -> None:
         raise KitError("--dist_timeout must be positive")
     if not cfg.do_train and not cfg.do_eval:
         raise KitError("nothing to do: pass --do_train and/or --do_eval")
-    if cfg.measure_traffic and cfg.task == "1":
-        raise KitError("--measure_traffic measures gradient traffic between ranks: use it with --task 2a, 2b, 3 or 5")
-    if cfg.grad_compression != "none" and cfg.task not in ("3", "5"):
-        raise KitError(f"--grad_compression compresses DDP's or your BucketedDDP's all_reduce: use it with --task 3 or 5, "
-                       f"not --task {cfg.task}")
+    if cfg.measure_traffic and not task.distributed:
+        raise KitError(f"--measure_traffic measures gradient traffic between ranks: use it with --task {distributed}")
+    wrappers = tasks.ids(lambda t: t.sync in tasks.WRAPPERS)
+    if cfg.grad_compression != "none" and cfg.task not in wrappers:
+        raise KitError(f"--grad_compression compresses DDP's or your BucketedDDP's all_reduce: use it with "
+                       f"--task {tasks.spoken(wrappers)}, not --task {cfg.task}")
     world = cfg.world_size
     if world is None and "RANK" in os.environ and os.environ.get("WORLD_SIZE", "").isdigit():
         world = int(os.environ["WORLD_SIZE"])  # torchrun

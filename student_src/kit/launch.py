@@ -117,7 +117,7 @@ def _child(fn, rank, world_size, store_port, threads, events, results, args, kwa
     import torch
 
     torch.set_num_threads(threads)
-    from . import dist as kdist
+    from . import process_group
 
     try:
         if init_group:
@@ -125,9 +125,9 @@ def _child(fn, rank, world_size, store_port, threads, events, results, args, kwa
 
             store = tdist.TCPStore("127.0.0.1", store_port, world_size, False,
                                    datetime.timedelta(seconds=cfg.dist_timeout))
-            ctx = kdist.init_distributed(cfg, rank=rank, world_size=world_size, store=store)
+            ctx = process_group.init_distributed(cfg, rank=rank, world_size=world_size, store=store)
         else:
-            ctx = kdist.DistContext(rank=rank, world_size=world_size, local_rank=rank, mode="spawn",
+            ctx = process_group.DistContext(rank=rank, world_size=world_size, local_rank=rank, mode="spawn",
                                     ranks_on_host=world_size, threads=threads)
         value = fn(ctx, *args, **kwargs)
         # Plain pickle, not the queue's: torch would share tensors through file descriptors
@@ -145,7 +145,7 @@ def _child(fn, rank, world_size, store_port, threads, events, results, args, kwa
         results.join_thread()
         os._exit(1)
     finally:
-        kdist.cleanup()
+        process_group.cleanup()
     results.close()
     results.join_thread()
     events.close()

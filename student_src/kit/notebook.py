@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import tasks
+
 ENV_QUICK, ENV_RUNS, ENV_DATA, ENV_ROOT = "KIT_NOTEBOOK_QUICK", "KIT_RUNS_DIR", "KIT_DATA_DIR", "KIT_ROOT"
 
 #: flags per mode; the task, world size, steps and output folder are added per run
@@ -42,7 +44,6 @@ QUICK_FLAGS = ["--model_name_or_path", "tiny", "--max_seq_length", "32", "--glob
 FULL_FLAGS = ["--model_name_or_path", "minilm", "--max_seq_length", "128", "--global_batch_size", "64",
               "--learning_rate", "2e-5", "--num_train_epochs", "3", "--dropout", "0", "--logging_steps", "10"]
 QUICK_STEPS = 3
-DIST_TASKS = ("2a", "2b", "3", "5")
 
 
 # --------------------------------------------------------------------------- set-up
@@ -143,14 +144,14 @@ def task_argv(task: str, s: Session | None = None, steps: int | None = None, nam
     """The ``run_glue`` flags of one notebook run (what you would type in a terminal)."""
     s = s or session()
     task = str(task)
-    ws = 1 if task == "1" else (world_size or s.world_size)
+    ws = (world_size or s.world_size) if tasks.get(task).distributed else 1
     steps = steps if steps is not None else s.steps if s.steps is not None else (QUICK_STEPS if s.quick else None)
     extra = [str(a) for a in extra]
     argv = ["--task", task, "--data_dir", str(s.data_dir), "--output_dir", str(s.runs_dir / run_name(task, name)),
             "--overwrite_output_dir", "--spawn", "--world_size", str(ws), "--no_progress", *_without(s.flags, extra)]
     if steps:
         argv += ["--max_steps", str(steps)]
-    if s.quick and task != "1":
+    if s.quick and tasks.get(task).distributed:
         argv += ["--do_train"]  # quick mode: Task 1 evaluates once; the others only train (faster)
     return argv + extra
 
@@ -177,7 +178,7 @@ def run_task(task: str, steps: int | None = None, name: str | None = None, extra
     Writes ``metrics.json`` to ``runs/<mode>/<name or taskX>/``. Returns None (and trains
     nothing) while nbgrader executes the notebook.
     """
-    from .config import TASK_TITLES, parse_config
+    from .config import parse_config
     from .trainer import run
 
     if grading():
@@ -185,7 +186,7 @@ def run_task(task: str, steps: int | None = None, name: str | None = None, extra
         return None
     argv = task_argv(task, steps=steps, name=name, extra=extra, world_size=world_size)
     cfg = parse_config(argv)
-    title = title or (f"Task {task}: {TASK_TITLES.get(str(task), '')} on {cfg.world_size} rank(s), {cfg.model_name_or_path}"
+    title = title or (f"Task {task}: {tasks.get(task).title} on {cfg.world_size} rank(s), {cfg.model_name_or_path}"
                       + (f" [{name}]" if name else ""))
     monitor = RunMonitor(title, cfg.world_size)
     monitor.note("python -m student_src.run_glue " + " ".join(argv))

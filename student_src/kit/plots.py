@@ -20,8 +20,9 @@ from matplotlib.figure import Figure  # no pyplot: never touches the notebook's 
 from matplotlib.patches import Circle
 from matplotlib.ticker import MaxNLocator
 
+from . import tasks
+
 RANK_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
-TASK_COLORS = {"1": "#444444", "2a": "#1f77b4", "2b": "#2ca02c", "3": "#d62728", "5": "#9467bd"}
 
 
 def to_png(fig: Figure, dpi: int = 90) -> bytes:
@@ -29,6 +30,12 @@ def to_png(fig: Figure, dpi: int = 90) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     return buf.getvalue()
+
+
+def task_color(task_id) -> str:
+    """A task's colour from the task table (grey for a run whose task is not in it)."""
+    task = tasks.TASKS.get(str(task_id))
+    return task.color if task else tasks.DEFAULT_COLOR
 
 
 def _wrap(label: str) -> str:
@@ -95,7 +102,7 @@ def time_per_iteration(rows: list[dict], title: str = "") -> Figure:
     if rows:
         x = range(len(rows))
         ax.bar(x, [r["mean_s"] for r in rows], yerr=[r.get("std_s") or 0 for r in rows], capsize=4,
-               color=[TASK_COLORS.get(str(r.get("task")), "#888888") for r in rows])
+               color=[task_color(r.get("task")) for r in rows])
         ax.set_xticks(list(x), [_wrap(r["label"]) for r in rows], fontsize=8)
         for i, r in enumerate(rows):
             ax.annotate(f"{r['mean_s']:.3f} s\n({r['iterations']} it)", (i, r["mean_s"]), ha="center", va="bottom",

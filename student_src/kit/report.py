@@ -25,8 +25,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from . import tasks
+
 TIMING_ITERS = 40  # the assignment: mean over 40 iterations, first discarded
-TASK_ORDER = ["1", "2a", "2b", "3", "4", "5"]
 
 
 # --------------------------------------------------------------------------- loading
@@ -44,12 +45,7 @@ def load_runs(runs_dir) -> dict:
             continue
         name = path.parent.relative_to(root).as_posix()
         runs[name if name != "." else path.parent.name] = metrics
-    return dict(sorted(runs.items(), key=lambda kv: (_task_rank(kv[1].get("task")), kv[0])))
-
-
-def _task_rank(task) -> int:
-    task = str(task)
-    return TASK_ORDER.index(task) if task in TASK_ORDER else len(TASK_ORDER)
+    return dict(sorted(runs.items(), key=lambda kv: (tasks.order(kv[1].get("task")), kv[0])))
 
 
 def label(name: str, metrics: dict) -> str:

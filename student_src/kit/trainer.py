@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 
 from . import launch as klaunch
-from .config import TASK_TITLES, TrainConfig, per_worker_batch_size
+from . import tasks
+from .config import TrainConfig, per_worker_batch_size
 from .errors import KitError
 from .timing import summarize_iter_times
 
@@ -213,7 +214,7 @@ def train(cfg: TrainConfig, ctx) -> dict | None:
     model, sync_gradients, comm_log = setup_task(cfg, model, ctx)
 
     metrics = {
-        "task": cfg.task, "title": TASK_TITLES[cfg.task], "world_size": ctx.world_size,
+        "task": cfg.task, "title": tasks.get(cfg.task).title, "world_size": ctx.world_size,
         "backend": ctx.backend if cfg.task != "1" else None, "device": str(ctx.device),
         "model": {"name": cfg.model_name_or_path, "parameters": count_parameters(base_model)},
         "losses": [], "rank_losses": [[] for _ in range(ctx.world_size)], "iter_times": [],
@@ -236,7 +237,7 @@ def train(cfg: TrainConfig, ctx) -> dict | None:
         epochs = math.ceil(total_steps / steps_per_epoch)
         metrics.update(global_batch_size=per_worker * ctx.world_size, per_worker_batch_size=per_worker,
                        steps_per_epoch=steps_per_epoch, total_steps=total_steps)
-        log(f"Task {cfg.task} ({TASK_TITLES[cfg.task]}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
+        log(f"Task {cfg.task} ({tasks.get(cfg.task).title}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
             f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "
             f"{torch.get_num_threads()} thread(s) per rank, {ctx.ranks_on_host} rank(s) on this host]")
         optimizer, scheduler = build_optimizer(base_model, cfg, total_steps)
@@ -263,7 +264,7 @@ def _traffic_meter(cfg, ctx):
         return None
     if cfg.task == "1":
         raise KitError("--measure_traffic measures gradient traffic between ranks: use it with --task 2a, 2b, 3 or 5")
-    from .traffic import RunTrafficMeter
+    from .traffic_meter import RunTrafficMeter
 
     return RunTrafficMeter(cfg.task, ctx.world_size, ctx.rank, interface=cfg.traffic_interface,
                            master_ip=(ctx.master.rsplit(":", 1)[0] or None) if ctx.master else None,
@@ -448,28 +449,28 @@ def check_data(cfg: TrainConfig) -> None:
 
 def run(cfg: TrainConfig, on_event=None) -> dict:
     """Run ``cfg`` however it asks to be started; return rank 0's metrics."""
-    from . import dist as kdist
+    from . import process_group
 
     from .models import check_model_available
 
     check_output_dir(cfg)
-    kdist.pick_device(cfg, 0)  # --backend nccl without a GPU is refused here, not in every rank
+    process_group.pick_device(cfg, 0)  # --backend nccl without a GPU is refused here, not in every rank
     check_data(cfg)
     check_model_available(cfg.model_name_or_path)
     if cfg.spawn:
-        stall = max(cfg.dist_timeout, kdist.MIN_COLLECTIVE_TIMEOUT_S)
+        stall = max(cfg.dist_timeout, process_group.MIN_COLLECTIVE_TIMEOUT_S)
         results = klaunch.launch(rank_main, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
                                  on_event=on_event or ConsoleEvents(cfg))
         return results[0]
     with klaunch.event_sink(on_event):  # in-process runs report to on_event too (notebooks)
-        if cfg.task == "1" and kdist.resolve_mode(cfg) == "single":
-            ctx = kdist.DistContext(device=kdist.pick_device(cfg, 0)[0])
+        if cfg.task == "1" and process_group.resolve_mode(cfg) == "single":
+            ctx = process_group.DistContext(device=process_group.pick_device(cfg, 0)[0])
             return train(cfg, ctx)
-        ctx = kdist.init_distributed(cfg)
+        ctx = process_group.init_distributed(cfg)
         try:
             return train(cfg, ctx)
         finally:
-            kdist.cleanup()
+            process_group.cleanup()
 
 
 class ConsoleEvents:

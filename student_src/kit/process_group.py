@@ -21,7 +21,6 @@ in use, ranks started with different ``--world_size``, a rank that never shows u
 """
 
 import datetime
-import ipaddress
 import os
 import socket
 import sys
@@ -32,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import KitError
+from .network_interface import interface_towards, loopback_interface
 
 # Collectives may wait much longer than rendezvous: a slow rank may still be tokenising or
 # evaluating. A genuinely stuck collective still fails after this many seconds.
@@ -51,11 +51,6 @@ class DistContext:
     master: str = ""
     ranks_on_host: int = 1   # ranks of this run on this machine (they share its cores)
     threads: int = 0         # torch threads this rank uses
-
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
 
 
 def resolve_mode(cfg) -> str:
@@ -89,31 +84,23 @@ def pick_device(cfg, local_rank: int) -> tuple[torch.device, str]:
     return torch.device("cpu"), backend
 
 
-def interface_towards(ip: str) -> str | None:
-    """The local network interface on the same subnet as ``ip`` (None if unknown).
+def point_gloo_towards(master: str) -> None:
+    """Set ``GLOO_SOCKET_IFNAME`` to the NIC towards ``master`` (unless set, or it is loopback).
 
     Gloo picks its interface by resolving the host name, which on CloudLab (and inside network
-    namespaces) often lands on the wrong network; ``GLOO_SOCKET_IFNAME`` fixes that, and this
-    finds the right value for it.
+    namespaces) often lands on the wrong network. The NIC comes from
+    ``network_interface.interface_towards``, the same lookup the traffic meter uses, so the meter
+    counts the bytes of the NIC gloo sends on. A master that cannot be resolved or reached is
+    left to ``connect_store`` (or the student's init), which says what to check.
     """
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
     try:
-        import psutil
-        target = ipaddress.ip_address(ip)
-    except (ImportError, ValueError):
-        return None
-    if target.is_loopback:
-        return None
-    for name, addrs in psutil.net_if_addrs().items():
-        for a in addrs:
-            if not a.netmask or a.family.name not in ("AF_INET", "AF_INET6"):
-                continue
-            try:
-                net = ipaddress.ip_network(f"{a.address.split('%')[0]}/{a.netmask}", strict=False)
-            except ValueError:
-                continue
-            if target in net:
-                return name
-    return None
+        name = interface_towards(master)
+        if name != loopback_interface():
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+    except KitError:
+        pass
 
 
 def _timeout(seconds: float) -> datetime.timedelta:
@@ -275,9 +262,7 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
         else:
             where = (cfg.master_ip, cfg.master_port)
         if mode == "tcp":
-            ifname = interface_towards(where[0])
-            if ifname and not os.environ.get("GLOO_SOCKET_IFNAME"):
-                os.environ["GLOO_SOCKET_IFNAME"] = ifname
+            point_gloo_towards(where[0])
         if where[0] and str(where[1]).isdigit():  # else the kit's own set-up says what is wrong
             theirs = student_init(where[0], int(where[1]), rank, world_size, backend, timeout_s,
                                   agent_store=mode == "spawn")  # torchrun sets it for its workers itself
@@ -305,9 +290,7 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
                     raise KitError(f"--init_method {cfg.init_method!r}: expected tcp://IP:PORT")
                 port = int(p)
             master = f"{host}:{port}"
-            ifname = interface_towards(host)
-            if ifname and not os.environ.get("GLOO_SOCKET_IFNAME"):
-                os.environ["GLOO_SOCKET_IFNAME"] = ifname
+            point_gloo_towards(host)
             store = connect_store(host, port, rank, world_size, timeout_s, is_master=(rank == 0))
         ranks_on_host = rendezvous(store, rank, world_size, timeout_s)
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank,

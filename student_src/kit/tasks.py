@@ -1,0 +1,135 @@
+"""The assignment's tasks, in one table: every other place that needs to know the tasks reads it.
+
+The training loop (which student function syncs gradients), the flags (``--task`` choices and
+their messages), the report and plots (order, colours), the export (which task folders), the
+notebooks (titles) and the grader (which student module a task grades, which submission
+folders it is graded from, which collectives a sync may call, what is extra credit, what the
+release's TODOs say) all take what they need from ``TASKS`` below.
+
+Adding a task means a row here, its student module (``student_src/<module>.py``), its checks
+(``autograder/checks/`` and ``autograder/public/``) and its notebook
+(``autograder/course/build_notebooks.py``); ``autograder/README.md`` ("Adding a task") says so.
+
+This file imports nothing but the standard library: the grader loads it by its path
+(``autograder/task_table.py``), in its own process and in the sandbox, without importing the
+student package.
+
+``sync`` says how the kit's training loop runs a task (``trainer.setup_task``):
+
+* ``None``        not a training task (Task 0's collectives, Task 2's loader, Task 4's counts);
+* ``"none"``      one process, no synchronisation (Task 1);
+* ``"function"``  the task's first function, ``fn(model)``, is ``train_step``'s
+                  ``sync_gradients`` (given a ``comm_log=`` too when it takes one and the
+                  student's ``CommLog`` works);
+* ``"ddp"``       the task's first function wraps the model, which syncs inside ``backward()``;
+                  the kit adds ``--grad_compression``'s hook;
+* ``"bucketed"``  the task's first function is a wrapper class taking ``bucket_cap_mb`` and
+                  ``compression``; its ``finish_gradient_synchronization`` is the sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: the ``sync`` kinds that wrap the model (``--grad_compression`` applies to them)
+WRAPPERS = ("ddp", "bucketed")
+#: the colour of a task without one of its own (plots)
+DEFAULT_COLOR = "#888888"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One row of the table (see the module docstring)."""
+
+    id: str                          # "2a": what --task, the checks, points.toml and the notebooks say
+    title: str                       # short: tables, the run's first log line, notebook headers
+    module: str                      # student_src/<module>.py, the file the student edits for it
+    functions: tuple[str, ...]       # the student functions (or classes) of this task, the kit's first
+    notebook: str                    # notebooks/<notebook>.ipynb that teaches and checks it
+    color: str = DEFAULT_COLOR       # its colour in plots
+    sync: str | None = None          # how the training loop runs it (module docstring); None: no training run
+    collectives: frozenset[str] | None = None  # the torch.distributed collectives its code may call (None: any)
+    must_call: frozenset[str] = frozenset()    # ... and those it must call
+    extra_credit: bool = False       # adds to the score, not to the maximum (points.toml may override)
+    export: bool = False             # a task<id>/ folder in `python -m student_src.export`
+    graded_from: tuple[str, ...] = ()  # submission folders it is graded from, best first (then the top level)
+    single_node_equivalence: bool = False  # grading compares its losses with a single-node run (tiny BERT)
+
+    @property
+    def trains(self) -> bool:
+        """``run_glue --task`` accepts it."""
+        return self.sync is not None
+
+    @property
+    def distributed(self) -> bool:
+        """It trains on several ranks."""
+        return self.sync not in (None, "none")
+
+    @property
+    def folders(self) -> tuple[str, ...]:
+        return self.graded_from or (f"task{self.id}",)
+
+
+_ROWS = (
+    Task("0", "process group and warm-up collectives", "collectives",
+         ("init_distributed", "ring_pass", "broadcast_from_root", "all_reduce_sum", "gather_to_root", "scatter_from_root"),
+         "0_collectives", graded_from=("task0", "task1", "task2a", "task2b", "task3")),
+    Task("1", "single node", "train", ("train_step",), "1_single_node", color="#444444", sync="none", export=True),
+    Task("2", "non-overlapping data shards", "partition", ("build_train_loader",), "2a_gather_scatter",
+         graded_from=("task2", "task2a", "task2b", "task3")),
+    Task("2a", "gather/scatter", "sync", ("gather_scatter_average",), "2a_gather_scatter", color="#1f77b4",
+         sync="function", collectives=frozenset({"gather", "scatter", "barrier"}), must_call=frozenset({"gather", "scatter"}),
+         export=True, single_node_equivalence=True),
+    Task("2b", "all_reduce", "sync", ("allreduce_average",), "2b_allreduce", color="#2ca02c",
+         sync="function", collectives=frozenset({"all_reduce", "barrier"}), must_call=frozenset({"all_reduce"}),
+         export=True, single_node_equivalence=True),
+    Task("3", "DistributedDataParallel", "ddp", ("wrap_ddp",), "3_ddp", color="#d62728", sync="ddp", export=True,
+         single_node_equivalence=True),
+    Task("4", "traffic: what is communicated, and how many bytes", "profiling",
+         ("tensor_nbytes", "expected_allreduce_bytes", "CommLog"), "4_traffic", graded_from=("task4", "task2b")),
+    Task("5", "bucketed overlap (advanced)", "bucketed", ("BucketedDDP", "assign_buckets"), "5_bucketed",
+         color="#9467bd", sync="bucketed", extra_credit=True),
+)
+
+#: every task by id, in the assignment's order
+TASKS: dict[str, Task] = {t.id: t for t in _ROWS}
+
+
+def get(task_id) -> Task:
+    """The row of ``task_id`` ("2a", 2 and "task2a" work too); a clear error for anything else."""
+    key = str(task_id).strip().lower().removeprefix("task")
+    if key not in TASKS:
+        raise ValueError(f"unknown task {task_id!r}; choose one of {', '.join(TASKS)}")
+    return TASKS[key]
+
+
+def ids(where=None) -> list[str]:
+    """The task ids in order; ``where(task)`` keeps only some (``ids(lambda t: t.trains)``)."""
+    return [t.id for t in TASKS.values() if where is None or where(t)]
+
+
+def order(task_id) -> int:
+    """Sort key: a task's place in the assignment (unknown ids last)."""
+    key = str(task_id)
+    return list(TASKS).index(key) if key in TASKS else len(TASKS)
+
+
+def for_module(module: str) -> list[Task]:
+    """The tasks graded from ``student_src/<module>.py`` (two for ``sync``)."""
+    return [t for t in TASKS.values() if t.module == module]
+
+
+def for_notebook(stem: str) -> list[Task]:
+    """The tasks a notebook (``2a_gather_scatter``) teaches."""
+    return [t for t in TASKS.values() if t.notebook == stem]
+
+
+def modules() -> list[str]:
+    """Every student module, once, in task order."""
+    return list(dict.fromkeys(t.module for t in TASKS.values()))
+
+
+def spoken(task_ids) -> str:
+    """``["2a", "2b", "3", "5"]`` -> ``"2a, 2b, 3 or 5"`` (for messages)."""
+    task_ids = list(task_ids)
+    return task_ids[0] if len(task_ids) == 1 else ", ".join(task_ids[:-1]) + " or " + task_ids[-1]

@@ -1,0 +1,257 @@
+"""Predict the bytes a training run puts on the network: a pure model (no psutil, no torch).
+
+``allreduce_traffic``, ``gather_scatter_traffic``, ``broadcast_traffic``, ``allgather_traffic``
+and ``barrier_traffic`` give the payload each collective moves per rank; ``step_traffic`` sums
+one training step of a task; ``WireModel`` adds a small, documented protocol overhead. The meter
+that measures the same run is ``traffic_meter.py``.
+
+What gloo really sends (measured with ``benchmarks/traffic/gloo_bytes.py``, see its README):
+
+* A CPU ``all_reduce`` of S bytes on N ranks is gloo's *segmented ring*: the tensor is cut into
+  ``numSegments = roundUp(max(ceil(S / maxSegment), 2N), N)`` segments of whole elements (PyTorch's
+  default options set no segment cap, so that is 2N segments); each rank
+  sends ``numSegments - numSegments/N`` segments in the reduce-scatter phase and as many in the
+  all-gather phase. Summed over all ranks that is *exactly* the textbook 2(N-1)·S; per rank it is
+  2(N-1)/N·S up to element rounding (ranks owning the ragged tail send a little less).
+* Every point-to-point message also costs a fixed overhead on the wire: TCP/IP headers of the
+  data packet, gloo's own message header, the receiver's "ready to receive" notification, and the
+  ACKs. We measured about ``PER_MESSAGE_BYTES`` = 340 bytes per message on Linux loopback
+  (ranks 2 and 4). Large messages also pay one TCP/IP header per packet (``header_fraction``):
+  ~0.15 % on loopback (64 KiB packets), ~7 % on a 1500-byte-MTU link with per-packet shaping.
+* A barrier is a dissemination barrier: N·ceil(log2 N) empty messages.
+
+So for tiny tensors (a bias of 128 floats) the overhead dominates (a 512-byte all_reduce costs
+~19 KB on 4 ranks), for big ones (the embedding gradient) it is ~0.2 %. The model adds both, so
+``measured / expected`` should be 1.00 ± 0.02 on a quiet machine; ``expected_payload_bytes`` is
+the pure textbook number for comparison.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from student_src.kit.errors import KitError
+
+# Protocol constants (measured, see the module docstring and benchmarks/traffic/README.md)
+PER_MESSAGE_BYTES = 340
+"""Bytes on the wire per gloo message besides its payload (headers, notification, ACKs)."""
+TCPIP_HEADER_BYTES = 66
+"""Ethernet (14) + IPv4 (20) + TCP with timestamps (32) bytes per packet."""
+ACK_FACTOR = 1.5
+"""One data packet header plus, on average, half a pure ACK (delayed ACKs cover 2 packets)."""
+
+
+@dataclass
+class Traffic:
+    """Payload bytes and message counts per rank for some collectives (add them with +)."""
+
+    sent: list[int]
+    recv: list[int]
+    msgs_sent: list[int]
+    msgs_recv: list[int]
+
+    @classmethod
+    def zero(cls, n: int) -> "Traffic":
+        return cls([0] * n, [0] * n, [0] * n, [0] * n)
+
+    def __add__(self, o: "Traffic") -> "Traffic":
+        return Traffic(*[[a + b for a, b in zip(x, y)] for x, y in
+                         ((self.sent, o.sent), (self.recv, o.recv),
+                          (self.msgs_sent, o.msgs_sent), (self.msgs_recv, o.msgs_recv))])
+
+    def scaled(self, k: int) -> "Traffic":
+        return Traffic(*[[k * v for v in x] for x in
+                         (self.sent, self.recv, self.msgs_sent, self.msgs_recv)])
+
+    @property
+    def total_payload(self) -> int:
+        """Sum over ranks of bytes sent: what a shared loopback carries."""
+        return sum(self.sent)
+
+    @property
+    def total_msgs(self) -> int:
+        return sum(self.msgs_sent)
+
+
+
+
+def allreduce_traffic(nbytes: int, world_size: int, element_size: int = 4) -> Traffic:
+    """Per-rank payload of gloo's segmented ring all_reduce (see the module docstring).
+
+    Rank r sends to rank r-1 and receives from rank r+1. In each phase rank r sends the
+    segments ``(r+1)*k + i`` (reduce-scatter) and ``r*k + i`` (all-gather) for
+    ``i < numSegments - k`` (k = segments per rank, indices mod numSegments); a segment past the
+    end of the tensor is empty and not sent.
+    """
+    n = world_size
+    t = Traffic.zero(n)
+    if n == 1 or nbytes == 0:
+        return t
+    num_segments = 2 * n     # no segment cap: roundUp(max(ceil(S / S), 2N), N)
+    per_rank = num_segments // n
+    seg = _round_up(-(-nbytes // num_segments), element_size)
+
+    def seg_len(index: int) -> int:
+        off = (index % num_segments) * seg
+        return max(0, min(seg, nbytes - off))
+
+    for r in range(n):
+        for first in ((r + 1) * per_rank, r * per_rank):          # reduce-scatter, all-gather
+            for i in range(num_segments - per_rank):
+                length = seg_len(first + i)
+                if length:
+                    dst = (r - 1) % n
+                    t.sent[r] += length
+                    t.recv[dst] += length
+                    t.msgs_sent[r] += 1
+                    t.msgs_recv[dst] += 1
+    return t
+
+
+def gather_scatter_traffic(nbytes: int, world_size: int, root: int = 0) -> Traffic:
+    """One gather to ``root`` then one scatter from it, of an ``nbytes`` tensor per rank.
+
+    The root receives (N-1)·S and sends (N-1)·S; every other rank sends S and receives S.
+    """
+    n = world_size
+    t = Traffic.zero(n)
+    if n == 1 or nbytes == 0:
+        return t
+    for r in range(n):
+        if r == root:
+            continue
+        for src, dst in ((r, root), (root, r)):   # gather message, then scatter message
+            t.sent[src] += nbytes
+            t.recv[dst] += nbytes
+            t.msgs_sent[src] += 1
+            t.msgs_recv[dst] += 1
+    return t
+
+
+def broadcast_traffic(nbytes: int, world_size: int, root: int = 0) -> Traffic:
+    """gloo's broadcast from ``root``: the root sends S to each of the N-1 others."""
+    n = world_size
+    t = Traffic.zero(n)
+    if n == 1 or nbytes == 0:
+        return t
+    for r in range(n):
+        if r != root:
+            t.sent[root] += nbytes
+            t.recv[r] += nbytes
+            t.msgs_sent[root] += 1
+            t.msgs_recv[r] += 1
+    return t
+
+
+def allgather_traffic(nbytes: int, world_size: int) -> Traffic:
+    """gloo's ring all_gather: every rank forwards one rank's ``nbytes`` to its neighbour N-1 times."""
+    n = world_size
+    t = Traffic.zero(n)
+    if n == 1 or nbytes == 0:
+        return t
+    for r in range(n):
+        t.sent[r] += (n - 1) * nbytes
+        t.recv[(r + 1) % n] += (n - 1) * nbytes
+        t.msgs_sent[r] += n - 1
+        t.msgs_recv[(r + 1) % n] += n - 1
+    return t
+
+
+def collective_traffic(op: str, nbytes: int, world_size: int) -> Traffic:
+    """Payload of one collective by name: all_reduce, all_gather, broadcast, gather_scatter."""
+    models = {"all_reduce": allreduce_traffic, "all_gather": allgather_traffic,
+              "broadcast": broadcast_traffic, "gather_scatter": gather_scatter_traffic}
+    if op not in models:
+        raise KitError(f"no traffic model for {op!r} (known: {', '.join(models)})")
+    return models[op](nbytes, world_size)
+
+
+LOGGING_COLLECTIVE = ("all_gather", 16)
+"""What the kit's trainer sends per step for logging: an all_gather of (loss, seconds) float64."""
+
+
+def barrier_traffic(world_size: int) -> Traffic:
+    """gloo's dissemination barrier: ceil(log2 N) rounds, one empty message per rank per round."""
+    n = world_size
+    rounds = math.ceil(math.log2(n)) if n > 1 else 0
+    return Traffic([0] * n, [0] * n, [rounds] * n, [rounds] * n)
+
+
+def _round_up(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
+def header_fraction_for_mtu(mtu: int) -> float:
+    """Wire bytes per payload byte spent on packet headers and ACKs, for packets of ``mtu`` bytes."""
+    mss = min(mtu, 65536) - 52
+    return ACK_FACTOR * TCPIP_HEADER_BYTES / mss
+
+
+@dataclass
+class WireModel:
+    """Turns payload + message counts into bytes on the wire of one interface."""
+
+    per_message: float = PER_MESSAGE_BYTES
+    header_fraction: float = ACK_FACTOR * TCPIP_HEADER_BYTES / (65536 - 52)  # header_fraction_for_mtu(65536)
+
+    def loopback_total(self, t: Traffic) -> float:
+        """What a shared loopback counter shows (bytes_sent == bytes_recv == this)."""
+        return t.total_payload * (1 + self.header_fraction) + t.total_msgs * self.per_message
+
+    def node(self, t: Traffic, rank: int) -> dict:
+        """One node's NIC: its sent and received bytes (message overhead split half/half)."""
+        half = self.per_message / 2
+        msgs = t.msgs_sent[rank] + t.msgs_recv[rank]
+        sent = t.sent[rank] * (1 + self.header_fraction) + half * msgs
+        recv = t.recv[rank] * (1 + self.header_fraction) + half * msgs
+        return {"sent": sent, "recv": recv, "total": sent + recv}
+
+
+def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
+                 bucket_nbytes: Optional[list[int]] = None,
+                 logging: Optional[tuple[str, int]] = LOGGING_COLLECTIVE) -> Traffic:
+    """Payload of ONE training step of ``task`` ("1", "2a", "2b", "3", "5").
+
+    * 2a: one gather + one scatter through rank 0 per gradient tensor;
+    * 2b: one ring all_reduce per gradient tensor;
+    * 3 / 5 (DDP, bucketed): one ring all_reduce per bucket (same total bytes as 2b);
+    * plus the collective the trainer does for logging (``logging = (op, nbytes)``; the kit's
+      trainer all-gathers (loss, seconds) as float64: ``("all_gather", 16)``; a float32 loss
+      all_reduce would be ``("all_reduce", 4)``).
+    """
+    n = world_size
+    t = Traffic.zero(n)
+    if n == 1:
+        return t
+    task = str(task).lower()
+    if task == "2a":
+        for s in tensor_nbytes:
+            t = t + gather_scatter_traffic(s, n)
+    elif task in ("3", "5") and bucket_nbytes:
+        for s in bucket_nbytes:
+            t = t + allreduce_traffic(s, n)
+    elif task != "1":
+        for s in tensor_nbytes:
+            t = t + allreduce_traffic(s, n)
+    if logging:
+        t = t + collective_traffic(logging[0], int(logging[1]), n)
+    return t
+
+
+def textbook_bytes(task: str, nbytes: int, n: int) -> int:
+    """Bytes ONE rank sends per tensor by the textbook formulas (2a: a worker's S)."""
+    if str(task) == "2a":
+        return nbytes
+    return round(2 * (n - 1) * nbytes / n)
+
+
+def tensors_of_one_step(records, grad_nbytes_per_step: int, iterations: int) -> list[int]:
+    """Gradient tensor sizes of ONE step from ``comm_records`` (of one step, or of all steps)."""
+    if not records:
+        return [int(grad_nbytes_per_step)] if grad_nbytes_per_step else []
+    sizes = [int(r["nbytes"]) for r in records if r.get("op", "all_reduce") != "loss"]
+    total = sum(sizes)
+    if iterations > 1 and grad_nbytes_per_step and total == iterations * grad_nbytes_per_step:
+        return sizes[: len(sizes) // iterations]
+    return sizes

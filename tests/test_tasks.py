@@ -1,0 +1,66 @@
+"""The task table (``student_src/kit/tasks.py``) is the one list of tasks, and it is true:
+every row's module, functions, notebook and checks exist, and the grader reads the same table."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from student_src.kit import tasks
+from student_src.kit.config import build_parser, parse_config
+from student_src.kit.errors import KitError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _defined(module: str) -> set[str]:
+    tree = ast.parse((ROOT / "student_src" / f"{module}.py").read_text())
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+@pytest.mark.parametrize("task", list(tasks.TASKS.values()), ids=list(tasks.TASKS))
+def test_every_row_names_what_exists(task):
+    assert set(task.functions) <= _defined(task.module), f"student_src/{task.module}.py lacks {task.functions}"
+    assert (ROOT / "notebooks" / f"{task.notebook}.ipynb").is_file()
+    assert task.color.startswith("#") and len(task.color) == 7
+    if task.sync is not None:
+        assert task.sync in ("none", "function", *tasks.WRAPPERS)
+    if task.must_call:
+        assert task.collectives is not None and task.must_call <= task.collectives
+
+
+def test_every_task_has_checks_and_every_check_a_task():
+    from autograder import registry
+
+    assert not registry.discover()
+    by_task = {c.task for c in registry.all_checks()}
+    assert by_task == set(tasks.TASKS)
+
+
+def test_the_grader_reads_the_kits_table_without_importing_student_src():
+    code = ("import sys; import autograder.registry as r, autograder.submission, autograder.runner; "
+            "assert not [m for m in sys.modules if m.startswith('student_src')], 'student_src imported'; "
+            "print(r.TASK_ORDER, r.TASK_MODULES)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"{tasks.ids()} { {t.id: t.module for t in tasks.TASKS.values()} }"
+
+
+def test_flags_and_messages_follow_the_table():
+    choices = next(a.choices for a in build_parser()._actions if a.dest == "task")
+    assert list(choices) == tasks.ids(lambda t: t.trains)
+    with pytest.raises(KitError, match="use --task 2a, 2b, 3 or 5"):
+        parse_config(["--task", "1", "--world_size", "2"])
+    with pytest.raises(KitError, match="--task 3 or 5, not --task 2b"):
+        parse_config(["--task", "2b", "--grad_compression", "fp16"])
+
+
+def test_lookup():
+    assert tasks.get("task2A").id == "2a" and tasks.get(3).module == "ddp"
+    with pytest.raises(ValueError, match="choose one of 0, 1, 2, 2a"):
+        tasks.get("6")
+    assert [t.id for t in tasks.for_module("sync")] == ["2a", "2b"]
+    assert tasks.order("2b") < tasks.order("3") < tasks.order("nope")
+    assert tasks.spoken(["3"]) == "3" and tasks.spoken(["1", "2"]) == "1 or 2"

@@ -1,0 +1,96 @@
+"""The what-if model (student_src/kit/whatif.py): its formulas, overlap, compression, CLI and plot."""
+
+import json
+
+import pytest
+
+from student_src.kit.errors import KitError
+from student_src.kit.whatif import (ComputeProfile, LinkModel, ddp_buckets, iteration, main, parse_latency, parse_rate,
+                                    predict)
+
+GBIT = LinkModel(1e9, latency_s=0.0, efficiency=1.0)
+COMPUTE = ComputeProfile(forward_s=0.1, backward_s=0.2, optimizer_s=0.05, batch_size=32)
+
+
+def test_collective_times_are_the_textbook_bounds():
+    s = 1.25e8  # one second of a 1 Gbit link
+    assert GBIT.allreduce_s(s, 4) == pytest.approx(2 * 3 / 4)
+    assert GBIT.gather_scatter_s(s, 4) == pytest.approx(2 * 3)
+    assert GBIT.allreduce_s(s, 1) == 0 and GBIT.gather_scatter_s(s, 1) == 0
+    slow = LinkModel(1e9, latency_s=1e-3, efficiency=0.5)
+    assert slow.allreduce_s(0, 3) == pytest.approx(4e-3)
+    assert slow.allreduce_s(s, 2) == pytest.approx(2e-3 + 2.0)
+
+
+def test_serial_tasks_add_communication_after_backward():
+    sizes = [4_000_000, 1000, 1000]
+    it = iteration("2b", 4, COMPUTE, sizes, GBIT, global_batch=32)
+    assert it["forward_s"] == pytest.approx(0.025) and it["backward_s"] == pytest.approx(0.05)
+    assert it["optimizer_s"] == pytest.approx(0.05)  # every rank updates every weight
+    assert it["comm_s"] == pytest.approx(sum(GBIT.allreduce_s(s, 4) for s in sizes))
+    assert it["total_s"] == pytest.approx(0.025 + 0.05 + 0.05 + it["comm_s"])
+    assert iteration("2a", 4, COMPUTE, sizes, GBIT)["comm_s"] > 2 * it["comm_s"]
+
+
+def test_buckets_fill_in_reverse_order_and_overlap_backward():
+    sizes = [1_000_000] * 8
+    assert ddp_buckets(sizes, 2_000_000) == [[7, 6], [5, 4], [3, 2], [1, 0]]
+    assert ddp_buckets(sizes, 3_000_000, first_cap_bytes=1_000_000) == [[7], [6, 5, 4], [3, 2, 1], [0]]
+    slow_backward = ComputeProfile(0.1, 10.0, 0.0, 32)
+    it = iteration("5", 2, slow_backward, sizes, GBIT, bucket_cap_mb=2_000_000 / 2 ** 20)
+    # only the last bucket's all_reduce sticks out after backward
+    assert it["exposed_comm_s"] == pytest.approx(GBIT.allreduce_s(2_000_000, 2), rel=1e-6)
+    assert it["comm_s"] == pytest.approx(4 * GBIT.allreduce_s(2_000_000, 2))
+    serial = iteration("2b", 2, slow_backward, sizes, GBIT)
+    assert it["total_s"] < serial["total_s"]
+
+
+def test_compression_halves_the_bytes_and_speedup_starts_at_one():
+    sizes = [8_000_000]
+    full = iteration("3", 8, COMPUTE, sizes, GBIT)
+    half = iteration("3", 8, COMPUTE, sizes, GBIT, compression="bf16")
+    assert half["comm_s"] == pytest.approx(full["comm_s"] / 2)
+    rows = predict(COMPUTE, sizes, GBIT, tasks=("2a", "2b"), nodes=(1, 2, 64))
+    assert [r["speedup"] for r in rows if r["nodes"] == 1] == [1.0, 1.0]
+    fast = predict(COMPUTE, sizes, LinkModel(100e9, 0, 1.0), tasks=("2b",), nodes=(64,))[0]
+    assert fast["speedup"] > [r for r in rows if r["task"] == "2b" and r["nodes"] == 64][0]["speedup"]
+
+
+def test_bad_input_gets_a_clear_error():
+    assert parse_rate("10gbit") == 1e10 and parse_rate("100Mbit") == 1e8 and parse_latency("50us") == pytest.approx(5e-5)
+    for bad, fn in (("fast", parse_rate), ("-1gbit", parse_rate), ("soon", parse_latency)):
+        with pytest.raises(KitError):
+            fn(bad)
+    with pytest.raises(KitError, match="tasks"):
+        iteration("4", 2, COMPUTE, [4], GBIT)
+    with pytest.raises(KitError, match="bandwidth"):
+        LinkModel(0)
+
+
+def _metrics(tmp_path, **extra):
+    m = {"task": "1", "world_size": 1, "model": {"name": "tiny"}, "per_worker_batch_size": 32,
+         "timing": {"mean_s": 0.2}, **extra}
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps(m))
+    return path
+
+
+def test_cli_predicts_from_a_task1_run_and_plots(tmp_path, capsys):
+    path = _metrics(tmp_path)
+    png, rows_json = tmp_path / "whatif.png", tmp_path / "rows.json"
+    assert main(["--metrics", str(path), "--nodes", "1-16", "--rates", "1gbit,10gbit", "--plot", str(png),
+                 "--json", str(rows_json)]) == 0
+    out = capsys.readouterr().out
+    assert "41 gradient tensors" in out and "8.23 MB" in out
+    rows = json.loads(rows_json.read_text())
+    assert {r["nodes"] for r in rows} == {1, 2, 4, 8, 16} and {r["gbit"] for r in rows} == {1.0, 10.0}
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_refuses_a_multi_worker_run_without_a_compute_split(tmp_path, capsys):
+    path = _metrics(tmp_path, world_size=4, task="2b")
+    assert main(["--metrics", str(path)]) == 2
+    assert "Task 1 run" in capsys.readouterr().err
+    split = {"forward_s": 0.01, "backward_s": 0.02, "optimizer_s": 0.005}
+    assert main(["--metrics", str(_metrics(tmp_path, world_size=4, compute=split)), "--nodes", "2,3"]) == 0
+    assert main(["--metrics", str(tmp_path / "missing")]) == 2
