@@ -371,7 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def grading_flags(sp):
-        sp.add_argument("--tasks", help="comma-separated tasks to grade (0,1,2,2a,2b,3,4,5); default all")
+        from .task_table import tasks as task_table
+
+        sp.add_argument("--tasks", help=f"comma-separated tasks to grade ({','.join(task_table.ids())}); default all")
         sp.add_argument("--timeout", type=float, help="seconds per test before it fails (default 60)")
         sp.add_argument("--stall", type=float, help="seconds without progress on the waiting ranks that count as a deadlock (default 10)")
         sp.add_argument("--json-only", action="store_true", help="print results.json to stdout instead of the table")

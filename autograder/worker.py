@@ -251,7 +251,7 @@ class Rank:
         self.originals = {n: getattr(c10d, n) for n in ("all_reduce", "barrier", "all_gather_object")}
 
 
-def rank_main(rank, world_size, store_port, prefix, ctrl, out, workdir, settings) -> None:
+def grading_rank(rank, world_size, store_port, prefix, ctrl, out, workdir, settings) -> None:
     """Entry point of a rank process (the target the pool starts)."""
     try:
         os.setsid()

@@ -192,8 +192,8 @@ class Server:
                 os.setgroups([])
                 os.setgid(self.run_as)
                 os.setuid(self.run_as)
-            from .worker import rank_main
-            rank_main(rank, world, port, req["prefix"], Connection(ctrl_fd), Connection(out_fd, readable=False),
+            from .worker import grading_rank
+            grading_rank(rank, world, port, req["prefix"], Connection(ctrl_fd), Connection(out_fd, readable=False),
                       workdir, req.get("cfg", {}))
             code = 0
         except BaseException:  # pragma: no cover - a grader problem: say so on the output pipe

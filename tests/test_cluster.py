@@ -191,3 +191,38 @@ def test_isolate_gives_a_private_loopback_and_cleans_up(clean):
     assert cluster.isolate([sys.executable, "-c", code], timeout=60, prefix=PREFIX) == 7
     assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
                 if n.startswith(PREFIX.rstrip("-") + "iso")]
+
+
+AGREE_PREFIX = "dpki-"   # its own namespaces: never collides with the tests above
+AGREE_CODE = """
+import json, os
+from student_src.kit.process_group import point_gloo_towards
+from student_src.kit.traffic_meter import RunTrafficMeter
+os.environ.pop("GLOO_SOCKET_IFNAME", None)
+point_gloo_towards({master!r})
+meter = RunTrafficMeter("2b", 2, 0, master_ip={master!r}, sync=False)
+print(json.dumps([os.environ.get("GLOO_SOCKET_IFNAME"), meter.interface]))
+"""
+
+
+@needs_root
+def test_gloo_and_the_traffic_meter_pick_the_same_interface():
+    """process_group sets GLOO_SOCKET_IFNAME and the meter reads counters from ONE lookup: same NIC."""
+    net.destroy(AGREE_PREFIX)
+    try:
+        spec = cluster.up(2, prefix=AGREE_PREFIX)
+        for node in range(2):                       # the master itself and a worker
+            r = subprocess.run(["ip", "netns", "exec", spec.node_ns(node), sys.executable, "-c",
+                                AGREE_CODE.format(master=spec.address(0))],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            assert json.loads(r.stdout) == ["eth0", "eth0"]
+            # on loopback gloo is left alone and the meter reads the node's own loopback
+            r = subprocess.run(["ip", "netns", "exec", spec.node_ns(node), sys.executable, "-c",
+                                AGREE_CODE.format(master="127.0.0.1")],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            assert json.loads(r.stdout) == [None, "lo"]
+    finally:
+        net.destroy(AGREE_PREFIX)
+    assert net.list_namespaces(AGREE_PREFIX) == []

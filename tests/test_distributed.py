@@ -146,3 +146,62 @@ def test_torchrun_local_world_size_sets_the_share_and_num_threads_overrides(monk
     finally:
         process_group.cleanup()
         torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------- mismatched --world_size
+MISMATCH_RANK = """
+import sys
+from student_src.kit import process_group
+from student_src.kit.config import parse_config
+from student_src.kit.errors import KitError
+rank, world_size, port = sys.argv[1:4]
+cfg = parse_config(["--task", "2b", "--master_ip", "127.0.0.1", "--master_port", port, "--world_size", world_size,
+                    "--local_rank", rank, "--dist_timeout", "4", "--global_batch_size", "48"])
+try:
+    process_group.init_distributed(cfg)
+    print("formed a group")
+except KitError as e:
+    print("KitError:", e)
+"""
+
+
+def test_mismatched_world_size_under_the_students_init_is_one_clear_line():
+    """Task 0's init_distributed forms the group: a rank started with another --world_size says so
+    (not gloo's generic store timeout)."""
+    import subprocess
+    import sys
+
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", MISMATCH_RANK, str(rank), str(n), str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for rank, n in ((0, 2), (1, 3))]
+    try:
+        out = procs[1].communicate(timeout=120)[0]    # rank 0 may sit in gloo's own connect timeout: not waited for
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+    assert "KitError: rank 1 was started with --world_size 3 but rank 0 with 2; start every rank with the same --world_size" in out, out
+
+
+def test_world_size_watch_tells_both_sides():
+    """The watch itself, without gloo: rank 0 (world 2) and rank 1 (world 3) on one store each name the other."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from student_src.kit.world_size_watch import WorldSizeWatch
+
+    port = _free_port()
+    server = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
+    watches = [WorldSizeWatch("127.0.0.1", port, rank, n, timeout_s=10).start() for rank, n in ((0, 2), (1, 3))]
+    assert [w.verdict(wait_s=10) for w in watches] == [
+        "rank 0 was started with --world_size 2 but rank 1 with 3; start every rank with the same --world_size",
+        "rank 1 was started with --world_size 3 but rank 0 with 2; start every rank with the same --world_size"]
+    port = _free_port()
+    server = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
+    t0 = time.monotonic()
+    agree = [WorldSizeWatch("127.0.0.1", port, rank, 2, timeout_s=30).start() for rank in (0, 1)]
+    assert [w.verdict(wait_s=30) for w in agree] == [None, None]
+    assert time.monotonic() - t0 < 20        # they saw each other agree; they did not run into the deadline
+    del server

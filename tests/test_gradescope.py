@@ -133,7 +133,7 @@ def test_task5_is_extra_credit_by_default(points_file):
 
 
 def test_points_toml_switch_makes_task5_required(points_file):
-    points_file(lambda t: t.replace('extra_credit = ["5"]', "extra_credit = []"))
+    points_file(lambda t: t.replace('# extra_credit = ["5"]', "extra_credit = []"))  # the table says 5; the file wins
     assert not points.is_extra_credit(fake("5.x", "5"))
     data = _task5_and_required(ec_passed=False).gradescope()
     assert sum(t["max_score"] for t in data["tests"]) == 8 and data["score"] == 5
@@ -152,9 +152,10 @@ def test_real_task5_checks_are_extra_credit():
 
 def test_simple_toml_reader_matches_tomllib(points_file):
     tomllib = pytest.importorskip("tomllib")
-    for edit in (lambda t: t, lambda t: t.replace('extra_credit = ["5"]', 'extra_credit = ["5", "4"]  # both')):
+    for edit in (lambda t: t, lambda t: t.replace('# extra_credit = ["5"]', 'extra_credit = ["5", "4"]  # both')):
         text = points_file(edit).read_text()
         assert points._parse_simple_toml(text) == tomllib.loads(text)
+    assert tomllib.loads(text)["tasks"]["extra_credit"] == ["5", "4"]
 
 
 def test_gradebook_columns_split_required_and_extra_credit(tmp_path, monkeypatch):

@@ -1,8 +1,8 @@
-"""The notebooks' live view of a run (``kit.notebook.RunMonitor``): what it shows, not how fast."""
+"""The notebooks' live view of a run (``kit.progress.RunMonitor``): what it shows, not how fast."""
 
 import pytest
 
-from student_src.kit.notebook import RunMonitor
+from student_src.kit.progress import RunMonitor
 
 
 def _step(rank, step, iter_time, loss=0.7):

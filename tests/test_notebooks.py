@@ -110,8 +110,8 @@ def test_run_flags_of_both_modes(quick, tmp_path, monkeypatch):
         if quick:
             assert (cfg.model_name_or_path, cfg.max_seq_length, cfg.max_steps) == ("tiny", 32, 3)
         else:
-            assert (cfg.model_name_or_path, cfg.max_seq_length, cfg.learning_rate, cfg.num_train_epochs, cfg.max_steps) == \
-                ("minilm", 128, 2e-5, 3.0, -1)
+            assert (cfg.model_name_or_path, cfg.max_seq_length, cfg.learning_rate, cfg.warmup_steps, cfg.num_train_epochs,
+                    cfg.max_steps) == ("minilm", 128, 1e-4, 10, 3.0, -1)  # MiniLM's own lr / warm-up (kit/models.py)
             assert cfg.global_batch_size == (32 if task == "2b" else 64) and cfg.do_eval
     monkeypatch.setenv("KIT_NOTEBOOK_QUICK", "1")
     assert kit.quick_mode(False) is True
@@ -191,3 +191,7 @@ def test_notebook_executes(name, notebook_env):
     if name == "4_traffic":
         rows = report.traffic_rows(runs)
         assert len(rows) == 2 and all(r["measured_mb_per_iter"] > 0 for r in rows)
+        timeline = notebook_env / "timeline_2b.png"  # the per-rank timeline of the last traffic run
+        assert timeline.read_bytes()[:4] == b"\x89PNG" and timeline.stat().st_size > 10_000
+        if "task1" in runs:  # the whole sequence ran: the what-if curves with the measured runs on them
+            assert (notebook_env / "speedup.png").stat().st_size > 10_000

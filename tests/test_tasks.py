@@ -27,6 +27,8 @@ def test_every_row_names_what_exists(task):
     assert task.color.startswith("#") and len(task.color) == 7
     if task.sync is not None:
         assert task.sync in ("none", "function", *tasks.WRAPPERS)
+    assert task.traffic in (None, "gather_scatter", "ring", "ring_buckets")
+    assert (task.traffic is None) == (not task.distributed), "a task that syncs gradients needs a traffic pattern"
     if task.must_call:
         assert task.collectives is not None and task.must_call <= task.collectives
 

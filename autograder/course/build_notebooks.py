@@ -14,18 +14,19 @@ strips solution regions from every ``.py`` in it.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
 import nbformat
 
-from .builders import (nb0_collectives, nb1_single_node, nb2a_gather_scatter, nb2b_allreduce, nb3_ddp,
-                       nb4_traffic, nb5_bucketed)
+from ..task_table import tasks as task_table
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "notebooks"
-BUILDERS = [m.build for m in (nb0_collectives, nb1_single_node, nb2a_gather_scatter, nb2b_allreduce, nb3_ddp,
-                              nb4_traffic, nb5_bucketed)]
+#: one builder per notebook the task table names, in task order: ``builders/nb<notebook>.py``
+BUILDERS = [importlib.import_module(f"{__package__}.builders.nb{stem}").build
+            for stem in dict.fromkeys(t.notebook for t in task_table.TASKS.values())]
 
 
 def build_all() -> dict[str, str]:

@@ -214,8 +214,3 @@ def link_bytes(ns: str, dev: str = "eth0") -> tuple[int, int]:
     out = sh("ip", "-n", ns, "-s", "-j", "link", "show", "dev", dev).stdout
     stats = json.loads(out)[0]["stats64"]
     return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
-
-
-def qdisc_lines(ns: str) -> list[str]:
-    return [line for line in sh("tc", "qdisc", "show", ns=ns, check=False).stdout.splitlines()
-            if "noqueue" not in line]

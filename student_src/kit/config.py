@@ -12,7 +12,7 @@ dashes; flags given on the command line win over the file.
 import argparse
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from . import tasks
@@ -63,6 +63,7 @@ class TrainConfig:
     measure_traffic: bool = False
     traffic_interface: str | None = None
     traffic_csv: str | None = None
+    timeline: int = 0
     # Task 5 and compression
     bucket_cap_mb: float = 25.0
     grad_compression: str = "none"
@@ -97,9 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--per_device_train_batch_size", "--per_gpu_train_batch_size", "--per_worker_batch_size", type=int,
                    help="per-worker batch size; overrides --global_batch_size")
     g.add_argument("--per_device_eval_batch_size", "--per_gpu_eval_batch_size", type=int)
-    g.add_argument("--learning_rate", type=float, help="AdamW learning rate (default 2e-5)")
+    g.add_argument("--learning_rate", type=float, help="AdamW learning rate (default 2e-5, the assignment's for BERT-base; minilm: 1e-4, see kit/models.py)")
     g.add_argument("--weight_decay", type=float)
-    g.add_argument("--warmup_steps", type=int, help="linear warm-up steps (default 0)")
+    g.add_argument("--warmup_steps", type=int, help="linear warm-up steps (default 0; minilm: 10)")
     g.add_argument("--max_grad_norm", type=float, help="gradient clipping norm, after the sync (default 1.0; 0 = off)")
     g.add_argument("--num_train_epochs", type=float, help="epochs (default 3)")
     g.add_argument("--max_steps", type=int, help="stop after this many steps (overrides epochs)")
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--measure_traffic", action="store_true", default=None, help="measure NIC bytes during training and compare with the expected traffic")
     g.add_argument("--traffic_interface", help="network interface to measure (default: loopback for local ranks, the master's NIC otherwise)")
     g.add_argument("--traffic_csv", help="also sample the interface every second into this CSV (like dstat)")
+    g.add_argument("--timeline", type=int, help="record each rank's forward/backward/collectives/optimizer over N iterations (kit/timeline.py)")
     g.add_argument("--bucket_cap_mb", type=float, help="Task 5 bucket size in MB (default 25)")
     g.add_argument("--grad_compression", choices=("none", "fp16", "bf16"), help="Task 3/5: all-reduce gradients in half precision")
     return p
@@ -161,6 +163,10 @@ def parse_config(argv=None, defaults: dict | None = None) -> TrainConfig:
     if args.config:
         values.update(_load_json(args.config))
     values.update({k: v for k, v in vars(args).items() if v is not None})
+    from .models import model_defaults  # the small default model's own lr / warm-up (models.py)
+
+    for key, value in model_defaults(values.get("model_name_or_path", TrainConfig.model_name_or_path)).items():
+        values.setdefault(key, value)
     if args.do_train is None and args.do_eval is None and "do_train" not in (defaults or {}):
         values.setdefault("do_train", True)
         values.setdefault("do_eval", True)

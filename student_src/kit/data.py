@@ -210,6 +210,7 @@ class GlueDataset(Dataset):
             raise ValueError("GlueDataset tensors must all have the same first dimension")
         self.tensors = {k: tensors[k] for k in TENSOR_KEYS}
         self.label_list = tuple(label_list)
+        self.slices = None  # the dev split's slices (student_src/kit/slices.py), set by load_glue_dataset
 
     def __len__(self) -> int:
         return len(self.tensors["labels"])
@@ -304,12 +305,15 @@ def load_glue_dataset(data_dir, task_name, split, tokenizer, max_seq_length,
     if max_seq_length < 8:
         raise DataError(f"max_seq_length={max_seq_length} is too small; use e.g. 128")
     path = cache_path(data_dir, processor.name, split, tokenizer, max_seq_length) if cache else None
-    if path is not None and not overwrite_cache:
-        tensors = _load_cache(path, max_seq_length)
-        if tensors is not None:
-            return GlueDataset(tensors, processor.labels)
-    examples = processor.get_examples(data_dir, split)
-    tensors = tokenize_examples(examples, tokenizer, max_seq_length, processor.labels)
-    if path is not None:
-        _save_cache(path, tensors)
-    return GlueDataset(tensors, processor.labels)
+    tensors = _load_cache(path, max_seq_length) if path is not None and not overwrite_cache else None
+    if tensors is None:
+        examples = processor.get_examples(data_dir, split)
+        tensors = tokenize_examples(examples, tokenizer, max_seq_length, processor.labels)
+        if path is not None:
+            _save_cache(path, tensors)
+    dataset = GlueDataset(tensors, processor.labels)
+    if split == "dev":  # accuracy per pattern / premise length, next to the overall accuracy
+        from .slices import load_dev_slices
+
+        dataset.slices = load_dev_slices(data_dir, task_name, tensors["labels"], processor.labels)
+    return dataset

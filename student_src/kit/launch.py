@@ -15,8 +15,8 @@ Why each piece is here:
   the same cores (oversubscription can make a step 10x slower). Ranks started any other way
   (multi-node flags, torchrun, ``cluster run``) get the same share from ``dist.init_distributed``,
   which counts the ranks on each host.
-* Children report progress through a queue (``emit``), so a notebook can draw one progress bar
-  per rank and a live loss curve while the ranks train.
+* Children report progress through a queue (``progress.emit``), so a notebook can draw one
+  progress bar per rank and a live loss curve while the ranks train (``progress.py``).
 * The parent polls results *and* liveness: the first rank that raises or dies takes the others
   down, and its traceback is re-raised in the parent as ``RankFailure``. A global ``timeout``
   and a ``stall_timeout`` (no message from any rank for that long) bound every launch. Children
@@ -33,10 +33,8 @@ import traceback
 
 import multiprocessing as mp
 
+from . import progress
 from .errors import KitError
-
-_EVENTS = None  # the child's event queue (set in each spawned rank)
-_RANK = 0
 
 
 class RankFailure(KitError):
@@ -50,42 +48,6 @@ class RankFailure(KitError):
 
 class LaunchTimeout(KitError):
     """The ranks did not finish (or made no progress) in time; all were stopped."""
-
-
-_SINK = None  # an in-process callback (a notebook running Task 1 without spawning)
-
-
-def emit(kind: str, **data) -> None:
-    """Send an event from a rank to the parent, or to the in-process sink (else a no-op)."""
-    event = {"kind": kind, "rank": _RANK, "time": time.time(), **data}
-    if _EVENTS is not None:
-        try:
-            _EVENTS.put(event)
-        except Exception:  # the parent is gone or the queue is closed: events are best-effort
-            pass
-    elif _SINK is not None:
-        _SINK(event)
-
-
-class event_sink:
-    """``with event_sink(callback):`` routes ``emit`` to ``callback`` in this process."""
-
-    def __init__(self, callback):
-        self.callback = callback
-
-    def __enter__(self):
-        global _SINK
-        self.previous, _SINK = _SINK, self.callback
-        return self
-
-    def __exit__(self, *exc):
-        global _SINK
-        _SINK = self.previous
-        return False
-
-
-def in_launched_rank() -> bool:
-    return _EVENTS is not None
 
 
 def available_cores() -> int:
@@ -110,8 +72,7 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def _child(fn, rank, world_size, store_port, threads, events, results, args, kwargs, init_group, cfg, parent_pid):
-    global _EVENTS, _RANK
-    _EVENTS, _RANK = events, rank
+    progress.connect(events, rank)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     import torch
@@ -191,7 +152,7 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
         timeout: seconds for the whole launch (None: no overall limit).
         stall_timeout: seconds without any event or result from any rank before giving up.
         threads_per_rank: torch threads per rank (default: cores // world_size).
-        on_event: called in the parent with each event dict a rank ``emit``s.
+        on_event: called in the parent with each event dict a rank ``progress.emit``s.
         init_group: initialise the default (gloo) process group in each rank first.
 
     Raises:

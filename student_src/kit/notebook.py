@@ -9,12 +9,12 @@ A notebook needs three lines of this module::
 Why it is built this way:
 
 * Ranks run in separate processes started by ``student_src.kit.launch`` (spawn); they send
-  events (one per step) back to the notebook, and ``RunMonitor`` turns them into widgets.
+  events (one per step) back to the notebook, and ``progress.RunMonitor`` turns them into widgets.
   Worker functions stay in importable modules: a spawned child cannot import a notebook cell.
 * Task 1 is launched the same way, as one rank: the kernel never trains in-process, so a crash
   in a TODO never takes the kernel down, and Task 1 gets the same live widgets.
 * Quick mode (``tiny`` model, 3 steps, 32 tokens) shows every mechanism in about a minute and is
-  what CI runs; full mode uses the assignment's settings (MiniLM, batch 64, 128 tokens, 3 epochs).
+  what CI runs; full mode uses the assignment's settings (MiniLM, batch 64, 128 tokens, 3 epochs; MiniLM's own lr 1e-4 and warm-up).
   ``KIT_NOTEBOOK_QUICK=1`` (or ``0``) overrides the notebook's ``QUICK`` parameter.
 * While nbgrader executes a notebook (``NBGRADER_EXECUTION`` is set) training and results are
   skipped: grading runs the checks only, in seconds, on the submission's own ``student_src``.
@@ -30,19 +30,21 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import tasks
+from .progress import RunMonitor
 
 ENV_QUICK, ENV_RUNS, ENV_DATA, ENV_ROOT = "KIT_NOTEBOOK_QUICK", "KIT_RUNS_DIR", "KIT_DATA_DIR", "KIT_ROOT"
 
 #: flags per mode; the task, world size, steps and output folder are added per run
 QUICK_FLAGS = ["--model_name_or_path", "tiny", "--max_seq_length", "32", "--global_batch_size", "16",
                "--learning_rate", "1e-4", "--dropout", "0", "--logging_steps", "1"]
+# full mode: the assignment's settings, except the learning rate and warm-up, which come from
+# the model's defaults (kit/models.py MODEL_DEFAULTS: MiniLM 1e-4 with 10 warm-up steps, BERT-base 2e-5)
 FULL_FLAGS = ["--model_name_or_path", "minilm", "--max_seq_length", "128", "--global_batch_size", "64",
-              "--learning_rate", "2e-5", "--num_train_epochs", "3", "--dropout", "0", "--logging_steps", "10"]
+              "--num_train_epochs", "3", "--dropout", "0", "--logging_steps", "10"]
 QUICK_STEPS = 3
 
 
@@ -114,7 +116,7 @@ def start(quick: bool = True, world_size: int = 4, steps: int | None = None, run
         _make_data(root, data)
     _SESSION = Session(root=root, data_dir=data, runs_dir=runs, quick=quick, world_size=world_size, steps=steps,
                        flags=list(QUICK_FLAGS if quick else FULL_FLAGS))
-    mode = "QUICK (tiny model, a few steps)" if quick else "FULL (MiniLM, the assignment's settings)"
+    mode = "QUICK (tiny model, a few steps)" if quick else "FULL (MiniLM, the assignment's settings with MiniLM's lr 1e-4 + 10 warm-up steps)"
     print(f"kit: {root}\ndata: {data}\nruns: {runs}\nmode: {mode}" + ("\nnbgrader is executing: training is skipped" if grading() else ""))
     return _SESSION
 
@@ -210,10 +212,10 @@ def load_metrics(task: str, name: str | None = None) -> dict | None:
 def task1_reference(like: dict | None = None) -> dict | None:
     """Task 1's metrics for the comparison: the earlier run if it matches ``like``'s settings
     and is long enough, otherwise a fresh Task 1 run with the same number of steps."""
-    from .report import comparable
+    from .report import incomparable_reasons
 
     ref = load_metrics("1")
-    if ref is not None and (like is None or (not comparable(ref, like) and len(ref["losses"]) >= len(like.get("losses", [])))):
+    if ref is not None and (like is None or (not incomparable_reasons(ref, like) and len(ref["losses"]) >= len(like.get("losses", [])))):
         return ref
     if grading():
         return None
@@ -269,145 +271,6 @@ def show_figure(fig) -> None:
     display(Image(to_png(fig)))
 
 
-# --------------------------------------------------------------------------- widgets
-def _widgets_available() -> bool:
-    try:
-        import ipywidgets  # noqa: F401
-        from IPython import get_ipython
-
-        ip = get_ipython()
-        return ip is not None and hasattr(ip, "kernel")
-    except ImportError:
-        return False
-
-
-#: progress bars without tqdm's own rate (it would count start-up and event delays as step time):
-#: the postfix carries the ranks' measured seconds per step instead
-BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}, {postfix}]"
-
-
-class RunMonitor:
-    """Live view of a launch: a progress bar per rank, a loss curve, rank 0's log lines.
-
-    Called with every event a rank emits (``trainer.run(cfg, on_event=monitor)``). In Jupyter it
-    draws ipywidgets (tqdm's notebook bars in a box, an Image for the curve, an Output for the
-    log); elsewhere it falls back to one text bar per rank.
-    """
-
-    REDRAW_S = 0.5  # at most two redraws of the curve per second: drawing is not free
-
-    def __init__(self, title: str, world_size: int, widgets: bool | None = None):
-        self.title, self.world_size = title, world_size
-        self.widgets = _widgets_available() if widgets is None else widgets
-        self.rank_losses = {r: {} for r in range(world_size)}
-        self.step_times = {r: [] for r in range(world_size)}  # the ranks' own seconds per step
-        self.global_losses: dict[int, float] = {}
-        self.total = None
-        self.t0 = time.perf_counter()
-        self._last_draw = 0.0
-        self.bars = []
-        if self.widgets:
-            self._build_widgets()
-        else:
-            from tqdm.std import tqdm
-
-            self.bars = [tqdm(total=None, desc=f"rank {r}", position=r, unit="step", leave=True, bar_format=BAR_FORMAT)
-                         for r in range(world_size)]
-
-    def _build_widgets(self) -> None:
-        import ipywidgets as w
-        from IPython.display import display
-        from tqdm.notebook import tqdm
-
-        self.header = w.HTML(f"<b>{self.title}</b> &mdash; starting {self.world_size} rank(s)...")
-        self.bars = [tqdm(total=None, desc=f"rank {r}", unit="step", display=False, leave=True, bar_format=BAR_FORMAT)
-                     for r in range(self.world_size)]
-        # hidden until the first curve is drawn: an empty Image shows a broken-image icon
-        self.image = w.Image(format="png", layout=w.Layout(max_width="640px", display="none"))
-        self.log = w.Output(layout=w.Layout(max_height="160px", overflow="auto", border="1px solid #ddd"))
-        self.box = w.VBox([self.header, *[b.container for b in self.bars], self.image, self.log])
-        display(self.box)
-
-    # events ---------------------------------------------------------------------------------
-    def __call__(self, event: dict) -> None:
-        kind = event.get("kind")
-        if kind == "step":
-            self._step(event)
-        elif kind == "log":
-            self.note(event.get("text", ""))
-        elif kind == "eval":
-            self.note(f"[eval] epoch {event.get('epoch')}: dev accuracy {event.get('accuracy', 0):.4f}, "
-                      f"loss {event.get('loss', 0):.4f} ({event.get('examples')} examples)")
-
-    def _step(self, ev: dict) -> None:
-        rank, step, total = int(ev["rank"]), int(ev["step"]), int(ev["total"])
-        if rank >= len(self.bars):
-            return
-        bar = self.bars[rank]
-        if bar.total != total:
-            bar.reset(total=total)
-            self.total = total
-            if self.widgets and rank == 0:
-                self.header.value = f"<b>{self.title}</b> &mdash; training, {total} steps"
-        bar.update(max(0, step - bar.n))
-        if ev.get("iter_time") is not None:
-            self.step_times.setdefault(rank, []).append(float(ev["iter_time"]))
-        bar.set_postfix_str(self.rate_text(rank) + f"loss={ev['loss']:.4f}", refresh=False)
-        self.rank_losses.setdefault(rank, {})[step] = float(ev["loss"])
-        self.global_losses[step] = float(ev["global_loss"])
-        if self.widgets and time.perf_counter() - self._last_draw > self.REDRAW_S:
-            self._draw()
-
-    def rate_text(self, rank: int) -> str:
-        """Seconds per step as the rank measured them (its own step timer, not the arrival of
-        events here, which also counts start-up and the trip from the rank to this process)."""
-        times = self.step_times.get(rank) or []
-        if not times:
-            return ""
-        recent = times[-10:]
-        return f"{sum(recent) / len(recent):.3f} s/step, "
-
-    def _draw(self) -> None:
-        from . import plots
-
-        self._last_draw = time.perf_counter()
-        fig = plots.live_losses(self.rank_losses, self.global_losses, title=self.title, total=self.total)
-        self.image.value = plots.to_png(fig, dpi=80)
-        self.image.layout.display = None  # shown from the first curve on
-
-    def note(self, text: str) -> None:
-        """A line in the log area (rank 0's messages, evaluations, the command)."""
-        if self.widgets:
-            self.log.append_stdout(text.rstrip("\n") + "\n")
-        else:
-            (self.bars[0].write if self.bars else print)(text)
-
-    # end ------------------------------------------------------------------------------------
-    def finish(self, metrics: dict | None) -> None:
-        for bar in self.bars:
-            bar.close()
-        elapsed = time.perf_counter() - self.t0
-        timing = (metrics or {}).get("timing") or {}
-        mean = timing.get("mean_s")
-        line = f"done in {elapsed:.1f} s" + (f"; {mean:.3f} s per iteration (mean of {timing['iterations']}, first dropped)" if mean else "")
-        if self.widgets:
-            self._draw()
-            self.header.value = f"<b>{self.title}</b> &mdash; {line}"
-        else:
-            print(line)
-
-    def fail(self, exc: BaseException) -> None:
-        for bar in self.bars:
-            bar.close()  # unfinished bars turn red
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        if self.widgets:
-            import html
-
-            if self.global_losses:
-                self._draw()
-            self.header.value = f"<b>{self.title}</b> &mdash; <span style='color:#c00'>failed: {html.escape(first)}</span>"
-
-
 # --------------------------------------------------------------------------- Task 4
 def predict_traffic(world_size: int | None = None) -> dict | None:
     """Task 4, before measuring: the bytes one step should move, from YOUR profiling functions.
@@ -417,14 +280,14 @@ def predict_traffic(world_size: int | None = None) -> dict | None:
     """
     from IPython.display import Markdown, display
 
-    from student_src.profiling import expected_allreduce_bytes, tensor_nbytes
-
     from .config import parse_config
     from .models import load_model
     from .report import markdown_table
+    from .student_api import traffic_functions
 
     if grading():
         return None
+    tensor_nbytes, expected_allreduce_bytes = traffic_functions()
     s = session()
     n = world_size or s.world_size
     cfg = parse_config(task_argv("2b", s))

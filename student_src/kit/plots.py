@@ -108,13 +108,8 @@ def time_per_iteration(rows: list[dict], title: str = "") -> Figure:
             ax.annotate(f"{r['mean_s']:.3f} s\n({r['iterations']} it)", (i, r["mean_s"]), ha="center", va="bottom",
                         fontsize=7, xytext=(0, 3), textcoords="offset points")
         ax.set_ylim(0, max(r["mean_s"] + (r.get("std_s") or 0) for r in rows) * 1.3)
-    else:
-        ax.text(0.5, 0.5, "no timed runs yet", ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylabel("seconds per iteration")
-    ax.set_title(title or "time per iteration (mean, first iteration dropped)", fontsize=10)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _finish_bars(fig, ax, None if rows else "no timed runs yet", "seconds per iteration",
+                        title or "time per iteration (mean, first iteration dropped)")
 
 
 def traffic_bars(rows: list[dict], title: str = "") -> Figure:
@@ -133,10 +128,16 @@ def traffic_bars(rows: list[dict], title: str = "") -> Figure:
                 ax.annotate(f"x{r['ratio']:.3f}", (x + width / 2, r["measured_mb_per_iter"]), ha="center", va="bottom",
                             fontsize=7, xytext=(0, 2), textcoords="offset points")
         ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, "no traffic measured yet (--measure_traffic)", ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylabel("MB per iteration (all ranks)")
-    ax.set_title(title or "network traffic per iteration: measured vs expected", fontsize=10)
+    return _finish_bars(fig, ax, None if rows else "no traffic measured yet (--measure_traffic)",
+                        "MB per iteration (all ranks)", title or "network traffic per iteration: measured vs expected")
+
+
+def _finish_bars(fig: Figure, ax, empty_note: str | None, ylabel: str, title: str) -> Figure:
+    """The common end of the bar charts: a note where there is nothing to draw, labels, grid."""
+    if empty_note:
+        ax.text(0.5, 0.5, empty_note, ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from .errors import KitError
 from .network_interface import interface_towards, loopback_interface
+from .world_size_watch import WorldSizeWatch, world_size_mismatch
 
 # Collectives may wait much longer than rendezvous: a slow rank may still be tokenising or
 # evaluating. A genuinely stuck collective still fails after this many seconds.
@@ -151,7 +152,7 @@ def rendezvous(store, rank: int, world_size: int, timeout_s: float) -> int:
     else:
         theirs = int(store.get("kit/world_size"))
         if theirs != world_size:
-            raise KitError(f"rank {rank} was started with --world_size {world_size} but rank 0 with {theirs}; start every rank with the same --world_size")
+            raise KitError(world_size_mismatch(rank, world_size, 0, theirs))
     host_key = f"kit/host/{host_id()}"
     store.add(host_key, 1)
     store.add("kit/joined", 1)
@@ -169,7 +170,7 @@ _TODO_SAID = [False]
 
 
 def student_init(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
-                 agent_store: bool = False) -> bool:
+                 agent_store: bool = False, check_world_size: bool = False) -> bool:
     """Task 0: form the default group with the student's ``init_distributed``; False while it is a TODO.
 
     ``student_src/collectives.py``'s ``init_distributed(host, port, world_size, rank, backend,
@@ -178,19 +179,24 @@ def student_init(host: str, port: int, rank: int, world_size: int, backend: str,
     its own set-up, so later tasks never wait on Task 0. ``agent_store``: a store already
     listens on host:port (the launcher's parent), so every rank connects to it as a client, rank
     0 included (torch's own switch, ``TORCHELASTIC_USE_AGENT_STORE``, which torchrun sets for its
-    workers itself).
+    workers itself). ``check_world_size``: ranks started by hand may disagree on the world size;
+    a ``WorldSizeWatch`` then turns gloo's timeout into the kit's one-line message.
     """
-    try:
-        from student_src.collectives import init_distributed as theirs
-    except ImportError:
+    from . import student_api
+
+    theirs = student_api.init_distributed()
+    if theirs is None:  # no student_src/collectives.py (or no init_distributed in it)
         return False
     env = {"TORCHELASTIC_USE_AGENT_STORE": "True",
            "TORCHELASTIC_RESTART_COUNT": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")} if agent_store else {}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    watch = WorldSizeWatch(host, port, rank, world_size, timeout_s).start() if check_world_size else None
     try:
         theirs(host, port, world_size, rank, backend=backend, timeout_s=timeout_s)
     except NotImplementedError:
+        if watch:
+            watch.stop()
         if rank == 0 and not _TODO_SAID[0]:
             print("Task 0's init_distributed (student_src/collectives.py) is still a TODO: the kit starts the process "
                   "group itself", file=sys.stderr, flush=True)
@@ -201,6 +207,9 @@ def student_init(host: str, port: int, rank: int, world_size: int, backend: str,
         raise
     except Exception as exc:
         cleanup()
+        mismatch = watch.verdict(wait_s=2.0) if watch else None
+        if mismatch:
+            raise KitError(mismatch) from None
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise KitError(f"your init_distributed (student_src/collectives.py) did not form the group of {world_size} at "
                        f"tcp://{host}:{port} within {timeout_s:g} s. If this rank cannot reach the master: is rank 0 "
@@ -212,6 +221,10 @@ def student_init(host: str, port: int, rank: int, world_size: int, backend: str,
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    mismatch = watch.verdict(wait_s=timeout_s) if watch else None  # rank 0 may form a group rank 1 cannot
+    if mismatch:
+        cleanup()
+        raise KitError(mismatch)
     if not dist.is_initialized() or dist.get_rank() != rank or dist.get_world_size() != world_size:
         raise KitError(f"init_distributed (student_src/collectives.py) returned, but this process is not rank {rank} of "
                        f"a group of {world_size}: call init_process_group with rank=rank and world_size=world_size")
@@ -265,7 +278,8 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
             point_gloo_towards(where[0])
         if where[0] and str(where[1]).isdigit():  # else the kit's own set-up says what is wrong
             theirs = student_init(where[0], int(where[1]), rank, world_size, backend, timeout_s,
-                                  agent_store=mode == "spawn")  # torchrun sets it for its workers itself
+                                  agent_store=mode == "spawn",  # torchrun sets it for its workers itself
+                                  check_world_size=mode == "tcp")  # spawn and torchrun agree by construction
         if theirs:
             master = f"{where[0]}:{where[1]}"
             dist.distributed_c10d._set_pg_timeout(pg_timeout)  # collectives may wait longer than the rendezvous

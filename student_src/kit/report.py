@@ -10,7 +10,8 @@ into OUT:
                               global batch: with ``--dropout 0`` they agree to rounding error)
 * ``time_per_iteration.csv/.png``  the assignment's protocol: the first 40 iterations of a run,
                               the first dropped, mean and std
-* ``dev_accuracy.csv``        evaluation after every epoch (Task 1 asks for it)
+* ``dev_accuracy.csv``        evaluation after every epoch (Task 1 asks for it); report.md also
+                              has Task 1's dev accuracy per slice (pattern / premise length, kit/slices.py)
 * ``traffic.csv/.png``        measured against expected bytes (Task 4 runs with ``--measure_traffic``)
 
 The functions are importable too; the notebooks show the same tables as they go.
@@ -66,7 +67,7 @@ def reference_run(runs: dict) -> tuple[str, dict] | tuple[None, None]:
     return ones[0]
 
 
-def comparable(a: dict, b: dict) -> list[str]:
+def incomparable_reasons(a: dict, b: dict) -> list[str]:
     """Why two runs' losses should NOT be compared step by step (empty list: they should agree)."""
     why = []
     ca, cb = a.get("config", {}), b.get("config", {})
@@ -96,7 +97,7 @@ def loss_table(runs: dict, steps: int | None = None) -> dict:
     rows = [[i + 1] + [l[i] for _, l in cols] for i in range(n_rows)]
     diffs, notes = {}, []
     for (lab, losses), (n, m) in zip(cols[1:], others):
-        why = comparable(ref, m)
+        why = incomparable_reasons(ref, m)
         if why:
             notes.append(f"{lab} is not comparable step by step with Task 1: " + ", ".join(why))
         k = min(len(losses), len(ref["losses"]))
@@ -189,6 +190,18 @@ def eval_markdown(rows: list[dict]) -> str:
     return markdown_table(["run", "epoch", "dev accuracy", "dev loss"], [[r["label"], r["epoch"], r["accuracy"], r["loss"]] for r in rows])
 
 
+def slice_sections(runs: dict) -> list[str]:
+    """Report lines: each Task 1 run's last dev accuracy per slice (what it learned, what not)."""
+    from .slices import markdown_table as slice_markdown
+
+    out = []
+    for name, m in runs.items():
+        table = slice_markdown(m) if str(m.get("task")) == "1" else ""
+        if table:
+            out += [f"## What {label(name, m)} learned: dev accuracy per slice", "", table, ""]
+    return out
+
+
 def traffic_markdown(rows: list[dict]) -> str:
     return markdown_table(["run", "global batch", "iterations", "expected MB/iter", "measured MB/iter", "measured/expected", "CommLog MB/step"],
                           [[r["label"], r["global_batch_size"], r["iterations"], r["expected_mb_per_iter"],
@@ -236,9 +249,14 @@ def write_report(runs_dir, out) -> dict:
         (out / "traffic.png").write_bytes(plots.to_png(plots.traffic_bars(traffic)))
         written.update({k: out / k for k in ("traffic.csv", "traffic.png")})
 
+    from .scaling_report import scaling_section
+
+    scaling_files, scaling_md = scaling_section(runs, out)  # timelines, speed-up on the what-if curves
+    written.update(scaling_files)
     sections = [f"# Results from `{runs_dir}`", "", f"{len(runs)} run(s): " + (", ".join(runs) or "none"), ""]
     if evals:
         sections += ["## Dev accuracy after every epoch", "", eval_markdown(evals), ""]
+    sections += slice_sections(runs)
     sections += ["## Loss per step against Task 1", "", loss_markdown(losses), ""]
     if losses["rows"]:
         sections += ["![loss](loss_vs_task1.png)", ""]
@@ -247,6 +265,7 @@ def write_report(runs_dir, out) -> dict:
                      "![time per iteration](time_per_iteration.png)", ""]
     if traffic:
         sections += ["## Network traffic: measured against expected", "", traffic_markdown(traffic), "", "![traffic](traffic.png)", ""]
+    sections += scaling_md
     (out / "report.md").write_text("\n".join(sections))
     written["report.md"] = out / "report.md"
     return written

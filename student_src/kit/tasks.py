@@ -54,6 +54,9 @@ class Task:
     export: bool = False             # a task<id>/ folder in `python -m student_src.export`
     graded_from: tuple[str, ...] = ()  # submission folders it is graded from, best first (then the top level)
     single_node_equivalence: bool = False  # grading compares its losses with a single-node run (tiny BERT)
+    traffic: str | None = None       # how a step's gradients travel (traffic_model.py): "gather_scatter"
+                                     # through rank 0, "ring" (an all_reduce per tensor), "ring_buckets"
+                                     # (one per bucket); None: no gradient traffic
 
     @property
     def trains(self) -> bool:
@@ -79,16 +82,16 @@ _ROWS = (
          graded_from=("task2", "task2a", "task2b", "task3")),
     Task("2a", "gather/scatter", "sync", ("gather_scatter_average",), "2a_gather_scatter", color="#1f77b4",
          sync="function", collectives=frozenset({"gather", "scatter", "barrier"}), must_call=frozenset({"gather", "scatter"}),
-         export=True, single_node_equivalence=True),
+         export=True, single_node_equivalence=True, traffic="gather_scatter"),
     Task("2b", "all_reduce", "sync", ("allreduce_average",), "2b_allreduce", color="#2ca02c",
          sync="function", collectives=frozenset({"all_reduce", "barrier"}), must_call=frozenset({"all_reduce"}),
-         export=True, single_node_equivalence=True),
+         export=True, single_node_equivalence=True, traffic="ring"),
     Task("3", "DistributedDataParallel", "ddp", ("wrap_ddp",), "3_ddp", color="#d62728", sync="ddp", export=True,
-         single_node_equivalence=True),
+         single_node_equivalence=True, traffic="ring_buckets"),
     Task("4", "traffic: what is communicated, and how many bytes", "profiling",
          ("tensor_nbytes", "expected_allreduce_bytes", "CommLog"), "4_traffic", graded_from=("task4", "task2b")),
     Task("5", "bucketed overlap (advanced)", "bucketed", ("BucketedDDP", "assign_buckets"), "5_bucketed",
-         color="#9467bd", sync="bucketed", extra_credit=True),
+         color="#9467bd", sync="bucketed", extra_credit=True, traffic="ring_buckets"),
 )
 
 #: every task by id, in the assignment's order

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from student_src.kit import tasks
 from student_src.kit.errors import KitError
 
 # Protocol constants (measured, see the module docstring and benchmarks/traffic/README.md)
@@ -59,6 +60,13 @@ class Traffic:
         return Traffic(*[[a + b for a, b in zip(x, y)] for x, y in
                          ((self.sent, o.sent), (self.recv, o.recv),
                           (self.msgs_sent, o.msgs_sent), (self.msgs_recv, o.msgs_recv))])
+
+    def message(self, src: int, dst: int, nbytes: int, count: int = 1) -> None:
+        """Count ``count`` point-to-point messages of ``nbytes`` from rank ``src`` to rank ``dst``."""
+        self.sent[src] += count * nbytes
+        self.recv[dst] += count * nbytes
+        self.msgs_sent[src] += count
+        self.msgs_recv[dst] += count
 
     def scaled(self, k: int) -> "Traffic":
         return Traffic(*[[k * v for v in x] for x in
@@ -101,11 +109,7 @@ def allreduce_traffic(nbytes: int, world_size: int, element_size: int = 4) -> Tr
             for i in range(num_segments - per_rank):
                 length = seg_len(first + i)
                 if length:
-                    dst = (r - 1) % n
-                    t.sent[r] += length
-                    t.recv[dst] += length
-                    t.msgs_sent[r] += 1
-                    t.msgs_recv[dst] += 1
+                    t.message(r, (r - 1) % n, length)
     return t
 
 
@@ -121,11 +125,8 @@ def gather_scatter_traffic(nbytes: int, world_size: int, root: int = 0) -> Traff
     for r in range(n):
         if r == root:
             continue
-        for src, dst in ((r, root), (root, r)):   # gather message, then scatter message
-            t.sent[src] += nbytes
-            t.recv[dst] += nbytes
-            t.msgs_sent[src] += 1
-            t.msgs_recv[dst] += 1
+        t.message(r, root, nbytes)      # gather message
+        t.message(root, r, nbytes)      # scatter message
     return t
 
 
@@ -137,10 +138,7 @@ def broadcast_traffic(nbytes: int, world_size: int, root: int = 0) -> Traffic:
         return t
     for r in range(n):
         if r != root:
-            t.sent[root] += nbytes
-            t.recv[r] += nbytes
-            t.msgs_sent[root] += 1
-            t.msgs_recv[r] += 1
+            t.message(root, r, nbytes)
     return t
 
 
@@ -151,10 +149,7 @@ def allgather_traffic(nbytes: int, world_size: int) -> Traffic:
     if n == 1 or nbytes == 0:
         return t
     for r in range(n):
-        t.sent[r] += (n - 1) * nbytes
-        t.recv[(r + 1) % n] += (n - 1) * nbytes
-        t.msgs_sent[r] += n - 1
-        t.msgs_recv[(r + 1) % n] += n - 1
+        t.message(r, (r + 1) % n, nbytes, count=n - 1)
     return t
 
 
@@ -216,6 +211,7 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
     * 2a: one gather + one scatter through rank 0 per gradient tensor;
     * 2b: one ring all_reduce per gradient tensor;
     * 3 / 5 (DDP, bucketed): one ring all_reduce per bucket (same total bytes as 2b);
+      (the task table's ``traffic`` column says which; a task not in it is modelled as 2b)
     * plus the collective the trainer does for logging (``logging = (op, nbytes)``; the kit's
       trainer all-gathers (loss, seconds) as float64: ``("all_gather", 16)``; a float32 loss
       all_reduce would be ``("all_reduce", 4)``).
@@ -224,14 +220,14 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
     t = Traffic.zero(n)
     if n == 1:
         return t
-    task = str(task).lower()
-    if task == "2a":
+    pattern = traffic_pattern(task)
+    if pattern == "gather_scatter":
         for s in tensor_nbytes:
             t = t + gather_scatter_traffic(s, n)
-    elif task in ("3", "5") and bucket_nbytes:
+    elif pattern == "ring_buckets" and bucket_nbytes:
         for s in bucket_nbytes:
             t = t + allreduce_traffic(s, n)
-    elif task != "1":
+    elif pattern is not None:
         for s in tensor_nbytes:
             t = t + allreduce_traffic(s, n)
     if logging:
@@ -239,9 +235,15 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
     return t
 
 
+def traffic_pattern(task) -> str | None:
+    """How ``task``'s gradients travel (the task table's ``traffic``); "ring" for a task not in it."""
+    row = tasks.TASKS.get(str(task).lower())
+    return "ring" if row is None else row.traffic
+
+
 def textbook_bytes(task: str, nbytes: int, n: int) -> int:
     """Bytes ONE rank sends per tensor by the textbook formulas (2a: a worker's S)."""
-    if str(task) == "2a":
+    if traffic_pattern(task) == "gather_scatter":
         return nbytes
     return round(2 * (n - 1) * nbytes / n)
 

@@ -1,17 +1,20 @@
 """The training loop every task shares.
 
 Task 1 runs it on one process; Tasks 2a, 2b, 3 and 5 run the *same* loop on every rank and
-differ only in how gradients are synchronised:
+differ only in how gradients are synchronised (the task table's ``sync`` column, ``tasks.py``):
 
-====  ===========================================  ==========================================
-task  model                                        ``sync_gradients`` passed to ``train_step``
-====  ===========================================  ==========================================
-1     the model                                    none
-2a    the model                                    ``sync.gather_scatter_average``
-2b    the model                                    ``sync.allreduce_average`` (+ a CommLog)
-3     ``ddp.wrap_ddp(model)``                      none (DDP syncs inside ``backward()``)
-5     ``bucketed.BucketedDDP(model)``              ``model.finish_gradient_synchronization``
-====  ===========================================  ==========================================
+============  =====================================  ==========================================
+``sync``      model                                  ``sync_gradients`` passed to ``train_step``
+============  =====================================  ==========================================
+none (1)      the model                              none
+function (2a, 2b)  the model                         ``sync.gather_scatter_average`` /
+                                                     ``sync.allreduce_average`` (+ a CommLog)
+ddp (3)       ``ddp.wrap_ddp(model)``                none (DDP syncs inside ``backward()``)
+bucketed (5)  ``bucketed.BucketedDDP(model)``        ``model.finish_gradient_synchronization``
+============  =====================================  ==========================================
+
+Student code is reached only through ``student_api`` (the boundary, with its TODO handling);
+progress goes out through ``progress``; ``metrics.json`` is built by ``metrics.build``.
 
 Why single-node and distributed losses agree step by step (with ``--dropout 0``): every rank
 seeds identically (same initial weights); the single-node loader is the world-size-1 case of
@@ -20,23 +23,25 @@ padding is fixed; gradients are averaged before clipping. The logged loss of a s
 mean of the ranks' losses, gathered for logging only, apart from the gradient traffic.
 """
 
-import json
 import math
 import os
 import random
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from . import launch as klaunch
-from . import tasks
+from . import metrics as kmetrics
+from . import progress, student_api, tasks
 from .config import TrainConfig, per_worker_batch_size
 from .errors import KitError
-from .timing import summarize_iter_times
+from .metrics import write_metrics  # noqa: F401  (trainer.write_metrics: where runs write their results)
+from .timeline import recorder_for
 
 FIRST_LOSSES_PRINTED = 5
 
@@ -83,23 +88,6 @@ def build_optimizer(model, cfg: TrainConfig, total_steps: int):
     return optimizer, scheduler
 
 
-class _Log:
-    """Where a rank's messages go: through the launcher in spawned ranks, else stdout (rank 0)."""
-
-    def __init__(self, rank: int, bar=None):
-        self.rank, self.bar = rank, bar
-
-    def __call__(self, msg: str) -> None:
-        if klaunch.in_launched_rank():
-            if self.rank == 0:
-                klaunch.emit("log", text=msg)
-        elif self.rank == 0:
-            if self.bar is not None:
-                self.bar.write(msg)
-            else:
-                print(msg, flush=True)
-
-
 def _on_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
@@ -111,70 +99,55 @@ def evaluate(model, dataset, ctx, batch_size: int) -> dict:
     model.eval()
     part = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))
     totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+    hits = []  # per example, for the accuracy per slice (student_src/kit/slices.py)
     with torch.no_grad():
         for batch in DataLoader(part, batch_size=batch_size):
             batch = _on_device(batch, ctx.device)
             out = model(**batch)
             labels = batch["labels"]
             loss = torch.nn.functional.cross_entropy(out.logits.float(), labels, reduction="sum")
-            totals += torch.tensor([loss.item(), (out.logits.argmax(-1) == labels).sum().item(), labels.numel()],
-                                   dtype=torch.float64)
+            hits.append((out.logits.argmax(-1) == labels).cpu())
+            totals += torch.tensor([loss.item(), hits[-1].sum().item(), labels.numel()], dtype=torch.float64)
+    slices = getattr(dataset, "slices", None)
+    per_slice = (slices.count(part.indices, torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool))
+                 if slices is not None else None)
     if dist.is_initialized() and ctx.world_size > 1:
         dist.all_reduce(totals)
+        if per_slice is not None:
+            dist.all_reduce(per_slice)
     model.train()
     n = max(totals[2].item(), 1.0)
-    return {"accuracy": totals[1].item() / n, "loss": totals[0].item() / n, "examples": int(totals[2].item())}
+    result = {"accuracy": totals[1].item() / n, "loss": totals[0].item() / n, "examples": int(totals[2].item())}
+    if per_slice is not None:
+        result["slices"] = slices.rows(per_slice)
+    return result
 
 
 # --------------------------------------------------------------------------- task set-up
-def _profiling_ready() -> bool:
-    """True when the student's Task 4 ``CommLog`` works (Task 4 is optional)."""
-    try:
-        from student_src import profiling
-
-        log = profiling.CommLog()
-        log.record("all_reduce", torch.zeros(2))
-        return len(log) == 1
-    except Exception:  # NotImplementedError in the release, or the module is missing
-        return False
-
-
 def setup_task(cfg: TrainConfig, model, ctx):
-    """Return ``(model_to_train, sync_gradients, comm_log)`` for ``cfg.task``."""
-    task = cfg.task
-    if task == "1":
+    """Return ``(model_to_train, sync_gradients, comm_log)``: how the task table's ``sync`` kind
+    of ``cfg.task`` runs the student's function (``tasks.py`` says what each kind means)."""
+    task = tasks.get(cfg.task)
+    if task.sync == "none":
         return model, None, None
-    if task == "2a":
-        from student_src.sync import gather_scatter_average
-
-        return model, gather_scatter_average, None
-    if task == "2b":
-        from student_src.sync import allreduce_average
-
-        comm_log = None
-        if _profiling_ready():
-            from student_src.profiling import CommLog
-
-            comm_log = CommLog()
+    fn = student_api.function(task.id)
+    if task.sync == "function":
+        comm_log = student_api.comm_log() if student_api.accepts(fn, "comm_log") else None
         if comm_log is None:
-            return model, allreduce_average, None
-        return model, (lambda m: allreduce_average(m, comm_log=comm_log)), comm_log
-    if task == "3":
-        from student_src.ddp import wrap_ddp
-
-        wrapped = wrap_ddp(model)
-        if cfg.grad_compression != "none":
+            return model, fn, None
+        return model, (lambda m: fn(m, comm_log=comm_log)), comm_log
+    compression = None if cfg.grad_compression == "none" else cfg.grad_compression
+    if task.sync == "ddp":
+        wrapped = fn(model)
+        if compression is not None:
             from .compression import register_ddp_compression
 
-            register_ddp_compression(wrapped, cfg.grad_compression)
+            register_ddp_compression(wrapped, compression)
         return wrapped, None, None
-    if task == "5":
-        from student_src.bucketed import BucketedDDP
-
-        compression = None if cfg.grad_compression == "none" else cfg.grad_compression
-        wrapped = BucketedDDP(model, bucket_cap_mb=cfg.bucket_cap_mb, compression=compression)
+    if task.sync == "bucketed":
+        wrapped = fn(model, bucket_cap_mb=cfg.bucket_cap_mb, compression=compression)
         return wrapped, (lambda m: m.finish_gradient_synchronization()), None
-    raise KitError(f"unknown task {task!r}")
+    raise KitError(f"Task {task.id}: the task table names an unknown sync kind {task.sync!r} (see student_src/kit/tasks.py)")
 
 
 def _broadcast_parameters(model, ctx) -> None:
@@ -186,11 +159,44 @@ def _broadcast_parameters(model, ctx) -> None:
                 dist.broadcast(t.data, src=0)
 
 
+@dataclass
+class Run:
+    """One task's training on this rank: everything the loop needs, built by ``_prepare``."""
+
+    cfg: TrainConfig
+    ctx: object                      # the rank's DistContext
+    model: torch.nn.Module           # what train_step gets (wrapped by DDP in Tasks 3 and 5)
+    base_model: torch.nn.Module      # the model itself: evaluation, optimizer, gradient sizes
+    train_step: Callable             # the student's (Task 1)
+    sync_gradients: Callable | None  # passed to train_step (setup_task)
+    comm_log: object | None          # the student's Task 4 CommLog, when it works
+    loader: object
+    optimizer: object
+    scheduler: object
+    dev_ds: object | None            # evaluated after every epoch (None: --do_eval off)
+    total_steps: int
+    epochs: int
+    log: progress.RankLog
+    history: kmetrics.History
+    meter: object | None = None      # --measure_traffic
+    recorder: object | None = None   # --timeline N (timeline.py)
+    bar: progress.StepBar | None = None  # rank 0's terminal bar (_run_epochs)
+    steps_done: int = 0
+
+    def grad_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.base_model.parameters() if p.requires_grad)
+
+
 # --------------------------------------------------------------------------- the loop
 def train(cfg: TrainConfig, ctx) -> dict | None:
-    """Run one task on this rank; return the metrics dict on rank 0 (None elsewhere)."""
-    from student_src.train import train_step
+    """Run one task on this rank; return the metrics dict on rank 0 (None elsewhere).
 
+    A TODO the run reaches in the student's code stops it with one line (``student_api.todos``)."""
+    with student_api.todos(cfg.task):
+        return _train(cfg, ctx)
+
+
+def _train(cfg: TrainConfig, ctx) -> dict | None:
     from .data import get_processor, load_glue_dataset
     from .models import count_parameters, load_model, load_tokenizer
 
@@ -198,7 +204,8 @@ def train(cfg: TrainConfig, ctx) -> dict | None:
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     set_seed(cfg.seed)
-    log = _Log(ctx.rank)
+    task = tasks.get(cfg.task)
+    log = progress.RankLog(ctx.rank)
     processor = get_processor(cfg.task_name)
     tokenizer = load_tokenizer(cfg.model_name_or_path)
     train_ds = (load_glue_dataset(cfg.data_dir, cfg.task_name, "train", tokenizer, cfg.max_seq_length,
@@ -207,51 +214,23 @@ def train(cfg: TrainConfig, ctx) -> dict | None:
                                 overwrite_cache=cfg.overwrite_cache) if cfg.do_eval else None)
     set_seed(cfg.seed)  # identical initial weights on every rank, whatever the data code drew
     model = load_model(cfg.model_name_or_path, num_labels=len(processor.labels), dropout=cfg.dropout).to(ctx.device)
-    if cfg.task != "1":
+    if task.distributed:
         _broadcast_parameters(model, ctx)
     model.train()
-    base_model = model
-    model, sync_gradients, comm_log = setup_task(cfg, model, ctx)
-
-    metrics = {
-        "task": cfg.task, "title": tasks.get(cfg.task).title, "world_size": ctx.world_size,
-        "backend": ctx.backend if cfg.task != "1" else None, "device": str(ctx.device),
-        "model": {"name": cfg.model_name_or_path, "parameters": count_parameters(base_model)},
-        "losses": [], "rank_losses": [[] for _ in range(ctx.world_size)], "iter_times": [],
-        "eval": [], "comm": {}, "config": cfg.to_dict(),
-        "threads": torch.get_num_threads(), "ranks_on_host": ctx.ranks_on_host,
-    }
+    history = kmetrics.History(ctx.world_size)
+    parts = {"model": {"name": cfg.model_name_or_path, "parameters": count_parameters(model)}}
     if cfg.do_train:
-        per_worker, how = per_worker_batch_size(cfg, ctx.world_size)
-        if cfg.task == "1":
-            loader = single_node_loader(train_ds, per_worker, cfg.seed)
-        else:
-            from student_src.partition import build_train_loader
-
-            loader = build_train_loader(train_ds, per_worker, ctx.rank, ctx.world_size, cfg.seed)
-        steps_per_epoch = len(loader)
-        if steps_per_epoch == 0:
-            raise KitError(f"the training set ({len(train_ds)} examples) is smaller than one global batch; lower the batch size")
-        max_steps = cfg.timing_iters or cfg.max_steps
-        total_steps = max_steps if max_steps and max_steps > 0 else math.ceil(cfg.num_train_epochs * steps_per_epoch)
-        epochs = math.ceil(total_steps / steps_per_epoch)
-        metrics.update(global_batch_size=per_worker * ctx.world_size, per_worker_batch_size=per_worker,
-                       steps_per_epoch=steps_per_epoch, total_steps=total_steps)
-        log(f"Task {cfg.task} ({tasks.get(cfg.task).title}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
-            f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "
-            f"{torch.get_num_threads()} thread(s) per rank, {ctx.ranks_on_host} rank(s) on this host]")
-        optimizer, scheduler = build_optimizer(base_model, cfg, total_steps)
-        meter = _traffic_meter(cfg, ctx)
-        _run_epochs(cfg, ctx, model, base_model, loader, optimizer, scheduler, sync_gradients, comm_log,
-                    train_step, dev_ds, total_steps, epochs, metrics, log, meter)
+        run = _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, parts)
+        _run_epochs(run)
+        parts.update(_communication(run))
+        if run.recorder is not None:  # --timeline N
+            parts["extra"] = run.recorder.results(ctx.world_size)
     elif cfg.do_eval:
-        result = evaluate(base_model, dev_ds, ctx, cfg.per_device_eval_batch_size)
-        metrics["eval"].append({"epoch": 0, **result})
+        result = evaluate(model, dev_ds, ctx, cfg.per_device_eval_batch_size)
+        history.evaluated(0, result)
         log(f"dev accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} ({result['examples']} examples)")
-    metrics["timing"] = summarize_iter_times(metrics["iter_times"])
-    metrics["wall_time_s"] = time.perf_counter() - wall_start
-    if metrics["iter_times"]:
-        metrics["examples_per_second"] = metrics.get("global_batch_size", 0) * len(metrics["iter_times"]) / sum(metrics["iter_times"])
+    metrics = kmetrics.build(cfg, ctx, title=task.title, history=history,
+                             wall_time_s=time.perf_counter() - wall_start, **parts)
     if ctx.rank != 0:
         return None
     if cfg.output_dir:
@@ -259,11 +238,42 @@ def train(cfg: TrainConfig, ctx) -> dict | None:
     return metrics
 
 
+def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, parts: dict) -> Run:
+    """The task's model and sync, the loader, the optimizer and the meter; the run's first line."""
+    task = tasks.get(cfg.task)
+    wrapped, sync_gradients, comm_log = setup_task(cfg, model, ctx)
+    per_worker, how = per_worker_batch_size(cfg, ctx.world_size)
+    if task.distributed:
+        loader = student_api.build_train_loader()(train_ds, per_worker, ctx.rank, ctx.world_size, cfg.seed)
+    else:
+        loader = single_node_loader(train_ds, per_worker, cfg.seed)
+    steps_per_epoch = len(loader)
+    if steps_per_epoch == 0:
+        raise KitError(f"the training set ({len(train_ds)} examples) is smaller than one global batch; lower the batch size")
+    max_steps = cfg.timing_iters or cfg.max_steps
+    total_steps = max_steps if max_steps and max_steps > 0 else math.ceil(cfg.num_train_epochs * steps_per_epoch)
+    parts["batch"] = {"global_batch_size": per_worker * ctx.world_size, "per_worker_batch_size": per_worker,
+                      "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
+    log(f"Task {task.id} ({task.title}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
+        f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "
+        f"{torch.get_num_threads()} thread(s) per rank, {ctx.ranks_on_host} rank(s) on this host]")
+    optimizer, scheduler = build_optimizer(model, cfg, total_steps)
+    meter = _traffic_meter(cfg, ctx)
+    recorder = recorder_for(cfg, ctx, wrapped, model, optimizer)  # --timeline N
+    train_step = student_api.train_step()
+    return Run(cfg=cfg, ctx=ctx, model=wrapped, base_model=model,
+               train_step=recorder.wrap(train_step) if recorder else train_step,
+               sync_gradients=sync_gradients, comm_log=comm_log, loader=loader, optimizer=optimizer,
+               scheduler=scheduler, dev_ds=dev_ds, total_steps=total_steps,
+               epochs=math.ceil(total_steps / steps_per_epoch), log=log, history=history, meter=meter, recorder=recorder)
+
+
 def _traffic_meter(cfg, ctx):
     if not cfg.measure_traffic:
         return None
-    if cfg.task == "1":
-        raise KitError("--measure_traffic measures gradient traffic between ranks: use it with --task 2a, 2b, 3 or 5")
+    if not tasks.get(cfg.task).distributed:  # config.validate says so first; a TrainConfig built by hand
+        raise KitError("--measure_traffic measures gradient traffic between ranks: use it with --task "
+                       + tasks.spoken(tasks.ids(lambda t: t.distributed)))
     from .traffic_meter import RunTrafficMeter
 
     return RunTrafficMeter(cfg.task, ctx.world_size, ctx.rank, interface=cfg.traffic_interface,
@@ -271,133 +281,86 @@ def _traffic_meter(cfg, ctx):
                            sample_csv=cfg.traffic_csv if ctx.rank == 0 else None)
 
 
-def _run_epochs(cfg, ctx, model, base_model, loader, optimizer, scheduler, sync_gradients, comm_log,
-                train_step, dev_ds, total_steps, epochs, metrics, log, meter):
-    distributed = dist.is_initialized() and ctx.world_size > 1
-    show_bar = ctx.rank == 0 and not cfg.no_progress and not klaunch.in_launched_rank()
-    bar = None
-    if show_bar:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total_steps, desc=f"task {cfg.task}", unit="step", dynamic_ncols=True, file=sys.stdout)
-        log.bar = bar
-    if meter is not None:
-        meter.start()  # runs its own barrier, so every rank starts counting together
-    step = 0
+def _run_epochs(run: Run) -> None:
+    """Train ``run.total_steps`` steps, evaluating after every epoch; record into ``run.history``."""
+    cfg, ctx = run.cfg, run.ctx
+    run.bar = progress.StepBar(ctx.rank == 0 and not cfg.no_progress, run.total_steps, f"task {cfg.task}", run.log)
+    if run.meter is not None:
+        run.meter.start()  # runs its own barrier, so every rank starts counting together
     try:
-        for epoch in range(epochs):
-            if hasattr(loader.sampler, "set_epoch"):
-                loader.sampler.set_epoch(epoch)
-            for batch in loader:
-                batch = _on_device(batch, ctx.device)
-                t0 = time.perf_counter()
-                loss = train_step(model, batch, optimizer, scheduler, sync_gradients=sync_gradients,
-                                  max_grad_norm=cfg.max_grad_norm)
-                if ctx.device.type == "cuda":
-                    torch.cuda.synchronize(ctx.device)
-                dt = time.perf_counter() - t0
-                if comm_log is not None:
-                    comm_log.mark_step()
-                mine = torch.tensor([float(loss), dt], dtype=torch.float64)
-                if distributed:  # logging only: one tiny all_gather, outside the timed region
-                    everyone = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
-                    dist.all_gather(everyone, mine)
-                else:
-                    everyone = [mine]
-                rank_losses = [t[0].item() for t in everyone]
-                global_loss = sum(rank_losses) / len(rank_losses)
-                metrics["losses"].append(global_loss)
-                metrics["iter_times"].append(max(t[1].item() for t in everyone))
-                for r, v in enumerate(rank_losses):
-                    metrics["rank_losses"][r].append(v)
-                step += 1
-                klaunch.emit("step", step=step, total=total_steps, epoch=epoch, loss=float(loss),
-                             global_loss=global_loss, iter_time=dt)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{global_loss:.4f}")
-                if step <= FIRST_LOSSES_PRINTED or (cfg.logging_steps and step % cfg.logging_steps == 0):
-                    log(f"step {step:>4}/{total_steps}  loss {global_loss:.6f}  ({dt:.3f} s)")
-                if step >= total_steps:
+        for epoch in range(run.epochs):
+            if hasattr(run.loader.sampler, "set_epoch"):
+                run.loader.sampler.set_epoch(epoch)
+            for batch in run.loader:
+                _step(run, batch, epoch)
+                if run.steps_done >= run.total_steps:
                     break
-            if meter is not None:
-                meter.epoch_end(epoch)
-            if dev_ds is not None:
-                if meter is not None:
-                    meter.pause()
-                result = evaluate(base_model, dev_ds, ctx, cfg.per_device_eval_batch_size)
-                if meter is not None:
-                    meter.resume()
-                metrics["eval"].append({"epoch": epoch + 1, **result})
-                klaunch.emit("eval", epoch=epoch + 1, **result)
-                log(f"epoch {epoch + 1}: dev accuracy {result['accuracy']:.4f}, dev loss {result['loss']:.4f}")
-            if step >= total_steps:
+            if run.meter is not None:
+                run.meter.epoch_end(epoch)
+            if run.dev_ds is not None:
+                _evaluate_epoch(run, epoch + 1)
+            if run.steps_done >= run.total_steps:
                 break
     finally:
-        if bar is not None:
-            bar.close()
-    if comm_log is not None:
-        metrics["comm"] = _comm_summary(comm_log, step)
-    metrics["comm"]["grad_bytes_per_step"] = sum(p.numel() * p.element_size() for p in base_model.parameters() if p.requires_grad)
-    if meter is not None:
-        dist.barrier()
-        # Without a student CommLog (2a, 3, 5, or Task 4 not done yet), one record per gradient
-        # still tells the traffic model how many messages a step sends.
-        records = metrics["comm"].get("records_first_step") or [
-            {"nbytes": p.numel() * p.element_size()} for p in base_model.parameters() if p.requires_grad]
-        metrics["traffic"] = meter.finish(step, metrics["comm"]["grad_bytes_per_step"], comm_records=records)
+        run.bar.close()
 
 
-def _comm_summary(comm_log, steps: int) -> dict:
-    """What the student's CommLog recorded: the first step's collectives and the totals."""
-    records = comm_log.as_dicts() if hasattr(comm_log, "as_dicts") else [dict(r.__dict__) for r in comm_log]
-    per_step = len(records) // steps if steps else len(records)
-    first = records[:per_step]
-    return {
-        "collectives_per_step": per_step,
-        "bytes_per_step": sum(r["nbytes"] for r in first),
-        "records_first_step": first,
-        "total_collectives": len(records),
-        "total_bytes": sum(r["nbytes"] for r in records),
-    }
+def _step(run: Run, batch: dict, epoch: int) -> None:
+    """One timed ``train_step``; every rank's loss and time gathered (for logging only); the
+    global loss recorded and reported."""
+    cfg, ctx = run.cfg, run.ctx
+    batch = _on_device(batch, ctx.device)
+    t0 = time.perf_counter()
+    loss = run.train_step(run.model, batch, run.optimizer, run.scheduler, sync_gradients=run.sync_gradients,
+                          max_grad_norm=cfg.max_grad_norm)
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    dt = time.perf_counter() - t0
+    if run.comm_log is not None:
+        run.comm_log.mark_step()
+    mine = torch.tensor([float(loss), dt], dtype=torch.float64)
+    everyone = [mine]
+    if dist.is_initialized() and ctx.world_size > 1:  # logging only: one tiny all_gather, outside the timed region
+        everyone = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
+        dist.all_gather(everyone, mine)
+    global_loss = run.history.step([t[0].item() for t in everyone], [t[1].item() for t in everyone])
+    run.steps_done += 1
+    step = run.steps_done
+    progress.emit("step", step=step, total=run.total_steps, epoch=epoch, loss=float(loss),
+                  global_loss=global_loss, iter_time=dt)
+    run.bar.step(global_loss)
+    if step <= FIRST_LOSSES_PRINTED or (cfg.logging_steps and step % cfg.logging_steps == 0):
+        run.log(f"step {step:>4}/{run.total_steps}  loss {global_loss:.6f}  ({dt:.3f} s)")
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write a temporary file next to ``path``, flush it to disk, then rename it over ``path``:
-    readers see the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
+def _evaluate_epoch(run: Run, epoch: int) -> None:
+    """Dev accuracy after an epoch (the traffic meter paused: evaluation is not training traffic)."""
+    if run.meter is not None:
+        run.meter.pause()
+    result = evaluate(run.base_model, run.dev_ds, run.ctx, run.cfg.per_device_eval_batch_size)
+    if run.meter is not None:
+        run.meter.resume()
+    run.history.evaluated(epoch, result)
+    progress.emit("eval", epoch=epoch, **result)
+    run.log(f"epoch {epoch}: dev accuracy {result['accuracy']:.4f}, dev loss {result['loss']:.4f}")
 
 
-def write_metrics(output_dir: str, metrics: dict) -> Path:
-    """Write ``metrics.json`` atomically; if that fails, save the results elsewhere and say where."""
-    import tempfile
-
-    text = json.dumps(metrics, indent=1, default=str)
-    path = Path(output_dir) / "metrics.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, text)
-        return path
-    except OSError as exc:
-        rescue = Path(tempfile.gettempdir()) / f"metrics-task{metrics.get('task', '')}-{os.getpid()}.json"
-        _write_atomically(rescue, text)
-        raise KitError(f"could not write {path} ({exc.strerror or exc}); the run's results are saved in {rescue}") from None
-
+def _communication(run: Run) -> dict:
+    """``{"comm": ..., "traffic": ...}`` of ``metrics.build``: what the student's CommLog saw,
+    the gradient bytes of a step, and the meter's measurement."""
+    comm = kmetrics.comm_summary(run.comm_log, run.steps_done) if run.comm_log is not None else {}
+    comm["grad_bytes_per_step"] = run.grad_bytes()
+    if run.meter is None:
+        return {"comm": comm}
+    dist.barrier()
+    # Without a student CommLog (2a, 3, 5, or Task 4 not done yet), one record per gradient
+    # still tells the traffic model how many messages a step sends.
+    records = comm.get("records_first_step") or [
+        {"nbytes": p.numel() * p.element_size()} for p in run.base_model.parameters() if p.requires_grad]
+    return {"comm": comm, "traffic": run.meter.finish(run.steps_done, comm["grad_bytes_per_step"], comm_records=records)}
 
 # --------------------------------------------------------------------------- entry points
-def rank_main(ctx, cfg: TrainConfig):
+def train_rank(ctx, cfg: TrainConfig):
     """What each launched rank runs (importable, so the spawn start method can find it)."""
     return train(cfg, ctx)
 
@@ -459,11 +422,11 @@ def run(cfg: TrainConfig, on_event=None) -> dict:
     check_model_available(cfg.model_name_or_path)
     if cfg.spawn:
         stall = max(cfg.dist_timeout, process_group.MIN_COLLECTIVE_TIMEOUT_S)
-        results = klaunch.launch(rank_main, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
-                                 on_event=on_event or ConsoleEvents(cfg))
+        results = klaunch.launch(train_rank, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
+                                 on_event=on_event or progress.ConsoleEvents(cfg))
         return results[0]
-    with klaunch.event_sink(on_event):  # in-process runs report to on_event too (notebooks)
-        if cfg.task == "1" and process_group.resolve_mode(cfg) == "single":
+    with progress.event_sink(on_event):  # in-process runs report to on_event too (notebooks)
+        if not tasks.get(cfg.task).distributed and process_group.resolve_mode(cfg) == "single":
             ctx = process_group.DistContext(device=process_group.pick_device(cfg, 0)[0])
             return train(cfg, ctx)
         ctx = process_group.init_distributed(cfg)
@@ -471,27 +434,3 @@ def run(cfg: TrainConfig, on_event=None) -> dict:
             return train(cfg, ctx)
         finally:
             process_group.cleanup()
-
-
-class ConsoleEvents:
-    """Shows spawned ranks on a terminal: rank 0's log lines and one progress bar."""
-
-    def __init__(self, cfg: TrainConfig):
-        self.cfg, self.bar = cfg, None
-
-    def __call__(self, event: dict) -> None:
-        kind = event["kind"]
-        if kind == "log":
-            (self.bar.write if self.bar is not None else print)(event["text"])
-        elif kind == "step" and event["rank"] == 0:
-            if self.bar is None and not self.cfg.no_progress:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=event["total"], desc=f"task {self.cfg.task} x{self.cfg.world_size}",
-                                unit="step", dynamic_ncols=True, file=sys.stdout)
-            if self.bar is not None:
-                self.bar.update(1)
-                self.bar.set_postfix(loss=f"{event['global_loss']:.4f}")
-                if event["step"] >= event["total"]:
-                    self.bar.close()
-                    self.bar = None

@@ -72,11 +72,13 @@ class LinkModel:
 
 @dataclass(frozen=True)
 class ComputeProfile:
-    """Seconds of one step's compute at ``batch_size`` examples on one worker."""
+    """Seconds of one step's compute at ``batch_size`` examples on one worker; ``other_s`` is the
+    rest of the step outside forward .. optimizer (scheduler, zero_grad), which stays fixed."""
     forward_s: float
     backward_s: float
     optimizer_s: float
     batch_size: int
+    other_s: float = 0.0
 
     def at_batch(self, batch: float) -> tuple[float, float, float]:
         """(forward, backward, optimizer) at another per-worker batch: the first two scale with it."""
@@ -152,7 +154,7 @@ def iteration(task: str, n: int, compute: ComputeProfile, tensor_nbytes: Sequenc
 
     ``global_batch`` fixed (default: the profile's batch) means strong scaling: each worker
     computes on global_batch / n examples. Returns ``{"total_s", "forward_s", "backward_s",
-    "optimizer_s", "comm_s", "exposed_comm_s"}`` (exposed = what overlap did not hide)."""
+    "optimizer_s", "other_s", "comm_s", "exposed_comm_s"}`` (exposed = what overlap did not hide)."""
     if task not in TASKS:
         raise KitError(f"what-if knows tasks {', '.join(TASKS)}, got {task!r}")
     if not isinstance(n, int) or n < 1:
@@ -174,8 +176,8 @@ def iteration(task: str, n: int, compute: ComputeProfile, tensor_nbytes: Sequenc
             buckets = ddp_buckets(tensor_nbytes, int(bucket_cap_mb * 1024 * 1024))
         comm = sum(link.allreduce_s(scale * sum(tensor_nbytes[i] for i in b), n) for b in buckets)
         exposed = max(0.0, _overlapped_comm(tensor_nbytes, buckets, bwd, link, n, scale) - bwd) if n > 1 else 0.0
-    return {"total_s": fwd + bwd + exposed + opt, "forward_s": fwd, "backward_s": bwd, "optimizer_s": opt,
-            "comm_s": comm, "exposed_comm_s": exposed}
+    return {"total_s": fwd + bwd + exposed + opt + compute.other_s, "forward_s": fwd, "backward_s": bwd,
+            "optimizer_s": opt, "other_s": compute.other_s, "comm_s": comm, "exposed_comm_s": exposed}
 
 
 def predict(compute: ComputeProfile, tensor_nbytes: Sequence[int], link: LinkModel, tasks=TASKS,
@@ -210,7 +212,8 @@ def compute_from_metrics(metrics: dict) -> ComputeProfile:
         raise KitError("this metrics.json has no batch size: it is not from a training run")
     recorded = metrics.get("compute")
     if recorded:
-        return ComputeProfile(recorded["forward_s"], recorded["backward_s"], recorded["optimizer_s"], batch)
+        return ComputeProfile(recorded["forward_s"], recorded["backward_s"], recorded["optimizer_s"], batch,
+                              recorded.get("other_s", 0.0))
     if metrics.get("world_size", 1) != 1:
         raise KitError("this run had several workers, so its iteration time includes communication and it "
                        "recorded no compute split: give the metrics.json of a Task 1 run (one worker)")
@@ -251,7 +254,7 @@ def format_table(rows: list[dict]) -> str:
     head = f"{'task':<5} {'N':>3} {'Gbit/s':>6} {'s/iter':>8} {'compute':>8} {'comm':>8} {'exposed':>8} {'speed-up':>8} {'eff.':>5}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        compute = r["forward_s"] + r["backward_s"] + r["optimizer_s"]
+        compute = r["forward_s"] + r["backward_s"] + r["optimizer_s"] + r.get("other_s", 0.0)
         lines.append(f"{r['task']:<5} {r['nodes']:>3} {r['gbit']:>6g} {r['total_s']:>8.4f} {compute:>8.4f} {r['comm_s']:>8.4f} "
                      f"{r['exposed_comm_s']:>8.4f} {r['speedup']:>8.2f} {r['efficiency']:>5.2f}")
     return "\n".join(lines)

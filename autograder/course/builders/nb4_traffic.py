@@ -24,9 +24,20 @@ counters, like `dstat -n`) and compare. Then we repeat with global batch sizes 6
     nb.code('''
 BATCHES = [16, 8] if S.quick else [64, 32, 16]
 for b in BATCHES:
-    kit.run_task("2b", name=f"traffic_b{b}", extra=["--measure_traffic", "--global_batch_size", b])
+    kit.run_task("2b", name=f"traffic_b{b}", extra=["--measure_traffic", "--global_batch_size", b, "--timeline", 2])
 ''')
     nb.code("rows = kit.show_traffic()")
+    nb.md("## Where does the time go, and how far would it scale?\n\n"
+          "Each rank's forward, backward, all_reduces and optimizer step over two iterations of the last run "
+          "(`--timeline 2`): in Task 2b every all_reduce waits for the whole backward. Then the what-if model "
+          "(`python -m student_src.kit.whatif`) turns Task 1's measured compute and each task's traffic into "
+          "predicted speed-up curves for 1 to 64 workers; the dots are your runs of Tasks 2a, 2b and 3 "
+          "(local ranks share this machine's cores and its loopback, so they need not sit on a network's curve).")
+    nb.code('''
+from student_src.kit.scaling_report import show_scaling, show_timeline
+show_timeline(kit.load_metrics("2b", name=f"traffic_b{BATCHES[-1]}"), S.runs_dir / "timeline_2b.png")
+points = show_scaling(S.runs_dir)
+''')
     nb.md("## Questions for your report")
     nb.question("**Q1.** Compare measured and expected traffic per iteration. Where does the difference come from?",
                 "They agree within a few percent. Measured is slightly higher: every message pays TCP/IP and gloo headers "
@@ -36,4 +47,13 @@ for b in BATCHES:
                 "Traffic per iteration does not change: the gradient has as many bytes whatever the batch size. The number "
                 "of iterations per epoch doubles when the batch halves, so traffic per epoch doubles, and the ratio of "
                 "communication to computation per iteration grows (less compute per step for the same bytes).")
+    nb.question("**Q3.** Predict the time per iteration and the speed-up of Tasks 2a, 2b and 3 on **16 nodes with "
+                "10 Gbit/s links** (`whatif.predict` or the command above with `--rates 10gbit --nodes 16`). What is "
+                "the bottleneck of each, and what would you change to scale further?",
+                "Compute per worker shrinks as 1/16 at a fixed global batch, but communication does not. 2a: rank 0's "
+                "link carries 2·15·S per step (gather then scatter), so it is the slowest by far and gets slower with N. "
+                "2b: each rank sends only 2·15/16·S, but 41 separate all_reduces each pay 2·15 message latencies and "
+                "all start after backward. 3: one bucket per ~25 MB, close to the bandwidth bound, partly hidden behind "
+                "backward. The bottleneck is communication (and the fixed optimizer step); larger batches per worker, "
+                "fp16/bf16 compression, fewer larger buckets, or faster links help.")
     return nb
