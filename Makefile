@@ -10,6 +10,7 @@
 #   make release  the student release into $(RELEASE_DIR)
 #   make grade    grade this checkout (full marks on the solution source); gradescope: dist/autograder.zip
 #   make cluster-up / cluster-down   an emulated 4-node cluster in network namespaces (Linux, root)
+#   make mutation TARGET=timing   mutation testing of one module (cosmic-ray; CPU-heavy, not in CI; no TARGET: all, one by one)
 #
 # With internet, a smaller CPU-only torch wheel:  make setup TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
 
@@ -33,7 +34,7 @@ else
   STAMP := $(ACTIVE_ENV)/.kit-installed
 endif
 
-.PHONY: setup data sandbox-tools demo test lab notebooks report release grade gradescope cluster-up cluster-down clean help
+.PHONY: setup data sandbox-tools demo test lab notebooks report release grade gradescope cluster-up cluster-down mutation clean help
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
@@ -92,6 +93,12 @@ gradescope: setup
 
 cluster-up: setup
 	$(PY) -m student_src.kit.cluster up --nodes 4 --rate 1gbit
+
+# Mutation testing (benchmarks/mutation/run_mutation.py --list shows the targets); survivors and
+# why the ones left alive are harmless: tests/README.md
+mutation: setup
+	$(PY) -m pip install --quiet "cosmic-ray==8.7.0"
+	$(PY) benchmarks/mutation/run_mutation.py $(or $(TARGET),--all)
 
 cluster-down:
 	$(PY) -m student_src.kit.cluster down

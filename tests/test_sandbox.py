@@ -37,7 +37,7 @@ def _levels():
     out = []
     why = sandbox._bwrap_works()
     out.append(pytest.param("bwrap", marks=pytest.mark.skipif(bool(why), reason=f"no bwrap level here: {why}")))
-    out.append(pytest.param("user", marks=pytest.mark.skipif(os.geteuid() != 0, reason="the user level needs root")))
+    out.append(pytest.param("user", marks=pytest.mark.skipif(os.geteuid() != 0, reason="the user level needs root (CI runs as root)")))
     out.append("process")
     return out
 
@@ -218,9 +218,11 @@ def test_unknown_level_is_a_clear_error():
         sandbox.choose("chroot")
 
 
-def test_same_grade_five_times_even_on_a_loaded_machine(tmp_path):
-    """A submission with a busy thread, graded five times, the last with a CPU hog on every
-    core: the grades are identical, test by test (deadlines count CPU time, not wall time)."""
+def test_same_grade_three_times_even_on_a_loaded_machine(tmp_path):
+    """A submission with a busy thread, graded three times, the last with a CPU hog on every
+    core: the grades are identical, test by test (deadlines count CPU time, not wall time).
+    (It was five: two plain gradings show whether gradings of the same code agree, and the loaded
+    one is the case that matters; the other two repeated the first.)"""
     code = '''
     import threading
     def _spin():
@@ -230,9 +232,9 @@ def test_same_grade_five_times_even_on_a_loaded_machine(tmp_path):
     '''
     sub = make_submission(tmp_path / "sub", sync=code)
     runs = []
-    for i in range(5):
+    for i in range(3):
         hogs = []
-        if i == 4:
+        if i == 2:
             hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
         try:
             res = runner.grade(sub, tasks={"2b"})
@@ -247,7 +249,7 @@ def test_same_grade_five_times_even_on_a_loaded_machine(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("capsh"),
-                    reason="needs root and capsh (libcap2-bin) to emulate a Docker container")
+                    reason="needs root (CI runs as root) and capsh (libcap2-bin) to emulate a Docker container")
 def test_root_without_namespaces_like_docker_gets_the_user_level(tmp_path):
     """Gradescope runs the grader as root in Docker, where bubblewrap cannot make namespaces
     (no CAP_SYS_ADMIN). Emulated here by dropping that capability: auto falls back to the

@@ -95,8 +95,10 @@ def test_patterns_look_right():
             assert " not " in hyp or " never " in hyp
         if pattern in ("neg_neg", "neg_premise"):
             assert any(w in premise for w in ("did not", "declined to", "refused to"))
-        if pattern == "overlap_entity":  # every name in the hypothesis is in the premise
+        if pattern == "overlap_entity":  # every name in the hypothesis is in the premise (its other sentence)
             assert len(premise.split(". ")) >= 2
+            names = [w for w in hyp.rstrip(".").split() if w[0].isupper()]
+            assert names and all(n in premise for n in names), (premise, hyp)
         if pattern == "swap":  # same words, roles reversed
             names = [w for w in hyp.rstrip(".").split() if w[0].isupper()]
             assert all(n in premise for n in names)

@@ -18,7 +18,7 @@ can_run = (sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() =
            and shutil.which("ip") and shutil.which("tc"))
 
 
-@pytest.mark.skipif(not can_run, reason="emulated cluster needs Linux, root, ip and tc")
+@pytest.mark.skipif(not can_run, reason="the emulated cluster needs root (CI runs as root), Linux, ip and tc")
 def test_cluster_run_ranks_share_the_hosts_cores(small_rte, tmp_path):
     net.destroy(PREFIX)
     out = tmp_path / "out"

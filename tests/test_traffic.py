@@ -37,6 +37,16 @@ def test_ring_allreduce_small_tensor_uses_few_messages():
     assert model.allreduce_traffic(4096, 4).total_msgs == 48     # 8 segments, 6 sent per rank
 
 
+def test_ring_allreduce_per_rank_schedule_with_empty_segments():
+    """gloo's segment schedule, worked by hand: 40 bytes on 4 ranks make 8 segments of 8 bytes,
+    the last 3 empty. Rank r sends segments (r+1)*2+i (reduce-scatter) and r*2+i (all-gather),
+    i < 6, mod 8, skipping empty ones: rank 0 sends 2,3,4 then 0..4 = 8 segments, 64 bytes."""
+    t = model.allreduce_traffic(40, 4)
+    assert t.sent == [64, 48, 56, 72] and t.msgs_sent == [8, 6, 7, 9]
+    assert t.recv == [48, 56, 72, 64] and t.msgs_recv == [6, 7, 9, 8]   # rank r sends to rank r-1
+    assert model.allreduce_traffic(100, 3).sent == [140, 120, 140]
+
+
 def test_world_size_one_sends_nothing():
     for f in (model.allreduce_traffic, model.gather_scatter_traffic, model.allgather_traffic, model.broadcast_traffic):
         t = f(1000, 1)
@@ -52,7 +62,8 @@ def test_gather_scatter_root_versus_worker():
 
 
 def test_allgather_and_broadcast_and_barrier():
-    assert model.allgather_traffic(16, 4).sent == [48] * 4
+    g = model.allgather_traffic(16, 4)
+    assert g.sent == g.recv == [48] * 4 and g.msgs_sent == g.msgs_recv == [3] * 4
     b = model.broadcast_traffic(100, 4)
     assert b.sent == [300, 0, 0, 0] and b.recv == [0, 100, 100, 100]
     assert model.barrier_traffic(4).total_msgs == 8 and model.barrier_traffic(5).total_msgs == 15
@@ -156,7 +167,9 @@ def test_sampler_writes_csv_and_stops(tmp_path):
     path = tmp_path / "traffic.csv"
     with meter.TrafficSampler(nif.loopback_interface(), str(path), interval=0.05) as s:
         _blast(1_000_000)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 60  # a hang guard only: waits for two samples, however slow
+        while len(path.read_text().splitlines()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert s._thread is None
     rows = list(csv.reader(path.open()))
     assert rows[0] == ["time", "bytes_recv_per_s", "bytes_sent_per_s"]
@@ -175,6 +188,38 @@ def test_run_meter_single_process_block():
     assert block["expected_payload_bytes"] == 10 * (6 * 1000 + 4 * 3 * 16)
     assert set(block["per_rank"]) == {"0", "1", "2", "3"}
     json.dumps(block)
+
+
+# ------------------------------------------------------------------------------- the textbook figure
+def test_textbook_bytes_per_rank():
+    """The figure students compare their measurement with: 2(N-1)/N x S per tensor for a ring
+    all_reduce (2b, and the buckets of 3 and 5), a worker's S for 2a's gather + scatter."""
+    assert model.textbook_bytes("2b", 1000, 4) == 1500 and model.textbook_bytes("3", 1000, 4) == 1500
+    assert model.textbook_bytes("2b", 1000, 2) == 1000 and model.textbook_bytes("5", 900, 3) == 1200
+    assert model.textbook_bytes("2b", 1001, 4) == 1502           # rounded to the nearest byte
+    assert model.textbook_bytes("2b", 1000, 1) == 0
+    assert model.textbook_bytes("2a", 1000, 4) == 1000 and model.textbook_bytes("2a", 7, 2) == 7
+
+
+def test_tensors_of_one_step():
+    one_step = [{"op": "all_reduce", "nbytes": 600}, {"op": "all_reduce", "nbytes": 400}]
+    assert model.tensors_of_one_step(one_step, 1000, 10) == [600, 400]
+    assert model.tensors_of_one_step(one_step * 3, 1000, 3) == [600, 400]      # records of every step
+    assert model.tensors_of_one_step(one_step + [{"op": "loss", "nbytes": 4}], 1000, 10) == [600, 400]
+    assert model.tensors_of_one_step([], 1000, 10) == [1000] and model.tensors_of_one_step(None, 0, 10) == []
+
+
+def test_meter_block_reports_the_textbook_figure():
+    m = meter.RunTrafficMeter("2b", 4, 0)
+    m.start()
+    block = m.finish(10, 1000, comm_records=[{"op": "all_reduce", "nbytes": 600},
+                                             {"op": "all_reduce", "nbytes": 400}])
+    assert block["textbook_sent_per_rank_per_iter"] == 900 + 600
+    ring = model.allreduce_traffic(600, 4) + model.allreduce_traffic(400, 4)
+    assert sum(block["per_rank"][str(r)]["payload_sent"] for r in range(4)) == 10 * (ring.total_payload + 4 * 3 * 16)
+    a = meter.RunTrafficMeter("2a", 2, 0)
+    a.start()
+    assert a.finish(5, 1000)["textbook_sent_per_rank_per_iter"] == 1000
 
 
 # ------------------------------------------------------------------------------- a real run

@@ -16,6 +16,7 @@ def test_collective_times_are_the_textbook_bounds():
     s = 1.25e8  # one second of a 1 Gbit link
     assert GBIT.allreduce_s(s, 4) == pytest.approx(2 * 3 / 4)
     assert GBIT.gather_scatter_s(s, 4) == pytest.approx(2 * 3)
+    assert LinkModel(1e9, latency_s=1e-3, efficiency=1.0).gather_scatter_s(0, 4) == pytest.approx(2e-3)
     assert GBIT.allreduce_s(s, 1) == 0 and GBIT.gather_scatter_s(s, 1) == 0
     slow = LinkModel(1e9, latency_s=1e-3, efficiency=0.5)
     assert slow.allreduce_s(0, 3) == pytest.approx(4e-3)

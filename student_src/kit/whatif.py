@@ -11,7 +11,7 @@ bandwidth times the efficiency, a the latency, N the workers):
   and optimizer scale with the per-worker batch; the optimizer does not (every rank updates
   every weight).
 * 2a gather/scatter through rank 0, per tensor: rank 0's link receives (N-1) S_t then sends
-  (N-1) S_t: 2 (N-1) (a + S_t / B), after backward.
+  (N-1) S_t: 2 (a + (N-1) S_t / B), after backward.
 * 2b ring all_reduce per tensor: 2 (N-1) a + 2 (N-1)/N S_t / B each, one after another,
   after backward.
 * 3 DDP and 5 BucketedDDP: the same ring all_reduce per bucket (DDP: a first bucket of 1 MiB,
@@ -66,8 +66,9 @@ class LinkModel:
         return 0.0 if n <= 1 else 2 * (n - 1) * self.latency_s + 2 * (n - 1) / n * nbytes / self.bytes_per_s
 
     def gather_scatter_s(self, nbytes: float, n: int) -> float:
-        """Gather to rank 0 then scatter from it: rank 0's link carries (N-1) S each way, in turn."""
-        return 0.0 if n <= 1 else 2 * (n - 1) * (self.latency_s + nbytes / self.bytes_per_s)
+        """Gather to rank 0 then scatter from it: rank 0's link carries (N-1) S each way, in turn
+        (gloo posts the N-1 transfers of each at once, so each pays one latency, not N-1)."""
+        return 0.0 if n <= 1 else 2 * (self.latency_s + (n - 1) * nbytes / self.bytes_per_s)
 
 
 @dataclass(frozen=True)

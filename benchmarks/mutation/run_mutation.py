@@ -1,0 +1,181 @@
+"""Mutation testing with cosmic-ray, one target at a time: ``make mutation TARGET=timing``.
+
+Why cosmic-ray (not mutmut): cosmic-ray writes each mutant into the source file on disk and runs
+an ordinary test command. Many of our tests start subprocesses (ranks, the grader's sandbox, which
+copies ``student_src/`` into a workspace); they all see an on-disk mutant. mutmut 3 mutates a
+copy of the tree under ``mutants/`` and switches mutants with an environment variable through
+trampolines in that copy, which the grader's sandbox (it copies the real ``student_src/``) never sees.
+
+Each target is one module, restricted to the functions whose numbers students and instructors
+rely on (line ranges computed from the current source with ``ast``, so they follow edits), and a
+small test selection that runs in seconds. Mutation runs are CPU-heavy: run them one at a time,
+never in CI. The survivors of the last run are in ``benchmarks/mutation/<target>.txt``; why each
+one left alive is harmless is in ``tests/README.md``.
+
+    python benchmarks/mutation/run_mutation.py TARGET   # one target (make mutation TARGET=...)
+    python benchmarks/mutation/run_mutation.py --all    # every target, one at a time
+    python benchmarks/mutation/run_mutation.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+# operators that only make noise here (bitwise/shift/power/modulo stand-ins for + - * /, which
+# no test can tell from a crash) are left out; every comparison, boolean, number, unary and
+# arithmetic swap stays
+EXCLUDED_OPERATORS = [
+    r"core/ReplaceBinaryOperator_.*_(BitOr|BitAnd|BitXor|LShift|RShift|Pow|Mod)$",
+    r"core/ReplaceBinaryOperator_(BitOr|BitAnd|BitXor|LShift|RShift|Pow|Mod)_.*",
+    r"core/RemoveDecorator",
+]
+
+
+@dataclass
+class Target:
+    module: str                  # the file to mutate, relative to the repository root
+    functions: tuple[str, ...]   # top-level functions/classes to mutate; () = the whole module
+    tests: str                   # pytest arguments: a small selection that runs in seconds
+    timeout: float = 120.0       # per mutant (an endless loop is a kill)
+
+
+NUMBERS = "tests/test_numbers.py"
+TARGETS = {
+    "timing": Target("student_src/kit/timing.py", (), f"{NUMBERS} -k timing"),
+    "report-timing": Target("student_src/kit/report.py", ("timing_row",), f"{NUMBERS} -k timing"),
+    "traffic-model": Target("student_src/kit/traffic_model.py", (),
+                            "tests/test_traffic.py -k 'textbook or tensors_of or ring or world_size_one "
+                            "or gather_scatter or allgather or step_traffic or wire_model or run_meter'"),
+    "profiling": Target("student_src/profiling.py", (), "tests/test_profiling.py"),
+    "train": Target("student_src/train.py", ("train_step",), "tests/test_train_step.py"),
+    "partition": Target("student_src/partition.py", ("build_train_loader",), "tests/test_partition.py"),
+    "sync": Target("student_src/sync.py", (), "tests/test_distributed.py -k sync_functions"),
+    "ddp": Target("student_src/ddp.py", ("wrap_ddp",), "tests/test_distributed.py -k ddp"),
+    "bucketed": Target("student_src/bucketed.py", (), "tests/test_bucketed.py"),
+    "collectives": Target("student_src/collectives.py", (), "tests/test_task0.py -k solution"),
+    "judging": Target("autograder/judging.py", ("_close", "compare_grads", "expected_mean_grads", "rank_grads"),
+                      "tests/test_check_zoo.py -k tolerance"),
+    "references": Target("autograder/references.py", (), f"{NUMBERS} -k 'equivalence or single_node'"),
+    "fixtures": Target("autograder/fixtures.py", ("derive_seed", "rank_grad", "trainable_names"),
+                       f"{NUMBERS} -k 'seed or rank_grads or trainable'"),
+    "data-cache": Target("student_src/kit/data.py",
+                         ("file_fingerprint", "tokenizer_id", "cache_path", "_load_cache", "_save_cache",
+                          "load_glue_dataset"),
+                         "tests/test_data.py -k cache"),
+}
+
+
+def line_ranges(path: Path, names: tuple[str, ...]) -> list[str]:
+    """``"start-end"`` line ranges of the named top-level definitions (the whole file if none)."""
+    tree = ast.parse(path.read_text())
+    if not names:
+        return [f"1-{len(path.read_text().splitlines())}"]
+    found = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
+    missing = [n for n in names if n not in found]
+    if missing:
+        sys.exit(f"{path}: no top-level {', '.join(missing)} (the module changed: update TARGETS in {__file__})")
+    return [f"{found[n].lineno}-{found[n].end_lineno}" for n in names]
+
+
+def write_config(target: Target, cfg: Path) -> None:
+    path = ROOT / target.module
+    lines = ", ".join(f'"{r}"' for r in line_ranges(path, target.functions))
+    excluded = ", ".join(f"'{e}'" for e in EXCLUDED_OPERATORS)
+    cfg.write_text(f"""[cosmic-ray]
+module-path = "{target.module}"
+timeout = {target.timeout}
+excluded-modules = []
+test-command = "{sys.executable} -m pytest -x -q -p no:cacheprovider {target.tests.replace('"', "'")}"
+
+[cosmic-ray.distributor]
+name = "local"
+
+[cosmic-ray.filters.operators-filter]
+exclude-operators = [{excluded}]
+
+[cosmic-ray.filters.line-filter.lines]
+"{target.module}" = [{lines}]
+""")
+
+
+def survivors(session: Path) -> list[tuple[str, int, str]]:
+    """(operator, line, diff) of every mutant the tests did not kill."""
+    db = sqlite3.connect(session)
+    rows = db.execute(
+        "SELECT m.operator_name, m.start_pos_row, r.diff FROM mutation_specs m JOIN work_results r "
+        "ON m.job_id = r.job_id WHERE upper(r.test_outcome) = 'SURVIVED' ORDER BY m.start_pos_row").fetchall()
+    db.close()
+    return rows
+
+
+def run(name: str) -> int:
+    target = TARGETS[name]
+    bindir = Path(sys.executable).parent
+    source = ROOT / target.module
+    backup = source.read_bytes()
+    # a SIGTERM (timeout, kill of the process group) must still run the restore below
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as tmp:
+        cfg, session = Path(tmp) / "config.toml", Path(tmp) / "session.sqlite"
+        write_config(target, cfg)
+        t0 = time.monotonic()
+        try:
+            subprocess.run([bindir / "cosmic-ray", "init", cfg, session], cwd=ROOT, check=True)
+            subprocess.run([bindir / "cr-filter-operators", session, cfg], cwd=ROOT, check=True)
+            subprocess.run([bindir / "cr-filter-lines", "--config", cfg, session], cwd=ROOT, check=True)
+            subprocess.run([bindir / "cosmic-ray", "baseline", cfg], cwd=ROOT, check=True)
+            subprocess.run([bindir / "cosmic-ray", "exec", cfg, session], cwd=ROOT, check=True)
+        finally:
+            if source.read_bytes() != backup:  # an interrupted run leaves its mutant on disk
+                source.write_bytes(backup)
+                print(f"restored {target.module}", file=sys.stderr)
+        report = subprocess.run([bindir / "cr-report", session], capture_output=True, text=True).stdout
+        summary = [line for line in report.splitlines() if line.startswith(("total jobs", "complete", "surviving"))]
+        alive = survivors(session)
+        out = HERE / f"{name}.txt"
+        with out.open("w") as fh:
+            fh.write(f"# cosmic-ray on {target.module} ({', '.join(target.functions) or 'whole module'})\n")
+            fh.write(f"# tests: pytest {target.tests}\n# command: make mutation TARGET={name}\n")
+            fh.write(f"# took {time.monotonic() - t0:.0f} s\n")
+            fh.write("\n".join(summary) + "\n\n")
+            for op, line, diff in alive:
+                fh.write(f"## survived: {op} at line {line}\n{diff}\n")
+        print("\n".join(summary))
+        print(f"{len(alive)} survivor(s); written to {out.relative_to(ROOT)}")
+        return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("target", nargs="?", help="one of --list")
+    ap.add_argument("--list", action="store_true", help="the targets, with their module and tests")
+    ap.add_argument("--all", action="store_true", help="every target, one after the other (hours on 2 cores)")
+    args = ap.parse_args()
+    if (args.all or args.target) and not args.list and not shutil.which("cosmic-ray", path=str(Path(sys.executable).parent)):
+        sys.exit("cosmic-ray is not installed next to this Python: make mutation installs it (pip install cosmic-ray==8.7.0)")
+    if args.all:
+        return max(run(name) for name in TARGETS)
+    if args.list or not args.target:
+        for n, t in TARGETS.items():
+            print(f"{n:<14} {t.module} [{', '.join(t.functions) or 'all'}]  <- pytest {t.tests}")
+        return 0
+    if args.target not in TARGETS:
+        sys.exit(f"unknown target {args.target!r}; choose one of: {', '.join(TARGETS)}")
+    return run(args.target)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The numbers students report and the grader judges with, asserted value by value.
+
+Written to kill the mutants ``make mutation`` found alive (tests/README.md lists them): the
+time-per-iteration summary (first iteration dropped), its second copy in the report, the
+the grader's per-rank fixtures and its
+loss-equivalence judge.
+"""
+
+from __future__ import annotations
+
+import statistics
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from autograder import fixtures as F
+from autograder import references as R
+from autograder.registry import CheckFailure
+from student_src.kit import report, timing
+
+
+# ----------------------------------------------------------------------------- timing summary
+def test_timing_summary_drops_the_first_iteration():
+    s = timing.summarize_iter_times([9.0, 1.0, 2.0, 3.0])
+    assert s == {"iterations": 3, "dropped": 1, "mean_s": 2.0, "std_s": 1.0, "min_s": 1.0, "max_s": 3.0}
+    s = timing.summarize_iter_times([9.0, 8.0, 1.0, 3.0], drop_first=2)
+    assert (s["iterations"], s["dropped"], s["mean_s"], s["min_s"], s["max_s"]) == (2, 2, 2.0, 1.0, 3.0)
+
+
+def test_timing_summary_of_short_runs():
+    # one kept iteration: its time, no spread
+    assert timing.summarize_iter_times([9.0, 4.0]) == {"iterations": 1, "dropped": 1, "mean_s": 4.0, "std_s": 0.0,
+                                                       "min_s": 4.0, "max_s": 4.0}
+    # nothing left after dropping: keep what there is rather than report nothing
+    assert timing.summarize_iter_times([5.0]) == {"iterations": 1, "dropped": 0, "mean_s": 5.0, "std_s": 0.0,
+                                                  "min_s": 5.0, "max_s": 5.0}
+    assert timing.summarize_iter_times([5.0, 6.0], drop_first=3)["iterations"] == 2  # fewer than dropped: keep all
+    assert timing.summarize_iter_times([]) == {"iterations": 0, "dropped": 0, "mean_s": None, "std_s": None,
+                                               "min_s": None, "max_s": None}
+    assert timing.summarize_iter_times([9.0, 1.0, 3.0])["std_s"] == statistics.stdev([1.0, 3.0])  # two kept: a spread
+
+
+def test_timing_table_rows():
+    text = timing.format_timing_table([{"task": "2b", "world_size": 4, "iterations": 39, "mean_s": 0.123456, "std_s": 0.01},
+                                       {"task": "3", "world_size": 2, "mean_s": None, "std_s": None}])
+    head, rule, first, second = text.splitlines()
+    assert head.split() == ["task", "ranks", "iters", "mean", "s/iter", "std"] and set(rule) == {"-"}
+    assert len(rule) == len(head)
+    assert first.split() == ["2b", "4", "39", "0.1235", "0.0100"]
+    assert second.split() == ["3", "2", "0", "-", "-"]
+
+
+def test_report_timing_row_follows_the_same_protocol():
+    """report.timing_row is a second copy of the protocol (noted for the kit's owner): its first
+    ``iters`` iterations, the first dropped, the same mean and spread as the timing summary."""
+    times = [9.0, 1.0, 2.0, 3.0, 100.0]
+    row = report.timing_row("runs/task2b", {"task": "2b", "world_size": 4, "global_batch_size": 64,
+                                            "iter_times": times}, iters=4)
+    summary = timing.summarize_iter_times(times[:4])
+    assert row["iterations"] == summary["iterations"] == 3 and row["protocol"] is True
+    assert row["mean_s"] == summary["mean_s"] == 2.0 and row["std_s"] == summary["std_s"] == 1.0
+    assert (row["label"], row["task"], row["world_size"], row["global_batch_size"]) == ("Task 2b", "2b", 4, 64)
+    short = report.timing_row("x/task1", {"task": 1, "iter_times": [9.0, 4.0]}, iters=4)
+    assert short["protocol"] is False and short["iterations"] == 1 and short["mean_s"] == 4.0 and short["std_s"] == 0.0
+    one = report.timing_row("x/task1", {"task": 1, "iter_times": [5.0]}, iters=4)
+    assert one["iterations"] == 1 and one["mean_s"] == 5.0 and one["std_s"] == 0.0
+    exactly = report.timing_row("x/task1", {"task": 1, "iter_times": [9.0, 1.0, 3.0]}, iters=3)
+    assert exactly["protocol"] is True and exactly["mean_s"] == statistics.fmean([1.0, 3.0])
+    assert exactly["std_s"] == statistics.stdev([1.0, 3.0])  # two kept: a spread
+    empty = report.timing_row("x/task1", {"task": 1, "iter_times": []}, iters=3)
+    assert (empty["iterations"], empty["mean_s"], empty["std_s"], empty["protocol"]) == (0, None, None, False)
+
+
+# ----------------------------------------------------------------------------- grader fixtures
+def test_derive_seed_separates_secrets_and_labels():
+    seeds = {F.derive_seed(s, *salt) for s in (1, 2, 2**40 + 1) for salt in (("grad", "w"), ("grad", "b"), ("scale", "w"))}
+    assert len(seeds) == 6  # two secrets x three labels: 2**40 + 1 is masked to 31 bits, i.e. secret 1
+    assert F.derive_seed(1, "grad", "w") == F.derive_seed(2**31 + 1, "grad", "w")
+    assert F.derive_seed(7, "ab") != F.derive_seed(7, "a", "b")  # the separator matters
+    assert all(0 <= s < 2**31 - 1 for s in seeds)
+
+
+def test_rank_grads_differ_per_rank_and_parameter_and_are_reproducible():
+    a = F.rank_grad(11, "w", (4, 3))
+    assert torch.equal(a, F.rank_grad(11, "w", (4, 3)))
+    assert not torch.allclose(a, F.rank_grad(12, "w", (4, 3))) and not torch.allclose(a, F.rank_grad(11, "v", (4, 3)))
+    assert a.shape == (4, 3) and a.dtype == torch.float32 and F.rank_grad(11, "w", (2,), torch.float64).dtype == torch.float64
+    # ranks differ in size too (scale 0.5 .. 4.5), so a sum cannot pass for a mean by luck
+    norms = [F.rank_grad(s, "w", (1000,)).std().item() for s in range(20)]
+    assert 0.4 < min(norms) and max(norms) < 4.8 and max(norms) / min(norms) > 1.5
+
+
+def test_trainable_names_skip_frozen_parameters():
+    model = F.make_model(0)
+    names = F.trainable_names(model)
+    assert names and set(names) <= {n for n, _ in model.named_parameters()}
+    first = next(p for n, p in model.named_parameters() if n == names[0])
+    first.requires_grad_(False)
+    assert names[0] not in F.trainable_names(model)
+
+
+# ----------------------------------------------------------------------------- loss equivalence
+@pytest.fixture(scope="module")
+def reference():
+    secrets = [101, 202, 303, 404]
+    return secrets, R.single_node(secrets)
+
+
+def _payloads(ref, world=4):
+    return [{"losses": list(ref["losses"]), "probe": ref["probe"]} for _ in range(world)]
+
+
+def test_equivalence_judge_accepts_exact_and_rejects_just_past_its_tolerance(reference):
+    secrets, ref = reference
+    R.judge_equivalence(_payloads(ref), secrets, "2b")
+    # ranks' losses differ, only their mean must match
+    spread = _payloads(ref)
+    spread[0]["losses"][1] += 0.3
+    spread[1]["losses"][1] -= 0.3
+    R.judge_equivalence(spread, secrets, "2b")
+    off = _payloads(ref)
+    off[2]["losses"][2] += 4 * 2 * R.TOL  # the mean moves by 2 x TOL
+    with pytest.raises(CheckFailure, match="at step 3 .* not the exact average"):
+        R.judge_equivalence(off, secrets, "2b")
+    first = _payloads(ref)
+    for p in first:
+        p["losses"][0] += 2 * R.TOL
+    with pytest.raises(CheckFailure, match="at step 1 .*same weights"):
+        R.judge_equivalence(first, secrets, "2b")
+    drift = _payloads(ref)
+    drift[3]["probe"] += 2 * R.TOL
+    with pytest.raises(CheckFailure, match="rank 3's model .* drifted apart"):
+        R.judge_equivalence(drift, secrets, "3")
+    short = _payloads(ref)
+    short[1]["losses"].pop()
+    with pytest.raises(CheckFailure, match="rank 1 did not report"):
+        R.judge_equivalence(short, secrets, "2a")
+
+
+def test_single_node_reference_is_the_ranks_rows_together(reference):
+    """One rank with every row of the global batch trains exactly like the reference; other
+    secrets give other rows, hence other losses (the reference depends on every rank's data)."""
+    secrets, ref = reference
+    assert len(ref["losses"]) == R.STEPS and all(l > 0 for l in ref["losses"])
+    batch = R.rank_batch(secrets[0], 0, 4)
+    assert batch["input_ids"].shape == (R.GLOBAL_BATCH // 4, R.SEQ)
+    assert torch.equal(batch["input_ids"], R.rank_batch(secrets[0], 0, 4)["input_ids"])
+    assert not torch.equal(batch["input_ids"], R.rank_batch(secrets[1], 0, 4)["input_ids"])
+    assert not torch.equal(batch["input_ids"], R.rank_batch(secrets[0], 1, 4)["input_ids"])
+    alone = R.single_node([secrets[0]])
+    run = R.distributed_run(SimpleNamespace(secret=secrets[0], world_size=1, rank=0))
+    assert run["losses"] == pytest.approx(alone["losses"], abs=1e-6) and run["probe"] == pytest.approx(alone["probe"], abs=1e-6)
+    assert abs(alone["losses"][0] - ref["losses"][0]) > 10 * R.TOL  # different rows, different loss
+    assert ref["losses"][-1] != pytest.approx(ref["losses"][0], abs=10 * R.TOL)  # it trained (LR > 0)
