@@ -7,6 +7,7 @@ one machine, in child processes the grader can always kill, and writes Gradescop
 Layout (what ships to students is marked *public*):
 
 * ``cli.py`` / ``__main__.py``   the command line (*public*: ``check`` works in the release)
+* ``notebook.py``                what notebooks' check cells call: the one entry point from notebooks (*public*)
 * ``registry.py``                checks, their discovery, the ``@check`` decorator (*public*)
 * ``points.toml`` / ``points.py`` points per test, in one place (*public*)
 * ``fixtures.py``                rank-side builders: synthetic models, data, secret-seeded gradients (*public*)

@@ -1,7 +1,7 @@
 """Parent-side expected values and comparisons: what the judges of the checks decide with.
 
 The judges run in the grader's own process, which never runs student code, and they get every
-rank's secret (``judge(payloads, ref, secrets)``). From the secrets they rebuild each rank's
+rank's secret (``judge(payloads, secrets)``). From the secrets they rebuild each rank's
 inputs (gradients, models, batches: :mod:`autograder.fixtures` derives them from the secret)
 and recompute what the right answer is. A rank's payload is only *observations*; nothing in it
 is trusted to say "passed": to forge a passing payload a rank would need every other rank's

@@ -7,16 +7,15 @@ A *check* is one graded test. It has two halves:
   exercises it and returns a JSON-able *payload* (tensors are fine: the worker encodes them).
   It fails by raising ``ctx.fail("what is wrong")``; anything the student's code raises fails
   the check with that exception.
-* ``judge(payloads, ref, secrets)`` runs in the grader's own process, which never imported
-  student code, on the list of every rank's payload (and the trusted reference the check asked
-  for); ``secrets[r]`` is rank r's ``ctx.secret`` (a fresh random number per check and rank that
+* ``judge(payloads, secrets)`` runs in the grader's own process, which never imported
+  student code, on the list of every rank's payload; ``secrets[r]`` is rank r's ``ctx.secret`` (a fresh random number per check and rank that
   only rank r got). It fails by raising ``CheckFailure``/``AssertionError``. Every check has a
   judge, and the judge decides: the rank returns observations (tensors, losses, call logs), the
   judge recomputes the expected values from the secrets (``autograder/judging.py``) and compares.
   A payload is never trusted to say "passed", so a student cannot patch the answer in the rank;
   the rank side may still ``ctx.fail`` early for a clearer message (that can only lose points).
   Per-rank inputs come from the rank's secret (``autograder/fixtures.py``), so no rank can
-  rebuild another rank's data without communicating. ``judge(payloads, ref)`` also works.
+  rebuild another rank's data without communicating.
 
 Adding checks: drop a module into ``autograder/checks/`` (hidden) or ``autograder/public/``
 (shipped to students) that defines checks with the ``@check`` decorator; modules whose name
@@ -33,7 +32,7 @@ starts with ``_`` are helpers and are not scanned. Give the test its points in
         return {"grads": {...}}                 # what the judge compares
 
     @bucketed_mean.judge
-    def _(payloads, ref, secrets):             # every rank's secret: rebuild their inputs here
+    def _(payloads, secrets):             # every rank's secret: rebuild their inputs here
         if ...: raise CheckFailure("rank 2's fc.weight is not the mean")
 """
 
@@ -72,7 +71,6 @@ class Check:
     needs: tuple[str, ...] = ()       # student modules the check imports ("sync", "profiling")
     points: float = 1.0               # fallback; points.toml decides
     public: bool = False
-    reference: str | None = None      # name of a function in autograder.references
     timeout: float | None = None      # overrides --timeout for this check (seconds)
     judge_fn: Callable | None = None
     hang_hint: str | None = None      # appended to the message when the check deadlocks or times out
@@ -90,7 +88,7 @@ _counter = [0]
 
 
 def check(id: str, *, task: str, title: str, world_size: int = 1, needs=(), points: float = 1.0,
-          reference: str | None = None, timeout: float | None = None, public: bool | None = None,
+          timeout: float | None = None, public: bool | None = None,
           hang_hint: str | None = None):
     """Decorator that registers ``fn(ctx)`` as the rank-side half of check ``id``.
 
@@ -105,7 +103,7 @@ def check(id: str, *, task: str, title: str, world_size: int = 1, needs=(), poin
         _counter[0] += 1
         c = Check(id=id, task=task, title=title, run=fn, world_size=world_size, needs=tuple(needs),
                   points=points, public=module.startswith("autograder.public") if public is None else public,
-                  reference=reference, timeout=timeout, hang_hint=hang_hint, order=_counter[0], module=module)
+                  timeout=timeout, hang_hint=hang_hint, order=_counter[0], module=module)
         if id in _REGISTRY and _REGISTRY[id].module != module:
             raise ValueError(f"check id {id!r} is defined twice ({_REGISTRY[id].module} and {module})")
         _REGISTRY[id] = c

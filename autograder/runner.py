@@ -152,7 +152,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             try:
                 group = pools.group(c.world_size)
                 outcome = group.run(job, timeout)
-                verdict = judge(c, outcome, None, secrets)
+                verdict = judge(c, outcome, secrets)
             except PoolError as exc:
                 verdict = Verdict(False, f"autograder problem (not your code): {exc}")
                 results.grader_errors.append(str(exc))
@@ -230,20 +230,7 @@ def draw_secrets(world_size: int) -> list[int]:
     return [rng.randrange(1, 2**31 - 1) for _ in range(world_size)]
 
 
-def _call_judge(fn, payloads, ref, secrets) -> None:
-    """Judges take ``(payloads, ref)`` or ``(payloads, ref, secrets)``."""
-    import inspect
-    try:
-        n = len(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        n = 2
-    if n >= 3:
-        fn(payloads, ref, secrets)
-    else:
-        fn(payloads, ref)
-
-
-def judge(c: registry.Check, outcome, ref, secrets=None) -> Verdict:
+def judge(c: registry.Check, outcome, secrets=None) -> Verdict:
     """Turn what the ranks reported into pass/fail and a message a student can act on."""
     reports = outcome.reports
     if outcome.problem == "died":  # the other ranks' errors ("connection reset") are its echo
@@ -290,7 +277,7 @@ def judge(c: registry.Check, outcome, ref, secrets=None) -> Verdict:
     payloads = [rep.get("payload") for rep in reports]
     if c.judge_fn is not None:
         try:
-            _call_judge(c.judge_fn, payloads, ref, secrets or [0] * c.world_size)
+            c.judge_fn(payloads, secrets or [0] * c.world_size)
         except (registry.CheckFailure, AssertionError) as exc:
             return Verdict(False, (str(exc) or "the result is wrong") + _output_excerpt(outcome))
         except Exception as exc:  # a payload shaped in a way the judge did not expect

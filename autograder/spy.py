@@ -5,6 +5,9 @@
 the originals back afterwards. Only the outermost call is recorded (``all_gather_object`` calls
 ``all_gather`` inside; the student called the former). Student modules are imported *after* the
 spy is installed, so ``from torch.distributed import all_reduce`` gets the wrapper too.
+
+Each record says whether the call was asynchronous (``async_op``) and, when the check set
+``spy.phase`` (Task 5 sets ``"backward"`` around ``loss.backward()``), in which phase it ran.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def _describe(args, kwargs) -> dict:
                 op = a
     if op is not None:
         info["op"] = str(op).split(".")[-1]
+    # async_op: a keyword, or all_reduce(tensor, op, group, async_op)'s fourth argument
+    info["async_op"] = bool(kwargs.get("async_op", args[3] if len(args) > 3 and isinstance(args[3], bool) else False))
     return info
 
 
@@ -46,6 +51,7 @@ class CollectiveSpy:
 
     def __init__(self):
         self.calls: list[tuple[str, dict]] = []
+        self.phase: str | None = None  # recorded with each call while set
         self._saved: list[tuple[object, str, object]] = []
         self._depth = 0
 
@@ -64,7 +70,10 @@ class CollectiveSpy:
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             if spy._depth == 0:
-                spy.calls.append((name, _describe(args, kwargs)))
+                info = _describe(args, kwargs)
+                if spy.phase is not None:
+                    info["phase"] = spy.phase
+                spy.calls.append((name, info))
             spy._depth += 1
             try:
                 return fn(*args, **kwargs)

@@ -11,15 +11,19 @@ Slow part: one kernel, one public check and one 4-rank launch per notebook. Set
 ``KIT_TEST_NOTEBOOKS=1_single_node,2b_allreduce`` to run a subset.
 """
 
+import ast
 import base64
 import os
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from student_src.kit import tasks
+
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = ["0_collectives", "1_single_node", "2a_gather_scatter", "2b_allreduce", "3_ddp", "4_traffic", "5_bucketed"]
+NOTEBOOKS = list(dict.fromkeys(t.notebook for t in tasks.TASKS.values()))  # the task table's, in order
 SELECTED = [n for n in os.environ.get("KIT_TEST_NOTEBOOKS", ",".join(NOTEBOOKS)).split(",") if n]
 RANKS = {"1_single_node": 1, "4_traffic": 4}
 SOLUTION = "### " + "BEGIN SOLUTION"
@@ -48,13 +52,36 @@ def test_nbgrader_metadata(name):
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and "QUICK = " in params[0].source and "nbgrader" not in params[0].metadata
     checks = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"]
-    assert checks and all("kit.check(" in c.source and c.metadata["nbgrader"]["locked"] for c in checks)
+    assert checks and all(c.metadata["nbgrader"]["locked"] for c in checks)
+    from autograder.notebook import task_points
+
+    for c in checks:  # one entry point into the grader; the cell's points are its tasks' points in points.toml
+        call = c.source.strip().splitlines()[-1]
+        assert "from autograder.notebook import check" in c.source and call.startswith("check(") and "root=S.root" in call
+        tasks = re.findall(r'"(\w+)"', call)
+        assert tasks and c.metadata["nbgrader"]["points"] == task_points(tasks) > 0, (call, c.metadata["nbgrader"])
+        assert "### " + "BEGIN HIDDEN TESTS" in c.source and "KIT_TRUSTED_ROOT" in c.source
     answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
     assert answers and all(c.cell_type == "markdown" and SOLUTION in c.source and c.metadata["nbgrader"]["points"] > 0
                            for c in answers)
     for c in nb.cells:  # solutions only in answer cells; everything else is read-only
         if c not in answers and c not in params:
             assert SOLUTION not in c.source and c.metadata["nbgrader"]["locked"], c.source[:60]
+
+
+def test_the_kit_never_imports_the_grader():
+    """Dependencies go one way: the grader may import the kit, never the reverse (the notebooks
+    reach the grader through ``autograder.notebook`` themselves)."""
+    offenders = []
+    for path in sorted((ROOT / "student_src" / "kit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                    "import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+                names = [str(node.args[0].value)]
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] == "autograder"]
+    assert offenders == []
 
 
 def test_release_stripping_of_the_notebooks():
@@ -163,6 +190,8 @@ def test_notebook_executes(name, notebook_env):
     if task and task != "1":
         table = report.loss_table({"task1": runs["task1"], f"task{task}": runs[f"task{task}"]})
         assert table["max_abs_diff"][f"Task {task}"] < 1e-4, table
+    if name in ("3_ddp", "5_bucketed"):  # the per-rank timeline of the task's run
+        assert (notebook_env / f"timeline_{task}.png").stat().st_size > 10_000
     if name == "4_traffic":
         rows = report.traffic_rows(runs)
         assert len(rows) == 2 and all(r["measured_mb_per_iter"] > 0 for r in rows)

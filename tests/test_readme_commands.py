@@ -7,6 +7,8 @@
   ``--measure_traffic`` inside ``cluster isolate`` (a private loopback, so other programs' bytes
   do not count; README: "on a busy machine run the measurement with a private loopback").
 * ``python -m autograder sandbox`` and ``python -m autograder gradescope OUT``.
+* ``python -m student_src.kit.cluster up --nodes N --rate R`` / ``status`` / ``run -- CMD`` / ``down``
+  (twice), as commands (``tests/test_cluster.py`` tests the same functions in depth).
 """
 
 from __future__ import annotations
@@ -91,3 +93,30 @@ def test_autograder_gradescope_command_writes_the_zip(tmp_path):
         assert "-m autograder grade" in run and "results.json" in run
         assert any(n.startswith("kit/autograder/checks/") for n in names)   # the hidden checks go to Gradescope
         assert "kit/autograder/points.toml" in names
+
+
+@pytest.mark.skipif(not can_isolate or not shutil.which("tc"),
+                    reason="the emulated cluster needs root (CI runs as root), Linux, ip and tc")
+def test_cluster_subcommands_as_commands(tmp_path):
+    """README: `cluster up --nodes N --rate R` builds the nodes at 10.10.1.x, `status` shows them
+    with byte counters, `run -- CMD` starts rank i on node i, `down` removes everything and is
+    safe to run twice."""
+    prefix = ["-m", "student_src.kit.cluster", "--prefix", "dpktr-"]
+    _run([*prefix, "down"])
+    try:
+        up = _run([*prefix, "up", "--nodes", 2, "--rate", "100mbit"])
+        assert up.returncode == 0 and up.stdout.startswith("cluster up: 2 nodes 10.10.1.1..10.10.1.2"), up.stdout + up.stderr
+        status = _run([*prefix, "status"])
+        assert "2 nodes, rate=100mbit" in status.stdout, status.stdout
+        assert [line.split()[:2] for line in status.stdout.splitlines()[1:]] == [["node0", "10.10.1.1"], ["node1", "10.10.1.2"]]
+        out = tmp_path / "traffic.json"
+        run = _run([*prefix, "run", "--no_append", "--timeout", HANG_GUARD, "--traffic_json", out, "--",
+                    sys.executable, "-c", "import os, socket; print('node', os.environ['DPK_NODE'], socket.gethostname())"])
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert json.loads(out.read_text())["returncodes"] == [0, 0]
+    finally:
+        down = _run([*prefix, "down"])
+    assert down.stdout.strip() == "cluster down: removed 3 namespaces", down.stdout   # two nodes and the bridge's
+    again = _run([*prefix, "down"])
+    assert again.returncode == 0 and again.stdout.strip() == "no cluster was up"
+    assert "no emulated cluster is up" in _run([*prefix, "status"]).stdout

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("KIT_SKIP_STUDENT_WALK") == "1", 
 NOTEBOOKS_1_TO_4 = tuple(sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb") if not p.stem.startswith("5")))
 
 #: run by the student's venv: execute notebooks headless (nbclient raises on any error, and a
-#: notebook's kit.check raises on a lost point); print one JSON line of what happened
+#: notebook's check cell raises on a lost point); print one JSON line of what happened
 NOTEBOOK_RUNNER = """
 import json, sys, time
 from pathlib import Path

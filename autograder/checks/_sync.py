@@ -9,27 +9,10 @@ function calls are recorded by wrapping ``torch.distributed`` in the rank.
 import torch
 
 from autograder import fixtures, judging
+from autograder.public._sync import mean_check
 from autograder.registry import check
 
 WITH_NONE = {"frozen": True, "unused": True}
-
-
-def mean_check(task: str, id_suffix: str, title: str, world_size: int, points: float, model_kwargs=None,
-               dtype=None, layout: str = "contiguous", **call_kwargs):
-    kwargs = dict(model_kwargs or {})
-
-    def run(ctx):
-        return fixtures.run_sync(ctx, task, kwargs, dtype=dtype, layout=layout, **call_kwargs)
-
-    run.__name__ = f"{task}_{id_suffix}"
-    c = check(f"{task}.{id_suffix}", task=task, world_size=world_size, needs="sync", points=points,
-              title=f"{fixtures.SYNC_FUNCTIONS[task]} {title}")(run)
-
-    @c.judge
-    def _(payloads, ref, secrets):
-        judging.judge_mean(payloads, task, kwargs, secrets, dtype=dtype, layout=layout)
-
-    return c
 
 
 def define_all(task: str) -> dict:
@@ -56,7 +39,7 @@ def define_all(task: str) -> dict:
               title=f"{fixtures.SYNC_FUNCTIONS[task]} {collectives[1]}")(run)
 
     @c.judge
-    def _(payloads, ref, secrets):
+    def _(payloads, secrets):
         # the right collectives, and they carried the gradients (calling them on a dummy tensor
         # and making the gradients up does not pass); whether the result is the mean is for
         # the mean tests

@@ -19,7 +19,7 @@ def _sync_check(task: str, fn_name: str):
         return references.distributed_run(ctx, sync=fn)
 
     @run.judge
-    def _(payloads, ref, secrets):
+    def _(payloads, secrets):
         references.judge_equivalence(payloads, secrets, fn_name)
 
     return run
@@ -37,5 +37,5 @@ def ddp_equivalence(ctx):
 
 
 @ddp_equivalence.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     references.judge_equivalence(payloads, secrets, "wrap_ddp")

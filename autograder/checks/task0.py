@@ -35,7 +35,7 @@ def wrong_port(ctx):
 
 
 @wrong_port.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     for r, p in enumerate(payloads):
         calls = p.get("calls", [])
         if not calls:
@@ -56,7 +56,7 @@ def world_size_1(ctx):
 
 
 @world_size_1.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     judge_group(payloads, secrets, 1, None)
 
 
@@ -71,7 +71,7 @@ def ring3(ctx):
 
 
 @ring3.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     n = len(payloads)
     judge_calls(payloads, "ring_pass", POINT_TO_POINT, POINT_TO_POINT)
     for r, p in enumerate(payloads):
@@ -98,7 +98,7 @@ def collectives_ws1(ctx):
 
 
 @collectives_ws1.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     p, want = payloads[0], toy(secrets[0], "ws1", (3, 4))
     for name in ("ring", "broadcast", "all_reduce", "scatter"):
         got = p.get(name)

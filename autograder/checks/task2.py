@@ -13,7 +13,7 @@ def per_worker(ctx):
 
 
 @per_worker.judge
-def _(payloads, ref):
+def _(payloads, secrets):
     for w, per_rank in payloads[0].items():
         for r, batches in enumerate(per_rank):
             sizes = sorted({len(b) for b in batches})
@@ -33,7 +33,7 @@ def set_epoch(ctx):
 
 
 @set_epoch.judge
-def _(payloads, ref):
+def _(payloads, secrets):
     epochs = payloads[0]["epochs"]
     flat = [[[i for b in rank for i in b] for rank in ep] for ep in epochs]
     for e, ranks in enumerate(flat):
@@ -56,7 +56,7 @@ def same_seed(ctx):
 
 
 @same_seed.judge
-def _(payloads, ref):
+def _(payloads, secrets):
     p = payloads[0]
     if p["a"] != p["b"]:
         raise CheckFailure("two loaders built with the same seed yield different shards; shuffle with the seed "
@@ -72,7 +72,7 @@ def equal_steps(ctx):
 
 
 @equal_steps.judge
-def _(payloads, ref):
+def _(payloads, secrets):
     for n, per_rank in payloads[0].items():
         counts = [len(b) for b in per_rank]
         if len(set(counts)) != 1:

@@ -34,7 +34,7 @@ def comm_log_entries(ctx):
 
 
 @comm_log_entries.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     from autograder.registry import CheckFailure
     judging.judge_mean(payloads, TASK, WITH_NONE, secrets)
     for r, p in enumerate(payloads):

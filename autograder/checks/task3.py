@@ -33,7 +33,7 @@ def params_identical(ctx):
 
 
 @params_identical.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     world = len(payloads)
     first = payloads[0]["params"]
     for r, p in enumerate(payloads[1:], start=1):

@@ -28,11 +28,8 @@ Besides the parameters, each scenario checks: the bucket layout (by parameter na
 ``async_op=True``; at least one launched *during* backward when bucket 0 completes early; None
 gradients still None after the sync; the tie intact.
 
-Two ways to run them:
-
-* the autograder (``python -m autograder grade . --tasks 5``) discovers the ``@check``s below;
-* :func:`run_standalone` runs the same rank code and judge through the kit's launcher, which the
-  kit's own tests use (``tests/test_bucketed.py``) and ``python -m autograder.checks.task5 2 4``.
+Run them as any check: ``python -m autograder grade . --tasks 5`` (``tests/test_bucketed.py``
+does, on the solution).
 
 The release's stubs raise ``NotImplementedError("TODO(task 5)...")`` in the constructor on every
 rank at the same point, so an unsolved submission fails every check at once, without a hang.
@@ -40,8 +37,6 @@ rank at the same point, so an unsolved submission fails every check at once, wit
 from __future__ import annotations
 
 import functools
-import importlib
-import traceback
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -49,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autograder.registry import CheckFailure, check
+from autograder.spy import CollectiveSpy
 
 #: Max allowed |param - baseline param| after any step, float32 without compression.
 TOL = 1e-5
@@ -96,15 +92,17 @@ def trainable(model):
 
 
 def reference_assign_buckets(named_params, cap_bytes):
-    """Our own bucket assignment (names): reverse order, close a bucket before it exceeds the cap."""
-    buckets, current, size = [], [], 0
+    """Our own bucket assignment (names), by the rules ``student_src/bucketed.py`` states: reverse
+    order; close a bucket before it exceeds the cap, and when the dtype changes (a bucket is
+    flattened into one tensor)."""
+    buckets, current, size, dtype = [], [], 0, None
     for name, p in reversed(named_params):
         nbytes = p.numel() * p.element_size()
-        if current and size + nbytes > cap_bytes:
+        if current and (size + nbytes > cap_bytes or p.dtype != dtype):
             buckets.append(current)
             current, size = [], 0
         current.append(name)
-        size += nbytes
+        size, dtype = size + nbytes, p.dtype
     if current:
         buckets.append(current)
     return buckets
@@ -141,10 +139,6 @@ TITLES = {
     "compress_bf16": "bf16 compression halves the bytes, parameters stay close",
 }
 
-POINTS = {"world_size_1": 1, "one_bucket_sgd": 2, "two_buckets_adamw": 2, "six_buckets_adamw": 3,
-          "six_buckets_4_ranks": 2, "grad_accumulation": 2, "compress_fp16": 1, "compress_bf16": 1}
-
-
 def _optimizer(kind, params):
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.5)
@@ -172,42 +166,6 @@ def _batch(step, micro, world_size):
             torch.randint(0, VOCAB, (n, SEQ), generator=g))
 
 
-class AllReduceSpy:
-    """Records every ``all_reduce``: bytes, dtype, ``async_op``, and whether backward was running.
-
-    Patches ``torch.distributed`` and ``distributed_c10d`` (install it *before* importing the
-    student's module so ``from torch.distributed import all_reduce`` gets the wrapper too).
-    """
-
-    def __init__(self):
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-        self.modules = (dist, c10d)
-        self.original = c10d.all_reduce
-        self.calls: List[dict] = []
-        self.in_backward = False
-
-    def __enter__(self):
-        spy, original = self, self.original
-
-        @functools.wraps(original)
-        def all_reduce(tensor, *args, **kwargs):
-            async_op = kwargs.get("async_op", args[2] if len(args) > 2 else False)
-            spy.calls.append({"nbytes": tensor.numel() * tensor.element_size(),
-                              "dtype": str(tensor.dtype), "async": bool(async_op),
-                              "in_backward": spy.in_backward})
-            return original(tensor, *args, **kwargs)
-
-        self.saved = [(m, m.all_reduce) for m in self.modules]
-        for m in self.modules:
-            m.all_reduce = all_reduce
-        return self
-
-    def __exit__(self, *exc):
-        for m, fn in self.saved:
-            m.all_reduce = fn
-
-
 def run_scenario(load_module: Callable, rank: int, world_size: int, settings: dict, secret: int) -> dict:
     """Rank side: train the toy model with the student's BucketedDDP; report what happened.
 
@@ -220,7 +178,7 @@ def run_scenario(load_module: Callable, rank: int, world_size: int, settings: di
     kwargs = {"bucket_cap_mb": settings["cap_mb"]}
     if compression:
         kwargs["compression"] = compression
-    with AllReduceSpy() as spy:
+    with CollectiveSpy() as spy:
         mod = load_module()
         wrapped = mod.BucketedDDP(local, **kwargs)
         opt = _optimizer(settings["optim"], [p for _, p in trainable(local)])
@@ -233,18 +191,19 @@ def run_scenario(load_module: Callable, rank: int, world_size: int, settings: di
             for m in range(micro):
                 x, y = _rank_batch(secret, step, m)
                 loss = wrapped(x, y)
-                spy.in_backward = True
+                spy.phase = "backward"
                 loss.backward()
-                spy.in_backward = False
+                spy.phase = None
             wrapped.finish_gradient_synchronization()
             out["none_ok"] &= local.unused.weight.grad is None and local.frozen.weight.grad is None
             opt.step()
             opt.zero_grad(set_to_none=True)
             out["tie_ok"] &= local.head.weight is local.embed.weight
             out["params"].append(torch.cat([p.detach().reshape(-1) for _, p in trainable(local)]))
-            out["steps"].append({"calls": len(spy.calls), "bytes": sum(c["nbytes"] for c in spy.calls),
-                                 "all_async": all(c["async"] for c in spy.calls),
-                                 "in_backward": sum(c["in_backward"] for c in spy.calls)})
+            calls = [info for name, info in spy.calls if name == "all_reduce"]
+            out["steps"].append({"calls": len(calls), "bytes": sum(c.get("nbytes", 0) for c in calls),
+                                 "all_async": all(c.get("async_op") for c in calls),
+                                 "in_backward": sum(c.get("phase") == "backward" for c in calls)})
         for h in getattr(wrapped, "_hook_handles", []):
             h.remove()
     return out
@@ -319,12 +278,12 @@ def _make_check(scenario: str):
     settings = SCENARIOS[scenario]
 
     @check(f"5.{scenario}", task="5", world_size=settings["world_size"], needs="bucketed",
-           points=POINTS[scenario], title=TITLES[scenario])
+           title=TITLES[scenario])  # points: autograder/points.toml
     def run(ctx):
         return run_scenario(lambda: ctx.student("bucketed"), ctx.rank, ctx.world_size, settings, ctx.secret)
 
     @run.judge
-    def _(payloads, ref, secrets):
+    def _(payloads, secrets):
         problems = judge_scenario(scenario, payloads, secrets)
         if problems:
             raise CheckFailure("; ".join(problems))
@@ -333,64 +292,3 @@ def _make_check(scenario: str):
 
 
 CHECKS = [_make_check(name) for name in SCENARIOS]
-
-
-# --- standalone runner (kit launcher): the kit's tests and `python -m autograder.checks.task5` ---
-
-def _plain(obj, decode=False):
-    """Tensors <-> lists, so results cross the launcher's queue by value (a tensor sent by a rank
-    that has exited cannot be rebuilt from shared memory)."""
-    if decode and isinstance(obj, dict) and "__tensor__" in obj:
-        return torch.tensor(obj["__tensor__"])
-    if not decode and isinstance(obj, torch.Tensor):
-        return {"__tensor__": obj.tolist()}
-    if isinstance(obj, dict):
-        return {k: _plain(v, decode) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_plain(v, decode) for v in obj]
-    return obj
-
-
-def standalone_worker(ctx, module_name: str, scenarios: List[str], secrets: Dict[str, List[int]]) -> dict:
-    """Per-rank function for ``student_src.kit.launch.launch``: run each scenario, catch errors.
-    (The launcher gives every rank every secret: this path is for trusted code, the kit's tests.)"""
-    results = {}
-    for name in scenarios:
-        torch.manual_seed(1234)
-        try:
-            results[name] = _plain(run_scenario(lambda: importlib.import_module(module_name),
-                                                ctx.rank, ctx.world_size, SCENARIOS[name], secrets[name][ctx.rank]))
-        except Exception:  # noqa: BLE001 - stubs fail the same way on every rank
-            results[name] = {"error": traceback.format_exc(limit=6)}
-    return results
-
-
-def run_standalone(world_size: int, scenarios: Optional[List[str]] = None,
-                   module_name: str = "student_src.bucketed", timeout: float = 240.0) -> Dict[str, List[str]]:
-    """Run the scenarios meant for ``world_size`` in one launch; return ``{scenario: problems}``."""
-    from student_src.kit.launch import launch
-
-    import random
-
-    names = [n for n in (scenarios or SCENARIOS) if SCENARIOS[n]["world_size"] == world_size]
-    rng = random.SystemRandom()
-    secrets = {n: [rng.randrange(1, 2**31 - 1) for _ in range(world_size)] for n in names}
-    per_rank = launch(standalone_worker, world_size, args=(module_name, names, secrets), timeout=timeout,
-                      threads_per_rank=1)
-    out = {}
-    for name in names:
-        recs = [_plain(r[name], decode=True) for r in per_rank]
-        errors = [r["error"] for r in recs if "error" in r]
-        out[name] = ([errors[0].strip().splitlines()[-1]] if errors else judge_scenario(name, recs, secrets[name]))
-    return out
-
-
-if __name__ == "__main__":  # python -m autograder.checks.task5 [world sizes...]
-    import sys
-
-    failed = 0
-    for ws in [int(a) for a in sys.argv[1:]] or [1, 2, 4]:
-        for name, problems in run_standalone(ws).items():
-            failed += bool(problems)
-            print(f"{'FAIL' if problems else 'PASS'} 5.{name} (ws {ws}) {'; '.join(problems)}")
-    sys.exit(1 if failed else 0)

@@ -18,7 +18,7 @@ or where ``autograde`` would copy it over a student's files.
 ``release`` runs ``nbgrader generate_assignment`` (solutions cleared, outputs cleared, cells
 locked), then adds what students edit and run beside the notebooks: ``student_src`` with every
 solution stripped (the same stripping as ``python -m autograder release``), ``data_scripts`` and
-the public autograder, so ``kit.check(...)`` works in the students' folder. A submission is that
+the public autograder, so the check cells work in the students' folder. A submission is that
 folder: nbgrader grades its notebooks against the ``student_src`` inside it.
 """
 

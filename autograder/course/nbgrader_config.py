@@ -6,9 +6,10 @@ instructor's checkout of the kit). Why each setting is here:
 * ``Execute.timeout``: nbgrader's default is 30 s per cell; a check cell starts gloo ranks and a
   busy machine can take a minute. Heavy cells (training) skip themselves while nbgrader executes
   (``NBGRADER_EXECUTION`` is set), so grading a notebook costs its checks only.
-* ``KIT_TRUSTED_ROOT``: the kernels nbgrader starts inherit this environment; the notebooks' check
-  cells import the autograder from KIT (the instructor's, with its hidden checks), never a copy
-  that came with a submission, and grade the ``student_src`` that came with the submission.
+* ``KIT_TRUSTED_ROOT``: the kernels nbgrader starts inherit this environment; the check cells'
+  hidden-tests region (restored by autograde) imports the autograder from KIT (the instructor's,
+  with its hidden checks), never a copy that came with a submission, and grades the
+  ``student_src`` that came with the submission with every check.
 * ``student_src`` is not in ``source/ASSIGNMENT`` (``init`` copies notebooks only), so
   ``generate_assignment`` cannot ship the solutions and ``autograde`` has no source version to
   overwrite the student's with; ``python -m autograder.course release`` adds the *stripped*

@@ -220,7 +220,7 @@ def init_4_ranks(ctx):
 
 
 @init_4_ranks.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     judge_group(payloads, secrets, 4, "gloo")
 
 
@@ -238,7 +238,7 @@ def ring(ctx):
 
 
 @ring.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     n = len(payloads)
     judge_calls(payloads, "ring_pass", POINT_TO_POINT, POINT_TO_POINT)
     for r, p in enumerate(payloads):
@@ -252,21 +252,27 @@ def _(payloads, ref, secrets):
             raise CheckFailure(f"rank {r}: ring_pass changed its input tensor; receive into a new one (torch.empty_like)")
 
 
+def run_in_place(ctx, label: str, shape: tuple, call) -> dict:
+    """Rank side of an in-place collective: ``call(module, x)`` on this rank's secret tensor; reports
+    the tensor afterwards, whether the function returned that same tensor, and the calls it made."""
+    mod = ctx.student("collectives")
+    x = toy(ctx.secret, label, shape)
+    with ctx.spy() as spy:
+        got = call(mod, x)
+    return {"tensor": x, "returned_same": got is x, "calls": spy.calls}
+
+
 BCAST_ROOT = 2
 
 
 @check("0.broadcast", task="0", world_size=4, needs="collectives", points=1,
        title=f"broadcast_from_root: every rank ends with root {BCAST_ROOT}'s tensor, in place")
 def bcast(ctx):
-    mod = ctx.student("collectives")
-    x = toy(ctx.secret, "broadcast", (5, 3))
-    with ctx.spy() as spy:
-        got = mod.broadcast_from_root(x, root=BCAST_ROOT)
-    return {"tensor": x, "returned_same": got is x, "calls": spy.calls}
+    return run_in_place(ctx, "broadcast", (5, 3), lambda mod, x: mod.broadcast_from_root(x, root=BCAST_ROOT))
 
 
 @bcast.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     judge_calls(payloads, "broadcast_from_root", {"broadcast"}, {"broadcast"})
     want = toy(secrets[BCAST_ROOT], "broadcast", (5, 3))
     for r, p in enumerate(payloads):
@@ -281,15 +287,11 @@ def _(payloads, ref, secrets):
 @check("0.all_reduce_sum", task="0", world_size=4, needs="collectives", points=1,
        title="all_reduce_sum: every rank ends with the element-wise sum over 4 ranks, in place")
 def allreduce(ctx):
-    mod = ctx.student("collectives")
-    x = toy(ctx.secret, "all_reduce", (4, 6))
-    with ctx.spy() as spy:
-        got = mod.all_reduce_sum(x)
-    return {"tensor": x, "returned_same": got is x, "calls": spy.calls}
+    return run_in_place(ctx, "all_reduce", (4, 6), lambda mod, x: mod.all_reduce_sum(x))
 
 
 @allreduce.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     judge_calls(payloads, "all_reduce_sum", {"all_reduce"}, {"all_reduce"})
     for r, p in enumerate(payloads):
         ops = {info.get("op", "SUM") for n, info in p["calls"] if n == "all_reduce"}
@@ -324,7 +326,7 @@ def gather(ctx):
 
 
 @gather.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     judge_calls(payloads, "gather_to_root", {"gather"}, {"gather"})
     want = [toy(s, "gather", (3, 4)) for s in secrets]
     for r, p in enumerate(payloads):
@@ -355,7 +357,7 @@ def scatter(ctx):
 
 
 @scatter.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     judge_calls(payloads, "scatter_from_root", {"scatter"}, {"scatter"})
     for r, p in enumerate(payloads):
         want = toy(secrets[SCATTER_ROOT], f"scatter{r}", (2, 5))

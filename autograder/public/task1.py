@@ -35,7 +35,7 @@ def lowers_loss(ctx):
 
 
 @lowers_loss.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     model = fixtures.make_model(seed=fixtures.derive_seed(secrets[0], "lowers", "model"))
     batch = fixtures.make_batch(seed=fixtures.derive_seed(secrets[0], "lowers", "batch"))
     with torch.no_grad():
@@ -80,7 +80,7 @@ def define(check_id: str, prop: str, calls: list[dict], lr: float, points: float
     c = check(check_id, task="1", needs="train", points=points, title=title, public=public)(run)
 
     @c.judge
-    def _(payloads, ref, secrets):
+    def _(payloads, secrets):
         judge_fn(payloads, secrets, calls, lr, salt)
 
     return c

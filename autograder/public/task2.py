@@ -25,7 +25,7 @@ def disjoint_complete(ctx):
 
 
 @disjoint_complete.judge
-def _(payloads, ref):
+def _(payloads, secrets):
     for w, per_rank in payloads[0].items():
         flat = [[i for b in batches for i in b] for batches in per_rank]
         seen = {}

@@ -24,7 +24,7 @@ def returns_ddp(ctx):
 
 
 @returns_ddp.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     want = fixtures.params_payload(fixtures.make_model(seed=fixtures.derive_seed(secrets[0], "ddp-init")))
     for r, p in enumerate(payloads):
         # the rank's early failures above are only for clearer messages: the judge decides

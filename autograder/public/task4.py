@@ -22,7 +22,7 @@ def tensor_nbytes(ctx):
 
 
 @tensor_nbytes.judge
-def _(payloads, ref):
+def _(payloads, secrets):
     got = payloads[0]["got"]
     cases = [(s, d, torch.zeros(s, dtype=getattr(torch, d))) for s, d in CASES]
     want = [t.numel() * t.element_size() for _, _, t in cases] + [48]

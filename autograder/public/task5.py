@@ -41,7 +41,7 @@ def matches_single_process(ctx):
 
 
 @matches_single_process.judge
-def _(payloads, ref, secrets):
+def _(payloads, secrets):
     base = fixtures.make_model(seed=0)
     opt = torch.optim.SGD(base.parameters(), lr=LR)
     for step in range(STEPS):

@@ -27,7 +27,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from student_src.kit import tasks
 from student_src.kit.traffic_meter import RunTrafficMeter
+
+#: the tasks whose per-tensor pattern this loop imitates (the table's traffic column)
+PATTERNS = {t.id: t.traffic for t in tasks.TASKS.values() if t.traffic in ("gather_scatter", "ring")}
 
 
 def parse_args(argv=None):
@@ -37,7 +41,7 @@ def parse_args(argv=None):
     p.add_argument("--world_size", type=int)
     p.add_argument("--local_rank", type=int)
     p.add_argument("--spawn", type=int, help="start this many local ranks on loopback instead")
-    p.add_argument("--task", choices=["2a", "2b"], default="2b")
+    p.add_argument("--task", choices=sorted(PATTERNS), default="2b")
     p.add_argument("--sizes", default="4096", help="comma-separated gradient tensor sizes in bytes")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
@@ -50,7 +54,7 @@ def parse_args(argv=None):
 def sync(task: str, grads: list[torch.Tensor], rank: int, n: int) -> None:
     """Sum the fake gradients over ranks, the way Task 2a or 2b does it."""
     for g in grads:
-        if task == "2b":
+        if PATTERNS[task] == "ring":
             dist.all_reduce(g)
         else:
             bufs = [torch.empty_like(g) for _ in range(n)] if rank == 0 else None

@@ -1,9 +1,8 @@
-"""What the notebooks call: set up, check your TODOs, run a task with live widgets, show results.
+"""What the notebooks call: set up, run a task with live widgets, show results.
 
-A notebook needs four lines of this module::
+A notebook needs three lines of this module::
 
     kit.start(quick=QUICK)            # find the kit, the data and the runs folder
-    kit.check("2b")                   # the autograder's public checks of your student_src
     kit.run_task("2b")                # 4 local ranks: a progress bar per rank, a live loss curve
     kit.show_results("2b")            # loss against Task 1, time per iteration across tasks
 
@@ -19,11 +18,12 @@ Why it is built this way:
   ``KIT_NOTEBOOK_QUICK=1`` (or ``0``) overrides the notebook's ``QUICK`` parameter.
 * While nbgrader executes a notebook (``NBGRADER_EXECUTION`` is set) training and results are
   skipped: grading runs the checks only, in seconds, on the submission's own ``student_src``.
+* Checking a TODO is the grader's job, not the kit's: a notebook's check cell calls
+  ``autograder.notebook.check`` itself (the kit never imports the grader).
 
 Environment variables: ``KIT_NOTEBOOK_QUICK`` (1/0), ``KIT_RUNS_DIR`` (where runs go, default
 ``<kit>/runs``), ``KIT_DATA_DIR`` (GLUE RTE folder, default ``<kit>/data/glue_data/RTE``),
-``KIT_ROOT`` (the kit's folder when the notebook cannot find it by walking up),
-``KIT_TRUSTED_ROOT`` (set by the nbgrader course: grade with the instructor's autograder).
+``KIT_ROOT`` (the kit's folder when the notebook cannot find it by walking up).
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from pathlib import Path
 from . import tasks
 from .progress import RunMonitor
 
-ENV_QUICK, ENV_RUNS, ENV_DATA, ENV_ROOT, ENV_TRUSTED = (
-    "KIT_NOTEBOOK_QUICK", "KIT_RUNS_DIR", "KIT_DATA_DIR", "KIT_ROOT", "KIT_TRUSTED_ROOT")
+ENV_QUICK, ENV_RUNS, ENV_DATA, ENV_ROOT = "KIT_NOTEBOOK_QUICK", "KIT_RUNS_DIR", "KIT_DATA_DIR", "KIT_ROOT"
 
 #: flags per mode; the task, world size, steps and output folder are added per run
 QUICK_FLAGS = ["--model_name_or_path", "tiny", "--max_seq_length", "32", "--global_batch_size", "16",
@@ -135,42 +134,6 @@ def _make_data(root: Path, data: Path) -> None:
 
 def session() -> Session:
     return _SESSION or start()
-
-
-# --------------------------------------------------------------------------- checks
-def check(*tasks: str) -> None:
-    """Run the autograder's public checks of ``tasks`` on this kit's ``student_src``.
-
-    A thin wrapper of ``autograder.check``: prints the autograder's table and raises
-    ``AssertionError`` when a point is lost, so nbgrader scores the cell 0 and a student sees at
-    once what to fix. Where a task has no public check, the hidden ones run if this is the
-    instructor's copy of the kit (nbgrader grading), else the notebook says so.
-    """
-    s = session()
-    trusted = os.environ.get(ENV_TRUSTED)
-    if trusted and trusted not in sys.path:
-        sys.path.insert(0, trusted)  # nbgrader: the instructor's autograder, never one shipped in a submission
-    try:
-        import autograder
-    except ImportError as exc:
-        raise RuntimeError(f"the autograder is not importable ({exc}); it ships with the kit: run this notebook from the kit's "
-                           "notebooks/ folder, or `python -m autograder check` in a terminal") from None
-    wanted = ",".join(str(t) for t in tasks)
-    results = autograder.check(wanted, path=s.root, quiet=True)
-    if not results.tests:
-        try:
-            import autograder.checks  # noqa: F401  (the instructor's copy only)
-        except ImportError:
-            print(f"no public check for Task {wanted} in this kit: the run below is your check (its losses must match Task 1's)")
-            return
-        from autograder.registry import parse_tasks
-        from autograder.runner import grade
-
-        results = grade(str(s.root), tasks=parse_tasks(wanted), public_only=False)
-    print(results.table())
-    if results.score < results.max_score or results.grader_errors:
-        raise AssertionError(f"{results.max_score - results.score:g} of {results.max_score:g} point(s) lost: "
-                             "see 'What went wrong' above")
 
 
 # --------------------------------------------------------------------------- running

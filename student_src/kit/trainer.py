@@ -176,6 +176,7 @@ class Run:
     dev_ds: object | None            # evaluated after every epoch (None: --do_eval off)
     total_steps: int
     epochs: int
+    batch: dict                      # global and per-worker batch size, steps per epoch, total steps
     log: progress.RankLog
     history: kmetrics.History
     meter: object | None = None      # --measure_traffic
@@ -220,9 +221,9 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
     history = kmetrics.History(ctx.world_size)
     parts = {"model": {"name": cfg.model_name_or_path, "parameters": count_parameters(model)}}
     if cfg.do_train:
-        run = _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, parts)
+        run = _prepare(cfg, ctx, model, train_ds, dev_ds, log, history)
         _run_epochs(run)
-        parts.update(_communication(run))
+        parts.update(batch=run.batch, **_communication(run))
         if run.recorder is not None:  # --timeline N
             parts["extra"] = run.recorder.results(ctx.world_size)
     elif cfg.do_eval:
@@ -238,7 +239,7 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
     return metrics
 
 
-def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, parts: dict) -> Run:
+def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history) -> Run:
     """The task's model and sync, the loader, the optimizer and the meter; the run's first line."""
     task = tasks.get(cfg.task)
     wrapped, sync_gradients, comm_log = setup_task(cfg, model, ctx)
@@ -252,8 +253,8 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, parts: dict) -> Ru
         raise KitError(f"the training set ({len(train_ds)} examples) is smaller than one global batch; lower the batch size")
     max_steps = cfg.timing_iters or cfg.max_steps
     total_steps = max_steps if max_steps and max_steps > 0 else math.ceil(cfg.num_train_epochs * steps_per_epoch)
-    parts["batch"] = {"global_batch_size": per_worker * ctx.world_size, "per_worker_batch_size": per_worker,
-                      "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
+    batch = {"global_batch_size": per_worker * ctx.world_size, "per_worker_batch_size": per_worker,
+             "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
     log(f"Task {task.id} ({task.title}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
         f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "
         f"{torch.get_num_threads()} thread(s) per rank, {ctx.ranks_on_host} rank(s) on this host]")
@@ -265,7 +266,8 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, parts: dict) -> Ru
                train_step=recorder.wrap(train_step) if recorder else train_step,
                sync_gradients=sync_gradients, comm_log=comm_log, loader=loader, optimizer=optimizer,
                scheduler=scheduler, dev_ds=dev_ds, total_steps=total_steps,
-               epochs=math.ceil(total_steps / steps_per_epoch), log=log, history=history, meter=meter, recorder=recorder)
+               epochs=math.ceil(total_steps / steps_per_epoch), batch=batch, log=log, history=history, meter=meter,
+               recorder=recorder)
 
 
 def _traffic_meter(cfg, ctx):

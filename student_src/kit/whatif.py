@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from . import tasks as task_table
 from .errors import KitError
 
-TASKS = ("2a", "2b", "3", "5")
+#: the tasks whose gradients travel (the task table's ``traffic`` column says how)
+TASKS = tuple(task_table.ids(lambda t: t.traffic is not None))
 #: torch DDP's bucket sizes: a small first bucket (``dist._DEFAULT_FIRST_BUCKET_BYTES``), then bucket_cap_mb
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
@@ -87,19 +89,23 @@ class ComputeProfile:
         return self.forward_s * k, self.backward_s * k, self.optimizer_s
 
 
-def parse_rate(text: str) -> float:
-    """'1gbit', '10Gbit', '100mbit', '2.5e9' -> bits per second."""
-    t = str(text).strip().lower().removesuffix("/s").removesuffix("ps")
-    for suffix, mult in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
+def _with_unit(text: str, units, example: str) -> float:
+    """``text`` as a number times the multiplier of its unit suffix (none: 1)."""
+    t, scale = str(text).strip().lower(), 1.0
+    for suffix, mult in units:
         if t.endswith(suffix):
             t, scale = t[: -len(suffix)], mult
             break
-    else:
-        scale = 1.0
     try:
-        value = float(t) * scale
+        return float(t) * scale
     except ValueError:
-        raise KitError(f"cannot read the rate {text!r}: write e.g. 1gbit, 10gbit, 100mbit") from None
+        raise KitError(f"cannot read {text!r}: write e.g. {example}") from None
+
+
+def parse_rate(text: str) -> float:
+    """'1gbit', '10Gbit', '100mbit', '2.5e9' -> bits per second."""
+    t = str(text).strip().lower().removesuffix("/s").removesuffix("ps")
+    value = _with_unit(t, (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)), "a rate of 1gbit, 10gbit, 100mbit")
     if value <= 0:
         raise KitError(f"the rate must be positive, got {text!r}")
     return value
@@ -107,17 +113,7 @@ def parse_rate(text: str) -> float:
 
 def parse_latency(text: str) -> float:
     """'0.1ms', '50us', '0.001' (seconds) -> seconds."""
-    t = str(text).strip().lower()
-    for suffix, mult in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
-        if t.endswith(suffix):
-            t, scale = t[: -len(suffix)], mult
-            break
-    else:
-        scale = 1.0
-    try:
-        return float(t) * scale
-    except ValueError:
-        raise KitError(f"cannot read the latency {text!r}: write e.g. 0.1ms, 50us") from None
+    return _with_unit(text, (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)), "a latency of 0.1ms, 50us")
 
 
 def ddp_buckets(tensor_nbytes: Sequence[int], cap_bytes: int, first_cap_bytes: Optional[int] = None) -> list[list[int]]:
@@ -164,14 +160,15 @@ def iteration(task: str, n: int, compute: ComputeProfile, tensor_nbytes: Sequenc
         raise KitError(f"compression is none, fp16 or bf16, got {compression!r}")
     scale = COMPRESSION_FACTOR[compression]
     fwd, bwd, opt = compute.at_batch((global_batch or compute.batch_size) / n)
-    if task == "2a":
+    row = task_table.get(task)
+    if row.traffic == "gather_scatter":
         comm = sum(link.gather_scatter_s(scale * s, n) for s in tensor_nbytes)
         exposed = comm
-    elif task == "2b":
+    elif row.traffic == "ring":
         comm = sum(link.allreduce_s(scale * s, n) for s in tensor_nbytes)
         exposed = comm
-    else:
-        if task == "3":
+    else:  # "ring_buckets": torch's DDP with its own bucket sizes, or the student's BucketedDDP
+        if row.sync == "ddp":
             buckets = ddp_buckets(tensor_nbytes, DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES)
         else:
             buckets = ddp_buckets(tensor_nbytes, int(bucket_cap_mb * 1024 * 1024))

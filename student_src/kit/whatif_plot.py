@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-TASK_COLOURS = {"2a": "tab:red", "2b": "tab:orange", "3": "tab:blue", "5": "tab:green"}
+from .plots import task_color
+
 RATE_STYLES = ["-", "--", ":", "-."]
 
 
@@ -28,12 +29,12 @@ def plot_scaling(rows: list[dict], path, measured: Optional[list[dict]] = None, 
             if not line:
                 continue
             xs = [r["nodes"] for r in line]
-            style = dict(color=TASK_COLOURS.get(task), linestyle=RATE_STYLES[k % len(RATE_STYLES)],
+            style = dict(color=task_color(task), linestyle=RATE_STYLES[k % len(RATE_STYLES)],
                          label=f"task {task}, {gbit:g} Gbit/s")
             ax_s.plot(xs, [r["speedup"] for r in line], **style)
             ax_e.plot(xs, [r["efficiency"] for r in line], **style)
     for m in measured or []:
-        colour = TASK_COLOURS.get(m["task"])
+        colour = task_color(m["task"])
         ax_s.plot(m["nodes"], m["speedup"], "o", color=colour, markeredgecolor="black")
         ax_e.plot(m["nodes"], m["speedup"] / m["nodes"], "o", color=colour, markeredgecolor="black")
     top = max(r["nodes"] for r in rows)

@@ -6,8 +6,11 @@ Every cell carries nbgrader metadata (the notebooks are nbgrader *source* notebo
 * instructions: markdown, read-only (``locked``);
 * the ``parameters`` cell (papermill's tag): editable, no nbgrader metadata;
 * set-up and run cells: read-only code;
-* checks: autograded test cells (``grade``) that call the autograder's public checks
-  through ``kit.check`` (they raise when a point is lost, so nbgrader gives the cell 0);
+* checks: autograded test cells (``grade``) that call ``autograder.notebook.check``: the public
+  checks for students (the cell raises when a point is lost); in nbgrader's autograde a hidden-tests
+  region (``TRUSTED_PRELUDE``) loads the instructor's grader first and the cell's value is the
+  points that task earns with every check, hidden ones included (nbgrader's partial credit). The
+  cell's maximum is the task's points in ``autograder/points.toml``;
 * report questions: manually graded markdown answer cells holding a model answer between
   solution markers; the student release shows "YOUR ANSWER HERE" instead.
 
@@ -19,8 +22,10 @@ from __future__ import annotations
 
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from autograder.notebook import ENV_TRUSTED, task_points
+
 SOL_BEGIN, SOL_END = "### " + "BEGIN SOLUTION", "### " + "END SOLUTION"
-CHECK_POINTS = 2
+HIDDEN_BEGIN, HIDDEN_END = "### " + "BEGIN HIDDEN TESTS", "### " + "END HIDDEN TESTS"
 ANSWER_POINTS = 2
 
 
@@ -58,7 +63,7 @@ class NB:
     def params(self, src: str) -> "NB":
         return self._add(new_code_cell(src.strip("\n"), metadata={"tags": ["parameters"]}), "parameters")
 
-    def check(self, src: str, points: int = CHECK_POINTS) -> "NB":
+    def check(self, src: str, points: float) -> "NB":
         gid = self._id("check")
         return self._add(new_code_cell(src.strip("\n"), metadata=_meta(gid, grade=True, points=points)), gid)
 
@@ -120,8 +125,24 @@ def header(nb: NB, title: str, idea: str, todo: str, params: str = "") -> None:
     nb.code(SETUP)
 
 
+#: the hidden-tests region of every check cell: nbgrader removes it from the students' notebooks and
+#: restores it at autograde, where it makes the cell import the instructor's autograder (with the
+#: hidden checks), never a copy that came with the submission, and forget any the kernel imported
+TRUSTED_PRELUDE = f'''
+{HIDDEN_BEGIN}
+import os, sys  # grading (nbgrader autograde): the instructor's autograder, with its hidden checks
+if os.environ.get("{ENV_TRUSTED}"):
+    sys.path.insert(0, os.environ["{ENV_TRUSTED}"])
+    for _name in [m for m in sys.modules if m.split(".")[0] == "autograder"]:
+        del sys.modules[_name]
+{HIDDEN_END}
+'''
+
+
 def check_cells(nb: NB, tasks: str, what: str) -> None:
-    args = ", ".join(f'"{t}"' for t in tasks.split(","))
+    names = tasks.split(",")
+    args = ", ".join(f'"{t}"' for t in names)
     nb.md(f"## Check your code\n\n{what.strip()}\n\nThis runs the autograder's public checks "
           "(the same ones `python -m autograder check` runs). A failure prints what went wrong.")
-    nb.check(f"kit.check({args})")
+    nb.check(TRUSTED_PRELUDE.strip("\n") + f"\nfrom autograder.notebook import check\ncheck({args}, root=S.root)",
+             points=task_points(names))

@@ -19,9 +19,12 @@ Step time goes from *compute + communication* (2b) towards *max(compute, communi
            params="BUCKET_CAP_MB = 25.0  # bucket size of the run (DDP's default is 25)")
     check_cells(nb, "5", "`BucketedDDP` must give every rank the same averaged gradients as a single process would.")
     nb.md(RUN_INTRO)
-    nb.code('m5 = kit.run_task("5", extra=["--bucket_cap_mb", BUCKET_CAP_MB])')
+    nb.code('m5 = kit.run_task("5", extra=["--bucket_cap_mb", BUCKET_CAP_MB, "--timeline", 2])')
     nb.md(RESULTS_INTRO + "\nCompare Task 5 with Task 3 (DDP) and 2b (one all_reduce per tensor, no overlap).")
     nb.code('kit.show_results("5", m5)')
+    nb.md("Each rank's forward, backward, bucket all_reduces and optimizer step over two iterations "
+          "(`--timeline 2`): do the buckets' all_reduces overlap backward, or wait for its end?")
+    nb.code('from student_src.kit.scaling_report import show_timeline\nshow_timeline(m5, S.runs_dir / "timeline_5.png")')
     nb.md("## Questions for your report")
     nb.question("**Q1.** How does the bucket size change the time per iteration? Try 0.5, 5 and 25 MB.",
                 "Tiny buckets approach Task 2b (many calls, each paying latency); one huge bucket cannot start before "
