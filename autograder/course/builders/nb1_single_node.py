@@ -21,9 +21,10 @@ In Tasks 2 and 3 a gradient **sync** slips in between 2 and 3; everything else s
 128 tokens, 3 epochs, AdamW at learning rate 2e-5 without warm-up. Full mode keeps them, except
 for the learning rate: the small MiniLM (22 M) stays near chance at 2e-5 for those 114 steps
 (56% dev accuracy), so it gets its own default, **lr 1e-4 with 10 warm-up steps**
-(`student_src/kit/models.py`, `MODEL_DEFAULTS`), and its dev accuracy climbs over the three epochs
-(about 0.59, 0.70, 0.74: `benchmarks/task1/README.md`). `--learning_rate` / `--warmup_steps`
-still override it; with `bert-base-cased` the assignment's 2e-5 applies.
+(`student_src/kit/models.py`, `MODEL_DEFAULTS`), and its dev accuracy climbs over the three
+epochs (measured by the course kit's authors: 0.59, 0.76, 0.79 after epochs 1, 2, 3).
+`--learning_rate` / `--warmup_steps` still override it; with `bert-base-cased` the assignment's
+2e-5 applies.
 """, "`student_src/train.py` → `train_step` (the `TODO(task 1)`).")
     check_cells(nb, "1", "`train_step` must lower the loss of a fixed batch and return it.")
     nb.md(RUN_INTRO.replace("one progress bar per rank", "the progress bar"))
@@ -44,7 +45,7 @@ A model that always answers one label scores 1.0 on that label's patterns and 0.
             '    display(Markdown(slices.markdown_table(m1) or "this run has no evaluation per slice"))')
     nb.md("## Questions for your report\n\nAnswer in the cells below (they are graded by hand).")
     nb.question("**Q1.** Give the dev accuracy after every epoch (full mode). Does the model learn? How would you tell from the loss alone?",
-                "After each epoch the accuracy rises above chance (0.5): e.g. 0.62, 0.70, 0.72 on MiniLM. "
+                "After each epoch the accuracy rises above chance (0.5): 0.59, 0.76, 0.79 on MiniLM (measured). "
                 "The training loss falls from about 0.69 (ln 2, a coin flip over two classes) while the dev loss falls too; "
                 "a falling training loss with a rising dev loss would mean over-fitting.")
     nb.question("**Q2.** Why must the gradients be zeroed every step, and why does clipping come after the (future) gradient sync?",
@@ -53,9 +54,9 @@ A model that always answers one label scores 1.0 on that label's patterns and 0.
                 "give each rank a different update and the replicas would drift apart.")
     nb.question("**Q3.** From the table per slice (full mode): which patterns has the model learned, and which not? "
                 "What does the model seem to use to decide, and why are the *hard* patterns hard for it?",
-                "Typically the easy patterns that a word-overlap check solves (a person or company not in the premise, "
-                "paraphrase, passive) are well above chance, while swapped roles, a negated premise and a wrong value "
-                "taken from the premise itself stay near or below chance: the model leans on lexical overlap, and in the "
-                "hard patterns every word of the hypothesis is in the premise, so overlap says 'entailment' although "
-                "the answer is 'not_entailment'.")
+                "Answers depend on the run; compare the easy patterns with the hard ones. A word-overlap baseline "
+                "(benchmarks/task1/) gets 93% on a person/company not in the premise and 100% on negation, but 25% on "
+                "swapped roles and 44% on a changed detail: where every word of the hypothesis is in the premise, "
+                "overlap says 'entailment' although the answer is 'not_entailment'. A model that scores like that "
+                "leans on lexical overlap rather than on who did what to whom.")
     return nb
