@@ -220,3 +220,32 @@ def test_glue_dataset_checks_its_tensors():
     assert len(ds) == 3
     with pytest.raises(ValueError, match="missing"):
         GlueDataset({"input_ids": t})
+
+
+def _plant(path, tensors):
+    torch.save(tensors, path)
+
+
+@pytest.mark.parametrize("flaw", ["wider_rows", "not_weights_only"])
+def test_a_cache_that_is_not_what_we_expect_is_rebuilt(rte_dir, tokenizer, flaw):
+    """A cache file of the right name but the wrong content is never used: rows wider than
+    max_seq_length, or a pickle that needs more than tensors to load (``weights_only``: a cache
+    file must not be able to run code)."""
+    import datetime
+
+    good = load_glue_dataset(rte_dir, "rte", "train", tokenizer, max_seq_length=32)
+    [path] = cache_files(rte_dir)
+    planted = {k: torch.zeros_like(v) for k, v in good.tensors.items()}
+    if flaw == "wider_rows":
+        planted["input_ids"] = torch.zeros(len(good), 36, dtype=torch.long)
+    else:
+        planted["made"] = datetime.date(2020, 1, 1)  # not a tensor: weights_only refuses to load it
+    _plant(path, planted)
+    again = load_glue_dataset(rte_dir, "rte", "train", tokenizer, max_seq_length=32)
+    assert torch.equal(again.tensors["input_ids"], good.tensors["input_ids"])
+
+
+def test_max_seq_length_floor(rte_dir, tokenizer):
+    assert len(load_glue_dataset(rte_dir, "rte", "dev", tokenizer, max_seq_length=8, cache=False)) == 10
+    with pytest.raises(DataError, match="too small"):
+        load_glue_dataset(rte_dir, "rte", "dev", tokenizer, max_seq_length=7, cache=False)
