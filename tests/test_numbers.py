@@ -79,6 +79,9 @@ def test_derive_seed_separates_secrets_and_labels():
     assert F.derive_seed(1, "grad", "w") == F.derive_seed(2**31 + 1, "grad", "w")
     assert F.derive_seed(7, "ab") != F.derive_seed(7, "a", "b")  # the separator matters
     assert all(0 <= s < 2**31 - 1 for s in seeds)
+    # secrets differing in their lowest bit, and labels that are anagrams, get their own seeds
+    assert F.derive_seed(2, "grad", "w") != F.derive_seed(3, "grad", "w")
+    assert F.derive_seed(7, "grad", "ab") != F.derive_seed(7, "grad", "ba")
 
 
 def test_rank_grads_differ_per_rank_and_parameter_and_are_reproducible():
@@ -86,6 +89,7 @@ def test_rank_grads_differ_per_rank_and_parameter_and_are_reproducible():
     assert torch.equal(a, F.rank_grad(11, "w", (4, 3)))
     assert not torch.allclose(a, F.rank_grad(12, "w", (4, 3))) and not torch.allclose(a, F.rank_grad(11, "v", (4, 3)))
     assert a.shape == (4, 3) and a.dtype == torch.float32 and F.rank_grad(11, "w", (2,), torch.float64).dtype == torch.float64
+    assert (a != a.round()).all()  # real-valued, not integers whose sums are exact whatever the order
     # ranks differ in size too (scale 0.5 .. 4.5), so a sum cannot pass for a mean by luck
     norms = [F.rank_grad(s, "w", (1000,)).std().item() for s in range(20)]
     assert 0.4 < min(norms) and max(norms) < 4.8 and max(norms) / min(norms) > 1.5
@@ -98,6 +102,54 @@ def test_trainable_names_skip_frozen_parameters():
     first = next(p for n, p in model.named_parameters() if n == names[0])
     first.requires_grad_(False)
     assert names[0] not in F.trainable_names(model)
+
+
+def test_non_contiguous_keeps_the_values_in_a_strided_tensor():
+    for t in (torch.arange(12.0).reshape(3, 4), torch.arange(5.0), torch.arange(24.0).reshape(2, 3, 4)):
+        nc = F.non_contiguous(t)
+        assert torch.equal(nc, t) and nc.dtype == t.dtype and not nc.is_contiguous()
+    scalar = torch.tensor(3.0)
+    assert torch.equal(F.non_contiguous(scalar), scalar) and F.non_contiguous(scalar) is not scalar
+
+
+def test_set_rank_grads_gives_each_trainable_parameter_its_rank_gradient_in_the_layout():
+    model = F.make_model(0, frozen=True, unused=True)
+    for layout, contiguous in (("contiguous", True), ("non_contiguous", False)):
+        F.set_rank_grads(model, 5, layout)
+        for name, p in model.named_parameters():
+            if name in F.trainable_names(model):
+                assert torch.equal(p.grad, F.rank_grad(5, name, p.shape)), name
+                assert p.grad.is_contiguous() == contiguous or p.dim() == 0, (name, layout)
+            else:
+                assert p.grad is None, name  # frozen and unused parameters get no gradient
+    payload = F.grads_payload(model)
+    assert payload["frozen"] is None and payload["unused.weight"] is None
+    assert torch.equal(payload["fc1.weight"], model.fc1.weight.grad) and payload["fc1.weight"].is_contiguous()
+
+
+def test_trusted_step_syncs_before_clipping_and_steps_once():
+    """The grader's own step (references and Task 3 use it): backward, sync, clip, step, clear."""
+    def run(sync=None, max_grad_norm=None):
+        model = F.make_model(3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        loss = F.trusted_step(model, F.make_batch(4), opt, sync=sync, max_grad_norm=max_grad_norm)
+        assert all(p.grad is None for p in model.parameters())  # cleared after the step
+        return loss, {n: before[n] - p.detach() for n, p in model.named_parameters()}  # lr * grad
+
+    loss, plain = run()
+    assert loss.requires_grad is False and loss.dim() == 0 and loss.item() > 0
+    ref = F.make_model(3)
+    ref(**F.make_batch(4))["loss"].backward()
+    for n, p in ref.named_parameters():
+        assert torch.allclose(plain[n], 0.1 * p.grad, atol=1e-6), n
+    norm = torch.sqrt(sum((d / 0.1).pow(2).sum() for d in plain.values())).item()
+    seen = []
+    _, doubled = run(sync=lambda m: [seen.append(1)] + [p.grad.mul_(2.0) for p in m.parameters()])
+    assert seen == [1] and all(torch.allclose(doubled[n], 2 * plain[n], atol=1e-6) for n in plain)
+    # clipping to half the synced norm comes after the sync: the step is the plain one again
+    _, clipped = run(sync=lambda m: [p.grad.mul_(2.0) for p in m.parameters()], max_grad_norm=norm)
+    assert all(torch.allclose(clipped[n], plain[n], atol=1e-6) for n in plain)
 
 
 # ----------------------------------------------------------------------------- loss equivalence
@@ -153,3 +205,37 @@ def test_single_node_reference_is_the_ranks_rows_together(reference):
     assert run["losses"] == pytest.approx(alone["losses"], abs=1e-6) and run["probe"] == pytest.approx(alone["probe"], abs=1e-6)
     assert abs(alone["losses"][0] - ref["losses"][0]) > 10 * R.TOL  # different rows, different loss
     assert ref["losses"][-1] != pytest.approx(ref["losses"][0], abs=10 * R.TOL)  # it trained (LR > 0)
+
+
+def test_reference_model_is_the_kits_tiny_model_without_dropout():
+    """The grader builds ``tiny`` itself (it never imports the kit): it must be the very model
+    students train, with dropout 0 (dropout would make single-node and 4 ranks differ)."""
+    from student_src.kit.models import load_model
+
+    ours = R.tiny_model()
+    torch.manual_seed(0)
+    kit = load_model("tiny", dropout=0.0)
+    assert ours.config.to_dict() | {"_name_or_path": None} == kit.config.to_dict() | {"_name_or_path": None}
+    assert ours.training and all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), kit.state_dict().values()))
+    assert ours.config.hidden_dropout_prob == ours.config.attention_probs_dropout_prob == 0.0
+
+
+def test_equivalence_tolerance_rejects_a_real_fault_and_accepts_float_noise(reference):
+    """Absolute numbers, not multiples of ``R.TOL``: a loosened tolerance must fail here. A 2b that
+    divides by N+1 moves the mean loss by about 1e-3 after a step; float32 reordering by 1e-6."""
+    secrets, ref = reference
+    assert R.STEPS >= 2  # step 1's loss is taken before any sync: only later steps test it
+    noisy = _payloads(ref)
+    for p in noisy:
+        p["losses"] = [l + 1e-6 for l in p["losses"]]
+        p["probe"] += 1e-6
+    R.judge_equivalence(noisy, secrets, "2b")
+    for where in ("losses", "probe"):
+        off = _payloads(ref)
+        for p in off:
+            if where == "probe":
+                p["probe"] -= 5e-4
+            else:
+                p["losses"][-1] -= 5e-4
+        with pytest.raises(CheckFailure):
+            R.judge_equivalence(off, secrets, "2b")

@@ -47,7 +47,7 @@ EXCLUDED_OPERATORS = [
 @dataclass
 class Target:
     module: str                  # the file to mutate, relative to the repository root
-    functions: tuple[str, ...]   # top-level functions/classes to mutate; () = the whole module
+    functions: tuple[str, ...]   # top-level functions/classes/constants to mutate; () = the whole module
     tests: str                   # pytest arguments: a small selection that runs in seconds
     timeout: float = 120.0       # per mutant (an endless loop is a kill)
 
@@ -68,9 +68,16 @@ TARGETS = {
     "collectives": Target("student_src/collectives.py", (), "tests/test_task0.py -k solution"),
     "judging": Target("autograder/judging.py", ("_close", "compare_grads", "expected_mean_grads", "rank_grads"),
                       "tests/test_check_zoo.py -k tolerance_is_tight"),
-    "references": Target("autograder/references.py", (), f"{NUMBERS} -k 'equivalence or single_node'"),
-    "fixtures": Target("autograder/fixtures.py", ("derive_seed", "rank_grad", "trainable_names"),
-                       f"{NUMBERS} -k 'seed or rank_grads or trainable'"),
+    # the verdict (tolerance, steps, the judge and the single-node reference it compares with)
+    "references": Target("autograder/references.py",
+                         ("STEPS", "TOL", "rank_batch", "single_node", "judge_equivalence"),
+                         f"{NUMBERS} -k 'equivalence'"),
+    # the model the reference trains must be the kit's tiny one (a fast test of its own)
+    "references-model": Target("autograder/references.py", ("VOCAB", "tiny_model"),
+                               f"{NUMBERS} -k 'kits_tiny_model'"),
+    "fixtures": Target("autograder/fixtures.py", ("derive_seed", "rank_grad", "non_contiguous", "trainable_names",
+                                                  "set_rank_grads", "grads_payload", "trusted_step"),
+                       f"{NUMBERS} -k 'seed or rank_grad or trainable or non_contiguous or trusted_step'"),
     "data-cache": Target("student_src/kit/data.py",
                          ("file_fingerprint", "tokenizer_id", "cache_path", "_load_cache", "_save_cache",
                           "load_glue_dataset"),
@@ -79,11 +86,12 @@ TARGETS = {
 
 
 def line_ranges(path: Path, names: tuple[str, ...]) -> list[str]:
-    """``"start-end"`` line ranges of the named top-level definitions (the whole file if none)."""
+    """``"start-end"`` line ranges of the named top-level definitions or constants (the whole file if none)."""
     tree = ast.parse(path.read_text())
     if not names:
         return [f"1-{len(path.read_text().splitlines())}"]
     found = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
+    found.update({t.id: n for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)})
     missing = [n for n in names if n not in found]
     if missing:
         sys.exit(f"{path}: no top-level {', '.join(missing)} (the module changed: update TARGETS in {__file__})")
