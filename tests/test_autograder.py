@@ -334,7 +334,7 @@ def test_notebook_api_runs_public_checks(capsys):
 
     from autograder import registry
 
-    res = autograder.check("1,2b", path=ROOT, raise_on_failure=True)
+    res = autograder.run_public_checks("1,2b", path=ROOT, raise_on_failure=True)
     public = {c.id for c in registry.all_checks(public_only=True) if c.task in ("1", "2b")}
     assert {t.id for t in res.tests} == public and {"1.lowers_loss", "2b.mean_4_ranks"} <= public
     assert all(t.passed for t in res.tests)
