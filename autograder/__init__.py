@@ -8,7 +8,7 @@ Layout (what ships to students is marked *public*):
 
 * ``cli.py`` / ``__main__.py``   the command line (*public*: ``check`` works in the release)
 * ``notebook.py``                what notebooks' check cells call: the one entry point from notebooks (*public*)
-* ``registry.py``                checks, their discovery, the ``@check`` decorator (*public*)
+* ``registry.py``                checks, their discovery, the ``@define_check`` decorator (*public*)
 * ``points.toml`` / ``points.py`` points per test, in one place (*public*)
 * ``fixtures.py``                rank-side builders: synthetic models, data, secret-seeded gradients (*public*)
 * ``judging.py``                 parent-side expected values and comparisons the judges use (*public*)
@@ -20,12 +20,14 @@ Layout (what ships to students is marked *public*):
 * ``release.py``, ``strip.py``, ``gradescope.py``, ``gradebook.py``  instructor tools
 """
 
-__all__ = ["__version__", "check"]
+__all__ = ["__version__", "run_public_checks"]
 __version__ = "0.1.0"
 
 
-def check(tasks=None, path=None, timeout: float = 60.0, quiet: bool = False, raise_on_failure: bool = False):
-    """Run the public checks on your own ``student_src`` (for notebooks): ``autograder.check("2a")``.
+def run_public_checks(tasks=None, path=None, timeout: float = 60.0, quiet: bool = False, raise_on_failure: bool = False):
+    """Run the public checks on your own ``student_src`` from Python: ``autograder.run_public_checks("2a")``.
+
+    (Notebooks' check cells call ``autograder.notebook.check`` instead.)
 
     Prints the table (unless ``quiet``) and returns the results; ``raise_on_failure=True`` raises
     ``AssertionError`` with the messages when a check fails (handy in a notebook's test cell).

@@ -18,13 +18,13 @@ A *check* is one graded test. It has two halves:
   rebuild another rank's data without communicating.
 
 Adding checks: drop a module into ``autograder/checks/`` (hidden) or ``autograder/public/``
-(shipped to students) that defines checks with the ``@check`` decorator; modules whose name
+(shipped to students) that defines checks with the ``@define_check`` decorator; modules whose name
 starts with ``_`` are helpers and are not scanned. Give the test its points in
 ``autograder/points.toml`` (the ``points=`` argument is only the fallback). Example::
 
-    from autograder.registry import check, CheckFailure
+    from autograder.registry import define_check, CheckFailure
 
-    @check("5.bucketed_mean", task="5", world_size=4, needs="bucketed", points=3,
+    @define_check("5.bucketed_mean", task="5", world_size=4, needs="bucketed", points=3,
            title="BucketedDDP averages gradients over 4 ranks")
     def bucketed_mean(ctx):
         mod = ctx.student("bucketed")           # student_src/bucketed.py, fresh import
@@ -87,7 +87,7 @@ _REGISTRY: dict[str, Check] = {}
 _counter = [0]
 
 
-def check(id: str, *, task: str, title: str, world_size: int = 1, needs=(), points: float = 1.0,
+def define_check(id: str, *, task: str, title: str, world_size: int = 1, needs=(), points: float = 1.0,
           timeout: float | None = None, public: bool | None = None,
           hang_hint: str | None = None):
     """Decorator that registers ``fn(ctx)`` as the rank-side half of check ``id``.

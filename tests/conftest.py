@@ -44,3 +44,14 @@ def run_cli(args, cwd=None, timeout=240, env=None):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def student_walk(tmp_path_factory):
+    """Steps 1-4 of the student's walk, once per session (``student_walk_steps.py``): the release in
+    a fresh venv, its public checks, and every notebook executed from it. Shared by
+    ``test_student_walk.py`` (which goes on to export and grade) and ``test_notebooks.py`` (which
+    checks the executed notebooks instead of running them a second time)."""
+    from student_walk_steps import walk_to_notebooks
+
+    return walk_to_notebooks(tmp_path_factory.mktemp("student-walk"))

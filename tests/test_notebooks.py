@@ -7,8 +7,12 @@ We then read what a student would see: the widget state nbclient stores
 (``store_widget_state=True``) must hold one finished progress bar per rank and a drawn loss
 curve, and the runs must agree with Task 1 step by step.
 
-Slow part: one kernel, one public check and one 4-rank launch per notebook. Set
-``KIT_TEST_NOTEBOOKS=1_single_node,2b_allreduce`` to run a subset.
+Slow part: one kernel, one public check and one 4-rank launch per notebook, so they run once per
+session: the student's walk (the ``student_walk`` fixture, ``student_walk_steps.py``) executes every
+notebook from the release in a fresh venv with ``store_widget_state=True`` and keeps the executed
+copies and the runs folder; this file checks those. With ``KIT_SKIP_STUDENT_WALK=1``, or with
+``KIT_TEST_NOTEBOOKS=1_single_node,2b_allreduce`` (a subset), this file executes the source
+notebooks itself, in this venv, as before.
 """
 
 import ast
@@ -27,6 +31,8 @@ NOTEBOOKS = list(dict.fromkeys(t.notebook for t in tasks.TASKS.values()))  # the
 SELECTED = [n for n in os.environ.get("KIT_TEST_NOTEBOOKS", ",".join(NOTEBOOKS)).split(",") if n]
 RANKS = {"1_single_node": 1, "4_traffic": 4}
 SOLUTION = "### " + "BEGIN SOLUTION"
+#: the walk executes every notebook already (once per session); executing them here is the fallback
+FROM_THE_WALK = os.environ.get("KIT_SKIP_STUDENT_WALK") != "1" and "KIT_TEST_NOTEBOOKS" not in os.environ
 
 
 def _load(name):
@@ -154,17 +160,31 @@ def _widget_models(nb):
     return list(state.values())
 
 
-@pytest.mark.parametrize("name", SELECTED)
-def test_notebook_executes(name, notebook_env):
-    from nbclient import NotebookClient
+@pytest.fixture(scope="module")
+def runs_dir(request):
+    """The runs folder the executed notebooks wrote (quick mode)."""
+    return request.getfixturevalue("student_walk").runs if FROM_THE_WALK else request.getfixturevalue("notebook_env")
 
-    from student_src.kit import report
+
+def _executed(name, request):
+    """The notebook after a headless execution: the walk's copy (executed from the release in the
+    student's venv) or, as a fallback, the source notebook executed here."""
+    if FROM_THE_WALK:
+        return nbformat.read(request.getfixturevalue("student_walk").executed / f"{name}.ipynb", as_version=4)
+    from nbclient import NotebookClient
 
     nb = _load(name)
     client = NotebookClient(nb, timeout=900, startup_timeout=120, kernel_name="python3", store_widget_state=True,
                             resources={"metadata": {"path": str(ROOT / "notebooks")}})
     client.execute()  # raises CellExecutionError, with the cell and traceback, on any error
+    return nb
 
+
+@pytest.mark.parametrize("name", SELECTED)
+def test_notebook_executes(name, runs_dir, request):
+    from student_src.kit import report
+
+    nb = _executed(name, request)
     if name == "0_collectives":  # no training: before/after pictures of the student's collectives
         outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
         pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
@@ -183,7 +203,7 @@ def test_notebook_executes(name, notebook_env):
                       for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "passed" in outputs  # the public check's table
 
-    runs = report.load_runs(notebook_env)
+    runs = report.load_runs(runs_dir)
     task = {"1_single_node": "1", "2a_gather_scatter": "2a", "2b_allreduce": "2b", "3_ddp": "3", "5_bucketed": "5"}.get(name)
     if task:  # the results section: losses against Task 1, time per iteration across tasks
         assert "Loss per step against Task 1" in outputs and "Time per iteration" in outputs
@@ -191,11 +211,11 @@ def test_notebook_executes(name, notebook_env):
         table = report.loss_table({"task1": runs["task1"], f"task{task}": runs[f"task{task}"]})
         assert table["max_abs_diff"][f"Task {task}"] < 1e-4, table
     if name in ("3_ddp", "5_bucketed"):  # the per-rank timeline of the task's run
-        assert (notebook_env / f"timeline_{task}.png").stat().st_size > 10_000
+        assert (runs_dir / f"timeline_{task}.png").stat().st_size > 10_000
     if name == "4_traffic":
         rows = report.traffic_rows(runs)
         assert len(rows) == 2 and all(r["measured_mb_per_iter"] > 0 for r in rows)
-        timeline = notebook_env / "timeline_2b.png"  # the per-rank timeline of the last traffic run
+        timeline = runs_dir / "timeline_2b.png"  # the per-rank timeline of the last traffic run
         assert timeline.read_bytes()[:4] == b"\x89PNG" and timeline.stat().st_size > 10_000
         if "task1" in runs:  # the whole sequence ran: the what-if curves with the measured runs on them
-            assert (notebook_env / "speedup.png").stat().st_size > 10_000
+            assert (runs_dir / "speedup.png").stat().st_size > 10_000

@@ -1,2 +1,2 @@
 """The hidden checks (never shipped to students). One module per task; see ``registry.py``
-for how to add one (a module here with ``@check`` functions is discovered automatically)."""
+for how to add one (a module here with ``@define_check`` functions is discovered automatically)."""

@@ -10,7 +10,7 @@ import torch
 
 from autograder import fixtures, judging
 from autograder.public._sync import mean_check
-from autograder.registry import check
+from autograder.registry import define_check
 
 WITH_NONE = {"frozen": True, "unused": True}
 
@@ -35,7 +35,7 @@ def define_all(task: str) -> dict:
         return fixtures.run_sync(ctx, task, {})
 
     run.__name__ = f"{task}_{collectives[0]}"
-    c = check(f"{task}.{collectives[0]}", task=task, world_size=4, needs="sync", points=2,
+    c = define_check(f"{task}.{collectives[0]}", task=task, world_size=4, needs="sync", points=2,
               title=f"{fixtures.SYNC_FUNCTIONS[task]} {collectives[1]}")(run)
 
     @c.judge

@@ -8,11 +8,11 @@ trains the single-node reference on all the shares in the grader's own process
 """
 
 from autograder import fixtures, references
-from autograder.registry import check
+from autograder.registry import define_check
 
 
 def _sync_check(task: str, fn_name: str):
-    @check(f"{task}.loss_matches_single_node", task=task, world_size=4, needs="sync", points=3,
+    @define_check(f"{task}.loss_matches_single_node", task=task, world_size=4, needs="sync", points=3,
            title=f"{fn_name}: tiny BERT on 4 ranks matches single-node losses (within 1e-4)")
     def run(ctx):
         fn = fixtures.student_function(ctx, "sync", fn_name)
@@ -29,7 +29,7 @@ gather_scatter = _sync_check("2a", "gather_scatter_average")
 allreduce = _sync_check("2b", "allreduce_average")
 
 
-@check("3.loss_matches_single_node", task="3", world_size=4, needs="ddp", points=3,
+@define_check("3.loss_matches_single_node", task="3", world_size=4, needs="ddp", points=3,
        title="wrap_ddp: tiny BERT on 4 ranks matches single-node losses (within 1e-4)")
 def ddp_equivalence(ctx):
     wrap = fixtures.student_function(ctx, "ddp", "wrap_ddp")

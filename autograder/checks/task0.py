@@ -11,7 +11,7 @@ import torch
 
 from autograder.public.task0 import (POINT_TO_POINT, RING_HINT, free_port, judge_calls, judge_group, run_init,
                                      same_summary, summary, toy)
-from autograder.registry import CheckFailure, check
+from autograder.registry import CheckFailure, define_check
 
 WRONG_PORT_TIMEOUT_S = 3
 
@@ -25,7 +25,7 @@ WRONG_PORT_HINT = (
 # timeout: CPU seconds, and at most wall_factor (4) times as many seconds of wall time: a correct
 # init gives up after 3 s using almost no CPU; one without a timeout waits 30 minutes, retrying
 # the connection (so the stall detection may never see it idle): 32 s of wall time ends it
-@check("0.init_wrong_port_fails", task="0", world_size=2, needs="collectives", points=2, timeout=8,
+@define_check("0.init_wrong_port_fails", task="0", world_size=2, needs="collectives", points=2, timeout=8,
        hang_hint=WRONG_PORT_HINT,
        title=f"init_distributed with a wrong master port raises within timeout_s={WRONG_PORT_TIMEOUT_S} (no hang)")
 def wrong_port(ctx):
@@ -49,7 +49,7 @@ def _(payloads, secrets):
                                f"on (the master was at port {payloads[0].get('port')}); it must raise")
 
 
-@check("0.init_world_size_1", task="0", world_size=1, needs="collectives", points=1,
+@define_check("0.init_world_size_1", task="0", world_size=1, needs="collectives", points=1,
        title="init_distributed works for world size 1 and picks the backend (nccl with CUDA, else gloo)")
 def world_size_1(ctx):
     return run_init(ctx, 1, None, None, 45)
@@ -60,7 +60,7 @@ def _(payloads, secrets):
     judge_group(payloads, secrets, 1, None)
 
 
-@check("0.ring_pass_3_ranks_int64", task="0", world_size=3, needs="collectives", points=1, hang_hint=RING_HINT,
+@define_check("0.ring_pass_3_ranks_int64", task="0", world_size=3, needs="collectives", points=1, hang_hint=RING_HINT,
        title="ring_pass on 3 ranks with a 2-D int64 tensor (shape and dtype kept)")
 def ring3(ctx):
     mod = ctx.student("collectives")
@@ -81,7 +81,7 @@ def _(payloads, secrets):
                                "shape (512, 257); receive into torch.empty_like(tensor)")
 
 
-@check("0.collectives_world_size_1", task="0", world_size=1, needs="collectives", points=1,
+@define_check("0.collectives_world_size_1", task="0", world_size=1, needs="collectives", points=1,
        title="every warm-up works on a single rank (ring: a copy; broadcast, all_reduce: unchanged; gather: [x]; "
              "scatter: chunk 0)")
 def collectives_ws1(ctx):

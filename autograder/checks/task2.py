@@ -1,12 +1,12 @@
 """Hidden checks for Task 2: the loader's batch size, epochs, seeds and step counts."""
 
 from autograder.public.task2 import shard_ids
-from autograder.registry import CheckFailure, check
+from autograder.registry import CheckFailure, define_check
 
 N = 48
 
 
-@check("2.per_worker_batch_size", task="2", needs="partition", points=1,
+@define_check("2.per_worker_batch_size", task="2", needs="partition", points=1,
        title="batch_size is per worker: every batch has exactly batch_size examples")
 def per_worker(ctx):
     return {str(w): [shard_ids(ctx, N, 3, r, w, seed=1) for r in range(w)] for w in (2, 4)}
@@ -25,7 +25,7 @@ def _(payloads, secrets):
                                    f"{N // int(w) // 3} ({N} examples / {w} workers / 3)")
 
 
-@check("2.set_epoch_reshuffles", task="2", needs="partition", points=2,
+@define_check("2.set_epoch_reshuffles", task="2", needs="partition", points=2,
        title="sampler.set_epoch(e) gives each epoch a new order, still disjoint and complete")
 def set_epoch(ctx):
     return {"epochs": [[shard_ids(ctx, N, 4, r, 4, seed=0, epoch=e) for r in range(4)] for e in (0, 1, 2)],
@@ -47,7 +47,7 @@ def _(payloads, secrets):
         raise CheckFailure("two loaders at the same epoch and seed gave different orders")
 
 
-@check("2.same_seed_same_shards", task="2", needs="partition", points=1,
+@define_check("2.same_seed_same_shards", task="2", needs="partition", points=1,
        title="the same seed gives the same shards (every rank agrees on the permutation)")
 def same_seed(ctx):
     return {"a": [shard_ids(ctx, N, 4, r, 3, seed=7) for r in range(3)],
@@ -65,7 +65,7 @@ def _(payloads, secrets):
         raise CheckFailure("seeds 7 and 8 give identical shards: the seed is ignored")
 
 
-@check("2.equal_steps_per_rank", task="2", needs="partition", points=1,
+@define_check("2.equal_steps_per_rank", task="2", needs="partition", points=1,
        title="every rank yields the same number of full batches, even when N is not divisible")
 def equal_steps(ctx):
     return {str(n): [shard_ids(ctx, n, 4, r, 4, seed=0) for r in range(4)] for n in (50, 61)}

@@ -6,7 +6,7 @@ None gradients, world sizes 1 and 3, non-contiguous and float64 gradients, the c
 
 from autograder import fixtures, judging
 from autograder.checks._sync import WITH_NONE, define_all
-from autograder.registry import check
+from autograder.registry import define_check
 
 TASK = "2b"
 CHECKS = define_all(TASK)
@@ -24,7 +24,7 @@ class RecordingLog:
                              "nbytes": tensor.numel() * tensor.element_size()})
 
 
-@check("2b.comm_log_entries", task="2b", world_size=4, needs=("sync", "profiling"), points=1,
+@define_check("2b.comm_log_entries", task="2b", world_size=4, needs=("sync", "profiling"), points=1,
        title="allreduce_average records every all_reduce in comm_log (op, shape, dtype)")
 def comm_log_entries(ctx):
     log = RecordingLog()

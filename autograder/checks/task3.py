@@ -8,7 +8,7 @@ rebuilds both from the secrets.
 import torch
 
 from autograder import fixtures
-from autograder.registry import CheckFailure, check
+from autograder.registry import CheckFailure, define_check
 
 STEPS, PER_RANK, LR = 3, 4, 0.2
 
@@ -21,7 +21,7 @@ def rank_model(secret: int):
     return fixtures.make_model(seed=fixtures.derive_seed(secret, "ddp-model"))
 
 
-@check("3.params_identical_across_ranks", task="3", world_size=4, needs="ddp", points=2,
+@define_check("3.params_identical_across_ranks", task="3", world_size=4, needs="ddp", points=2,
        title="after 3 DDP steps on different data, every rank holds the same (correct) parameters")
 def params_identical(ctx):
     model = rank_model(ctx.secret)

@@ -3,12 +3,12 @@
 import torch
 
 from autograder import fixtures
-from autograder.registry import CheckFailure, check
+from autograder.registry import CheckFailure, define_check
 
 CASES = [(1000, 4), (1000, 1), (4096, 2), (10, 3), (0, 4), (7, 8), (4 * 30522 * 64, 4), (123457, 3)]
 
 
-@check("4.expected_allreduce_bytes", task="4", needs="profiling", points=2,
+@define_check("4.expected_allreduce_bytes", task="4", needs="profiling", points=2,
        title="expected_allreduce_bytes = 2(N-1)/N x bytes, 0 for one rank")
 def allreduce_bytes(ctx):
     fn = fixtures.student_function(ctx, "profiling", "expected_allreduce_bytes")
@@ -24,7 +24,7 @@ def _(payloads, secrets):
                                f"2(N-1)/N x S = {want:g} bytes per rank (within a byte of rounding)")
 
 
-@check("4.comm_log_records", task="4", needs="profiling", points=1,
+@define_check("4.comm_log_records", task="4", needs="profiling", points=1,
        title="CommLog.record stores op, shape, dtype and nbytes of each collective")
 def comm_log(ctx):
     prof = ctx.student("profiling")

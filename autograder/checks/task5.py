@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder.registry import CheckFailure, check
+from autograder.registry import CheckFailure, define_check
 from autograder.spy import CollectiveSpy
 
 #: Max allowed |param - baseline param| after any step, float32 without compression.
@@ -277,7 +277,7 @@ def judge_scenario(scenario: str, payloads: List[dict], secrets: List[int]) -> L
 def _make_check(scenario: str):
     settings = SCENARIOS[scenario]
 
-    @check(f"5.{scenario}", task="5", world_size=settings["world_size"], needs="bucketed",
+    @define_check(f"5.{scenario}", task="5", world_size=settings["world_size"], needs="bucketed",
            title=TITLES[scenario])  # points: autograder/points.toml
     def run(ctx):
         return run_scenario(lambda: ctx.student("bucketed"), ctx.rank, ctx.world_size, settings, ctx.secret)

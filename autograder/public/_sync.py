@@ -6,7 +6,7 @@ own process, recomputes the exact mean from every rank's secret (``judging.judge
 """
 
 from autograder import fixtures, judging
-from autograder.registry import check
+from autograder.registry import define_check
 
 
 def mean_check(task: str, id_suffix: str, title: str, world_size: int, points: float, model_kwargs=None,
@@ -19,7 +19,7 @@ def mean_check(task: str, id_suffix: str, title: str, world_size: int, points: f
         return fixtures.run_sync(ctx, task, kwargs, dtype=dtype, layout=layout, **call_kwargs)
 
     run.__name__ = f"{task}_{id_suffix}"
-    c = check(f"{task}.{id_suffix}", task=task, world_size=world_size, needs="sync", points=points,
+    c = define_check(f"{task}.{id_suffix}", task=task, world_size=world_size, needs="sync", points=points,
               title=f"{fixtures.SYNC_FUNCTIONS[task]} {title}", public=public)(run)
 
     @c.judge

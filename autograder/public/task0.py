@@ -20,7 +20,7 @@ import time
 import torch
 
 from autograder.fixtures import derive_seed
-from autograder.registry import CheckFailure, check
+from autograder.registry import CheckFailure, define_check
 
 #: elements of the ring's tensor: large enough that no transport can buffer a blocking send
 RING_NUMEL = 1 << 18   # 1 MB of float32
@@ -213,7 +213,7 @@ def judge_group(payloads, secrets, world_size: int, backend) -> None:
                                f"not the sum over {world_size} ranks: the ranks are not in one group")
 
 
-@check("0.init_4_ranks", task="0", world_size=4, needs="collectives", points=3, hang_hint=INIT_HINT,
+@define_check("0.init_4_ranks", task="0", world_size=4, needs="collectives", points=3, hang_hint=INIT_HINT,
        title="init_distributed: 4 ranks meet at tcp://ip:port and form one group with the right ranks")
 def init_4_ranks(ctx):
     return run_init(ctx, 4, None, "gloo", 45)
@@ -226,7 +226,7 @@ def _(payloads, secrets):
 
 # ------------------------------------------------------------------ collectives
 
-@check("0.ring_pass", task="0", world_size=4, needs="collectives", points=2, hang_hint=RING_HINT,
+@define_check("0.ring_pass", task="0", world_size=4, needs="collectives", points=2, hang_hint=RING_HINT,
        title="ring_pass: every rank gets its left neighbour's 1 MB tensor (send/recv without a deadlock)")
 def ring(ctx):
     mod = ctx.student("collectives")
@@ -265,7 +265,7 @@ def run_in_place(ctx, label: str, shape: tuple, call) -> dict:
 BCAST_ROOT = 2
 
 
-@check("0.broadcast", task="0", world_size=4, needs="collectives", points=1,
+@define_check("0.broadcast", task="0", world_size=4, needs="collectives", points=1,
        title=f"broadcast_from_root: every rank ends with root {BCAST_ROOT}'s tensor, in place")
 def bcast(ctx):
     return run_in_place(ctx, "broadcast", (5, 3), lambda mod, x: mod.broadcast_from_root(x, root=BCAST_ROOT))
@@ -284,7 +284,7 @@ def _(payloads, secrets):
             raise CheckFailure(f"rank {r}: broadcast_from_root must return the tensor it was given (changed in place)")
 
 
-@check("0.all_reduce_sum", task="0", world_size=4, needs="collectives", points=1,
+@define_check("0.all_reduce_sum", task="0", world_size=4, needs="collectives", points=1,
        title="all_reduce_sum: every rank ends with the element-wise sum over 4 ranks, in place")
 def allreduce(ctx):
     return run_in_place(ctx, "all_reduce", (4, 6), lambda mod, x: mod.all_reduce_sum(x))
@@ -310,7 +310,7 @@ GATHER_ROOT = 1
 SCATTER_ROOT = 3
 
 
-@check("0.gather_to_root", task="0", world_size=4, needs="collectives", points=1,
+@define_check("0.gather_to_root", task="0", world_size=4, needs="collectives", points=1,
        title=f"gather_to_root: root {GATHER_ROOT} gets [x_0, x_1, x_2, x_3], the others None")
 def gather(ctx):
     mod = ctx.student("collectives")
@@ -344,7 +344,7 @@ def _(payloads, secrets):
                 raise CheckFailure(f"rank {r} (the root): entry {i} of the gathered list is not rank {i}'s tensor")
 
 
-@check("0.scatter_from_root", task="0", world_size=4, needs="collectives", points=1,
+@define_check("0.scatter_from_root", task="0", world_size=4, needs="collectives", points=1,
        title=f"scatter_from_root: rank r gets chunk r of root {SCATTER_ROOT}'s list, in place")
 def scatter(ctx):
     mod = ctx.student("collectives")

@@ -13,10 +13,10 @@ replays a correct step on the same secret-seeded model and batches and decides
 import torch
 
 from autograder import fixtures, judging
-from autograder.registry import CheckFailure, check
+from autograder.registry import CheckFailure, define_check
 
 
-@check("1.lowers_loss", task="1", needs="train", points=3,
+@define_check("1.lowers_loss", task="1", needs="train", points=3,
        title="train_step lowers the loss on a fixed batch and returns it")
 def lowers_loss(ctx):
     seed = fixtures.derive_seed(ctx.secret, "lowers", "model")
@@ -77,7 +77,7 @@ def define(check_id: str, prop: str, calls: list[dict], lr: float, points: float
         return fixtures.record_train_calls(ctx, calls, lr, salt, clear)
 
     run.__name__ = check_id.replace(".", "_")
-    c = check(check_id, task="1", needs="train", points=points, title=title, public=public)(run)
+    c = define_check(check_id, task="1", needs="train", points=points, title=title, public=public)(run)
 
     @c.judge
     def _(payloads, secrets):

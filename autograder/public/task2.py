@@ -1,7 +1,7 @@
 """Public check for Task 2: ``build_train_loader`` shards do not overlap and cover the data."""
 
 from autograder import fixtures
-from autograder.registry import CheckFailure, check
+from autograder.registry import CheckFailure, define_check
 
 N, BATCH = 48, 4
 
@@ -18,7 +18,7 @@ def shard_ids(ctx, n, batch_size, rank, world_size, seed, epoch=None):
     return [fixtures.batch_ids(b) for b in loader]
 
 
-@check("2.shards_disjoint_complete", task="2", needs="partition", points=3,
+@define_check("2.shards_disjoint_complete", task="2", needs="partition", points=3,
        title="shards are disjoint and cover the dataset for 1-4 workers")
 def disjoint_complete(ctx):
     return {str(w): [shard_ids(ctx, N, BATCH, r, w, seed=0) for r in range(w)] for w in (1, 2, 3, 4)}

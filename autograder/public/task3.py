@@ -3,10 +3,10 @@
 import torch
 
 from autograder import fixtures
-from autograder.registry import CheckFailure, check
+from autograder.registry import CheckFailure, define_check
 
 
-@check("3.returns_ddp", task="3", world_size=4, needs="ddp", points=2,
+@define_check("3.returns_ddp", task="3", world_size=4, needs="ddp", points=2,
        title="wrap_ddp returns DistributedDataParallel; replicas start from rank 0's weights")
 def returns_ddp(ctx):
     # a different start on every rank, from its secret: no rank can rebuild rank 0's weights

@@ -3,13 +3,13 @@
 import torch
 
 from autograder import fixtures
-from autograder.registry import CheckFailure, check
+from autograder.registry import CheckFailure, define_check
 
 CASES = [((3, 5), "float32"), ((7,), "float16"), ((2, 3), "int64"), ((4, 4), "bfloat16"), ((), "float64"),
          ((0, 3), "float32")]
 
 
-@check("4.tensor_nbytes", task="4", needs="profiling", points=1,
+@define_check("4.tensor_nbytes", task="4", needs="profiling", points=1,
        title="tensor_nbytes = elements x bytes per element, any dtype")
 def tensor_nbytes(ctx):
     fn = fixtures.student_function(ctx, "profiling", "tensor_nbytes")

@@ -10,7 +10,7 @@ tied and unused parameters, gradient accumulation and compression.)
 import torch
 
 from autograder import fixtures
-from autograder.registry import CheckFailure, check
+from autograder.registry import CheckFailure, define_check
 
 STEPS = 2
 LR = 0.1
@@ -22,7 +22,7 @@ def _batch(secret: int, step: int) -> dict:
     return fixtures.make_batch(seed=fixtures.derive_seed(secret, "bucketed", step), batch_size=4)
 
 
-@check("5.public_matches_single_process", task="5", world_size=2, needs="bucketed", points=1,
+@define_check("5.public_matches_single_process", task="5", world_size=2, needs="bucketed", points=1,
        title="BucketedDDP on 2 ranks (several buckets) matches single-process SGD after every step")
 def matches_single_process(ctx):
     BucketedDDP = getattr(ctx.student("bucketed"), "BucketedDDP", None)
