@@ -24,27 +24,52 @@ def grads_for(rank: int, model) -> list[torch.Tensor]:
     return [torch.randn(p.shape, generator=g) for p in model.parameters() if p.requires_grad]
 
 
-def sync_average(ctx, which: str, sizes=(1, 2, 3, 4)):
+def non_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a non-contiguous tensor: a transposed copy (2-D) or a strided view (1-D)."""
+    if t.dim() >= 2:
+        return t.transpose(0, 1).contiguous().transpose(0, 1)
+    out = torch.zeros(2 * t.numel(), dtype=t.dtype)[::2]
+    out.copy_(t)
+    return out
+
+
+def _synced_grads(ctx, which: str, group, layout: str = "contiguous"):
+    """Fill this rank's grads (contiguous or not), run the student's sync on ``group``, return
+    the grads and whether each ``.grad`` is still the tensor it was (the sync works in place)."""
+    from student_src import sync
+
+    torch.manual_seed(0)
+    model = TwoLayer()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for p, g in zip(trainable, grads_for(ctx.rank, model)):
+        p.grad = non_contiguous(g) if layout == "non_contiguous" else g.clone()
+    before = [p.grad for p in trainable]
+    getattr(sync, which)(model, group=group)
+    assert model.frozen.grad is None
+    return [p.grad.clone() for p in trainable], [p.grad is b for p, b in zip(trainable, before)]
+
+
+def sync_average(ctx, which: str, sizes=(1, 2, 3, 4), other_groups: bool = False):
     """For each group size k: the first k ranks fill grads with rank-specific values and run
     the student's sync on a sub-group of k ranks; return {k: grads} (None outside the group).
 
-    One launch covers world sizes 1..4 (and the ``group`` argument) instead of four launches.
-    """
-    from student_src import sync
+    With ``other_groups`` (a world of 4) also: ``"default"``, the default group (``group=None``:
+    the root is global rank 0 without ``get_global_rank``); ``"sub_123"``, the sub-group of global
+    ranks [1, 2, 3], whose root is global rank 1; ``"non_contiguous"``, the default group with
+    transposed / strided ``.grad`` tensors (the mean must be written back into ``.grad``). The
+    last two also return whether every ``.grad`` is still the same tensor.
 
+    One launch covers all of these (and the ``group`` argument) instead of one launch each.
+    """
     out = {}
     for k in sizes:
         group = dist.new_group(list(range(k)))  # every rank must take part in new_group
-        if ctx.rank >= k:
-            out[k] = None
-            continue
-        torch.manual_seed(0)
-        model = TwoLayer()
-        for p, g in zip([p for p in model.parameters() if p.requires_grad], grads_for(ctx.rank, model)):
-            p.grad = g.clone()
-        getattr(sync, which)(model, group=group)
-        assert model.frozen.grad is None
-        out[k] = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        out[k] = _synced_grads(ctx, which, group)[0] if ctx.rank < k else None
+    if other_groups:
+        out["default"] = _synced_grads(ctx, which, None)
+        group = dist.new_group([1, 2, 3])
+        out["sub_123"] = _synced_grads(ctx, which, group) if ctx.rank in (1, 2, 3) else None
+        out["non_contiguous"] = _synced_grads(ctx, which, None, layout="non_contiguous")
     dist.barrier()
     return out
 

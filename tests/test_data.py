@@ -249,3 +249,40 @@ def test_max_seq_length_floor(rte_dir, tokenizer):
     assert len(load_glue_dataset(rte_dir, "rte", "dev", tokenizer, max_seq_length=8, cache=False)) == 10
     with pytest.raises(DataError, match="too small"):
         load_glue_dataset(rte_dir, "rte", "dev", tokenizer, max_seq_length=7, cache=False)
+
+
+class _NamedTokenizer:
+    """Just what ``tokenizer_id`` reads: where it was loaded from and the vocabulary size."""
+
+    def __init__(self, name_or_path):
+        self.name_or_path = name_or_path
+
+    def __len__(self):
+        return 7
+
+
+@pytest.mark.parametrize("name_or_path,expected", [
+    ("/models/all-MiniLM_L6.v2", "all-MiniLM_L6.v2"),   # letters, digits and -_. are kept
+    ("hub/odd name:v2+x", "odd_name_v2_x"),              # anything else becomes _
+    ("", "tokenizer"), (None, "tokenizer"), ("/", "tokenizer"),  # no usable name
+])
+def test_cache_name_keeps_the_tokenizers_name_readable_and_safe(name_or_path, expected):
+    """The cache file's name says which tokenizer made it (its basename, made safe for a file
+    name), then its class and vocabulary size."""
+    assert data.tokenizer_id(_NamedTokenizer(name_or_path)) == f"{expected}-_NamedTokenizer-v7"
+
+
+def test_dev_split_has_its_slices_whether_tokenised_or_cached(tmp_path, tokenizer):
+    """Only the dev split carries the per-pattern / per-length slices (the accuracy table next to
+    the overall accuracy), the same from a fresh tokenisation and from the cache. Every split
+    has as many rows as dev here, so slices wrongly attached to train or test would not be
+    dropped for a row-count mismatch."""
+    rte = tmp_path / "RTE"
+    syn.generate(rte, seed=0, n_train=10, n_dev=10, n_test=10)
+    fresh = load_glue_dataset(rte, "rte", "dev", tokenizer, max_seq_length=32)
+    cached = load_glue_dataset(rte, "rte", "dev", tokenizer, max_seq_length=32)
+    assert len(cache_files(rte)) == 1
+    for ds in (fresh, cached):
+        assert ds.slices is not None and len(ds.slices.slice_of) == len(ds) == 10
+    for split in ("train", "test"):
+        assert load_glue_dataset(rte, "rte", split, tokenizer, max_seq_length=32).slices is None, split

@@ -12,23 +12,42 @@ import rank_fns
 from student_src.kit.launch import LaunchTimeout, RankFailure, launch
 
 
-def _expected_mean(world_size):
+def _expected_mean(world_size, ranks=None):
+    """The element-wise mean of the gradients of ``ranks`` (default: ranks 0..world_size-1)."""
+    ranks = list(range(world_size)) if ranks is None else ranks
     torch.manual_seed(0)
     model = rank_fns.TwoLayer()
-    per_rank = [rank_fns.grads_for(r, model) for r in range(world_size)]
-    return [sum(gs) / world_size for gs in zip(*per_rank)]
+    per_rank = [rank_fns.grads_for(r, model) for r in ranks]
+    return [sum(gs) / len(ranks) for gs in zip(*per_rank)]
+
+
+def _assert_means(rank_grads, expected):
+    assert len(rank_grads) == len(expected)
+    for got, want in zip(rank_grads, expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("which", ["gather_scatter_average", "allreduce_average"])
 def test_sync_functions_average_exactly_for_groups_of_1_to_4(which):
-    results = launch(rank_fns.sync_average, 4, args=(which,), threads_per_rank=1, timeout=120)
+    """Sub-groups of the first k ranks, the default group (``group=None``), the sub-group of
+    global ranks [1, 2, 3] (its root is global rank 1, not 0) and non-contiguous ``.grad``
+    tensors (the mean must land in ``.grad`` itself): one launch of 4 ranks for all of them."""
+    results = launch(rank_fns.sync_average, 4, args=(which,), kwargs={"other_groups": True},
+                     threads_per_rank=1, timeout=120)
     for k in (1, 2, 3, 4):
-        expected = _expected_mean(k)
         for rank in range(k):
-            rank_grads = results[rank][k]
-            assert len(rank_grads) == len(expected)
-            for got, want in zip(rank_grads, expected):
-                torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+            _assert_means(results[rank][k], _expected_mean(k))
+    for rank in range(4):
+        _assert_means(results[rank]["default"][0], _expected_mean(4))
+    assert results[0]["sub_123"] is None
+    for rank in (1, 2, 3):
+        grads, same_tensors = results[rank]["sub_123"]
+        _assert_means(grads, _expected_mean(4, ranks=[1, 2, 3]))
+        assert all(same_tensors)
+    for rank in range(4):
+        grads, same_tensors = results[rank]["non_contiguous"]
+        _assert_means(grads, _expected_mean(4))
+        assert all(same_tensors), "the sync replaced .grad instead of writing the mean into it"
 
 
 def test_world_size_one_default_group():

@@ -14,6 +14,11 @@ one left alive is harmless is in ``tests/README.md``.
 
     python benchmarks/mutation/run_mutation.py TARGET   # one target (make mutation TARGET=...)
     python benchmarks/mutation/run_mutation.py --all    # every target, one at a time
+    python benchmarks/mutation/run_mutation.py TARGET --survivors   # only the last run's survivors
+
+``--survivors`` re-runs just the mutants listed in ``TARGET.txt`` (matched by operator and line,
+so the module must not have changed since): the quick check that new tests kill them. It
+writes ``TARGET-survivors.txt`` and leaves ``TARGET.txt`` (the full run) as it is.
     python benchmarks/mutation/run_mutation.py --list
 """
 
@@ -72,6 +77,9 @@ TARGETS = {
     "references": Target("autograder/references.py",
                          ("STEPS", "TOL", "rank_batch", "single_node", "judge_equivalence"),
                          f"{NUMBERS} -k 'equivalence'"),
+    # the rank side of the same run: the batches, the probe and the run each rank makes
+    "references-rank": Target("autograder/references.py", ("_batch", "probe_batch", "probe_loss", "distributed_run"),
+                              f"{NUMBERS} -k 'single_node or rank_side'"),
     # the model the reference trains must be the kit's tiny one (a fast test of its own)
     "references-model": Target("autograder/references.py", ("VOCAB", "tiny_model"),
                                f"{NUMBERS} -k 'kits_tiny_model'"),
@@ -129,7 +137,32 @@ def survivors(session: Path) -> list[tuple[str, int, str]]:
     return rows
 
 
-def run(name: str) -> int:
+def last_survivors(name: str) -> set[tuple[str, int]]:
+    """(operator, line) of every survivor listed in the last full run's ``<name>.txt``."""
+    found = set()
+    for line in (HERE / f"{name}.txt").read_text().splitlines():
+        if line.startswith("## survived: "):
+            op, _, row = line[len("## survived: "):].rpartition(" at line ")
+            found.add((op, int(row)))
+    return found
+
+
+def keep_only(session: Path, wanted: set[tuple[str, int]]) -> int:
+    """Mark every pending mutant not in ``wanted`` as skipped; return how many are left to run."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        pending = list(db.pending_work_items)
+        drop = [item.job_id for item in pending
+                if not any((m.operator_name, m.start_pos[0]) in wanted for m in item.mutations)]
+        if drop:
+            db.set_multiple_results(drop, WorkResult(output="not a survivor of the last run",
+                                                     worker_outcome=WorkerOutcome.SKIPPED))
+        return len(pending) - len(drop)
+
+
+def run(name: str, only_survivors: bool = False) -> int:
     target = TARGETS[name]
     bindir = Path(sys.executable).parent
     source = ROOT / target.module
@@ -144,6 +177,8 @@ def run(name: str) -> int:
             subprocess.run([bindir / "cosmic-ray", "init", cfg, session], cwd=ROOT, check=True)
             subprocess.run([bindir / "cr-filter-operators", session, cfg], cwd=ROOT, check=True)
             subprocess.run([bindir / "cr-filter-lines", "--config", cfg, session], cwd=ROOT, check=True)
+            if only_survivors:
+                print(f"{keep_only(session, last_survivors(name))} mutant(s) on the last survivors' lines to run")
             subprocess.run([bindir / "cosmic-ray", "baseline", cfg], cwd=ROOT, check=True)
             subprocess.run([bindir / "cosmic-ray", "exec", cfg, session], cwd=ROOT, check=True)
         finally:
@@ -153,10 +188,14 @@ def run(name: str) -> int:
         report = subprocess.run([bindir / "cr-report", session], capture_output=True, text=True).stdout
         summary = [line for line in report.splitlines() if line.startswith(("total jobs", "complete", "surviving"))]
         alive = survivors(session)
-        out = HERE / f"{name}.txt"
+        out = HERE / (f"{name}-survivors.txt" if only_survivors else f"{name}.txt")
         with out.open("w") as fh:
             fh.write(f"# cosmic-ray on {target.module} ({', '.join(target.functions) or 'whole module'})\n")
-            fh.write(f"# tests: pytest {target.tests}\n# command: make mutation TARGET={name}\n")
+            if only_survivors:
+                fh.write(f"# only the mutants of {name}.txt's survivors (same operator and line); "
+                         "'complete' counts the skipped ones too\n")
+            command = f"run_mutation.py {name} --survivors" if only_survivors else f"make mutation TARGET={name}"
+            fh.write(f"# tests: pytest {target.tests}\n# command: {command}\n")
             fh.write(f"# took {time.monotonic() - t0:.0f} s\n")
             fh.write("\n".join(summary) + "\n\n")
             for op, line, diff in alive:
@@ -171,6 +210,8 @@ def main() -> int:
     ap.add_argument("target", nargs="?", help="one of --list")
     ap.add_argument("--list", action="store_true", help="the targets, with their module and tests")
     ap.add_argument("--all", action="store_true", help="every target, one after the other (hours on 2 cores)")
+    ap.add_argument("--survivors", action="store_true",
+                    help="run only the mutants that survived the last full run (listed in TARGET.txt)")
     args = ap.parse_args()
     if (args.all or args.target) and not args.list and not shutil.which("cosmic-ray", path=str(Path(sys.executable).parent)):
         sys.exit("cosmic-ray is not installed next to this Python: make mutation installs it (pip install cosmic-ray==8.7.0)")
@@ -182,7 +223,7 @@ def main() -> int:
         return 0
     if args.target not in TARGETS:
         sys.exit(f"unknown target {args.target!r}; choose one of: {', '.join(TARGETS)}")
-    return run(args.target)
+    return run(args.target, only_survivors=args.survivors)
 
 
 if __name__ == "__main__":
