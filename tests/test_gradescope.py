@@ -269,10 +269,24 @@ def test_run_autograder_with_env_overrides_grades_into_temp_dirs(package, tmp_pa
 # ------------------------------------------------------------------------- SIGTERM / SIGINT
 
 
+def _catches(pid: int, sig) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (SigCgt in /proc; True where there is no /proc)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    m = re.search(r"^SigCgt:\s*([0-9a-fA-F]+)", text, re.M)
+    return m is None or bool(int(m.group(1), 16) >> (int(sig) - 1) & 1)
+
+
 def _grade_and_signal(tmp_path, when, sig=signal.SIGTERM, tasks="2a,2b,4"):
-    """Start the grader on the solution, send ``sig`` ``when`` seconds after start (or, for
-    ``when="mid"``, once the results file says a test was graded); return (data, seconds to exit,
-    the grader's descendants seen before the signal)."""
+    """Start the grader on the solution, send ``sig`` ``when`` seconds after its SIGTERM handler is
+    installed (or, for ``when="mid"``, once the results file says a test was graded); return
+    (data, seconds to exit, the grader's descendants seen before the signal).
+
+    The clock starts at the handler (``autograder/__main__.py``'s first lines), not at the fork:
+    a signal that lands while the interpreter itself is still starting ends any Python program
+    before its first line runs, and on a loaded machine that start alone can take over 0.3 s."""
     results = tmp_path / "results.json"
     (tmp_path / "tmp").mkdir()  # the grader's temp folders: a stop must remove them
     grader = subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(ROOT), "--tasks", tasks,
@@ -281,6 +295,9 @@ def _grade_and_signal(tmp_path, when, sig=signal.SIGTERM, tasks="2a,2b,4"):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     family = []
     try:
+        deadline = time.monotonic() + 120  # guards against a hang only
+        while not _catches(grader.pid, signal.SIGTERM) and grader.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         if when == "mid":
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline and grader.poll() is None:
@@ -351,3 +368,44 @@ def test_a_kill_before_the_end_leaves_a_file_that_says_grading_did_not_finish(tm
     assert rc == -signal.SIGKILL
     assert "grading did not finish" in data["output"] and data["extra_data"]["stopped"] is True
     assert [t for t in data["tests"] if t["number"][:2] in ("2a", "2b", "4.")]  # what was graded before the kill
+
+
+def test_a_clean_up_that_overruns_the_grace_still_exits_128_plus_the_signal(tmp_path):
+    """After a SIGTERM the runner gets STOP_GRACE seconds to close its pools; a clean-up that
+    never ends is then cut short the documented way: results written, temp folders removed, exit
+    143 (faulthandler's own exit, which the grader once relied on, says 1 and removes nothing)."""
+    script = "\n".join([
+        "import os, signal, sys, time",
+        "from autograder import cli, leftovers",
+        "leftovers.make_temp_dir('autograder-')  # the runner's workspace, whose finally never runs",
+        "cli.STOP_GRACE = 0.5",
+        "cli._STOP['grading'] = True",
+        "cli.install_stop_handlers()",
+        "try:",
+        "    os.kill(os.getpid(), signal.SIGTERM)",
+        "    time.sleep(HANG)",
+        "except cli.Interrupted:",
+        "    time.sleep(HANG)  # a pool that will not close",
+    ]).replace("HANG", str(HANG_GUARD * 4))
+    results, tmp = tmp_path / "results.json", tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([sys.executable, "-c", script, "grade", ".", "--results", str(results)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=HANG_GUARD * 2, env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert "clean-up took over 0.5 s" in proc.stderr and not list(tmp.iterdir())
+    assert json.loads(results.read_text())["extra_data"]["stopped"] is True
+
+
+def test_closing_a_sandbox_that_is_still_starting_does_not_wait_on_it(monkeypatch, tmp_path):
+    """Before its "ready" the sandbox's server is importing torch and reads no request: a polite
+    "stop" then only waited out a 10 s timeout, which on a loaded machine outlasted the grace a
+    SIGTERM gives the clean-up (the grader exited 1). Closing it then kills it without asking."""
+    from autograder import sandbox
+
+    sent = []
+    monkeypatch.setattr(sandbox.socket, "send_fds", lambda sock, msgs, fds, *a: sent.append(msgs))
+    box = sandbox.Sandbox(sandbox.choose("auto"), readable=[str(tmp_path)], transformers=False,
+                          start_timeout=HANG_GUARD).start(wait=False)
+    proc = box.proc
+    box.close()
+    assert sent == [] and proc.poll() is not None and box.proc is None
