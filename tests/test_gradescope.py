@@ -249,13 +249,15 @@ def test_run_autograder_with_env_overrides_grades_into_temp_dirs(package, tmp_pa
     submission = tmp_path / "submission"
     shutil.copytree(ROOT / "student_src", submission / "student_src",
                     ignore=shutil.ignore_patterns("__pycache__", "cached"))
+    markers = [_hostile_autograder(submission), _hostile_autograder(tmp_path / "cwd")]  # neither is imported
     results = tmp_path / "results"
     env = {**os.environ, "AUTOGRADER_PREFIX": str(prefix), "AUTOGRADER_SOURCE": str(package),
            "AUTOGRADER_SUBMISSION": str(submission), "AUTOGRADER_RESULTS": str(results)}
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(package / "run_autograder"), "--tasks", "4"], env=env, cwd=tmp_path,
+    proc = subprocess.run([str(package / "run_autograder"), "--tasks", "4"], env=env, cwd=tmp_path / "cwd",
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert not any(m.exists() for m in markers)
     data = json.loads((results / "results.json").read_text())
     ids = {t["number"]: t for t in data["tests"]}
     assert set(ids) == {"4.tensor_nbytes", "4.expected_allreduce_bytes", "4.comm_log_records"}, data["output"]
@@ -409,3 +411,42 @@ def test_closing_a_sandbox_that_is_still_starting_does_not_wait_on_it(monkeypatc
     proc = box.proc
     box.close()
     assert sent == [] and proc.poll() is not None and box.proc is None
+
+
+# ------------------------------------------------------------------------- a hostile autograder/ in the cwd
+
+
+def _hostile_autograder(folder: Path) -> Path:
+    """An ``autograder/`` package in ``folder`` that leaves a marker and exits 99 if imported (what a
+    submission could carry: every student release ships an ``autograder/`` of its own)."""
+    marker = folder.parent / f"{folder.name}-hostile-imported"
+    (folder / "autograder").mkdir(parents=True)
+    (folder / "autograder" / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\nraise SystemExit(99)\n")
+    (folder / "autograder" / "__main__.py").write_text("")
+    return marker
+
+
+def test_grade_all_runs_its_own_grader_from_a_cwd_with_a_hostile_autograder(tmp_path, monkeypatch):
+    """grade-all starts one grader per submission; it pins that grader's folder, not the caller's cwd."""
+    from autograder import gradebook
+
+    marker = _hostile_autograder(tmp_path / "cwd")
+    monkeypatch.chdir(tmp_path / "cwd")
+    data = gradebook._grade_one(tmp_path / "missing", tmp_path / "out", None, None)
+    assert not marker.exists()
+    assert "cannot read the submission" in data["output"], data
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P (safe path) is Python 3.11+; on 3.10 the README says cd to the kit")
+def test_the_readme_command_with_dash_P_ignores_a_hostile_autograder_in_the_cwd(tmp_path):
+    """README: run the grader from the kit's folder or with `python -P`, never plain `python -m` inside a submission."""
+    marker = _hostile_autograder(tmp_path / "submission")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    plain = subprocess.run([sys.executable, "-m", "autograder", "sandbox"], cwd=tmp_path / "submission", env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 99 and marker.exists()  # the trap the README warns of
+    marker.unlink()
+    safe = subprocess.run([sys.executable, "-P", "-m", "autograder", "sandbox"], cwd=tmp_path / "submission", env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert safe.returncode == 0 and "isolation level" in safe.stdout and not marker.exists(), safe.stderr[-2000:]
