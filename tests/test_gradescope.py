@@ -28,10 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autograder import points  # noqa: E402
+from autograder.cli import IMPORT_WAIT, STOP_GRACE  # noqa: E402
 from autograder.results import Results, TestResult  # noqa: E402
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
-HANG_GUARD = 30.0  # seconds a stopped grader may take to exit: a hang guard, not a speed test
+# seconds a stopped grader may take to exit: a hang guard, not a speed test. By design the slowest
+# stop waits out an import (IMPORT_WAIT), then the runner's clean-up (STOP_GRACE): 25 s, plus margin
+HANG_GUARD = IMPORT_WAIT + STOP_GRACE + 30.0
 
 
 def fake(id, task="1", public=False, points=2.0):
