@@ -17,6 +17,7 @@ Layout (what ships to students is marked *public*):
 * ``references.py``              the loss-equivalence runs, rank and judge sides (never shipped)
 * ``worker.py``, ``pool.py``     the rank processes and the pool that drives them (*public*)
 * ``runner.py``, ``results.py``, ``submission.py``  grading one submission (*public*)
+* ``leftovers.py``                the processes and temp folders a stop by signal must not leave (*public*)
 * ``release.py``, ``strip.py``, ``gradescope.py``, ``gradebook.py``  instructor tools
 """
 

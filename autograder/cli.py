@@ -30,6 +30,7 @@ import time
 import traceback
 
 from . import results as _results  # light (json, os): the signal handler must not import anything
+from . import leftovers  # light too: what _exit_now kills and removes
 
 
 def _settings(args):
@@ -118,44 +119,6 @@ def _stop_message(signum: int) -> str:
     return f"{how} while the grader was starting (before the first test); no test was graded."
 
 
-def _descendants(root: int | None = None) -> list[int]:
-    """Every process below ``root`` (this process), from /proc; [] where there is no /proc."""
-    root = os.getpid() if root is None else root
-    children: dict[int, list[int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _kill_descendants() -> None:
-    """SIGKILL every process the grader started (pools, fork server, ranks, their process groups)."""
-    mine = os.getpgrp()
-    for pid in _descendants():
-        try:
-            pgid = os.getpgid(pid)
-            if pgid == pid and pgid != mine:
-                os.killpg(pgid, signal.SIGKILL)
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
 def _importing(frame) -> bool:
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
@@ -187,8 +150,9 @@ def _write_stopped(signum) -> tuple[dict, str | None, str | None]:
 
 
 def _exit_now(signum) -> None:
-    """End the process at once: kill what the grader started, remove multiprocessing's temp folder."""
-    _kill_descendants()
+    """End the process at once: kill what the grader started, remove its and multiprocessing's temp folders."""
+    leftovers.kill_descendants()
+    leftovers.remove_temp_dirs()
     mp_process = sys.modules.get("multiprocessing.process")
     if mp_process is not None:
         try:
@@ -252,9 +216,20 @@ def _on_signal(signum, frame):
     if grading:
         # starting pools, between two tests or inside one: let the runner's finally close its
         # pools and remove its temp folder; a watchdog ends the process if that hangs
-        faulthandler.dump_traceback_later(STOP_GRACE, exit=True)
+        _start_stop_watchdog(signum)
         raise Interrupted(signum, message or "")
     _exit_now(signum)  # starting up, or done: nothing worth unwinding
+
+
+def _start_stop_watchdog(signum) -> None:
+    """End a clean-up still running STOP_GRACE s from now the documented way (descendants killed,
+    128 + signum); faulthandler's own exit (status 1) is only the backstop for a stuck interpreter."""
+    def overdue():
+        _say(2, f"the grader's clean-up took over {STOP_GRACE:g} s; stopping it now\n")
+        faulthandler.dump_traceback(all_threads=True)
+        _exit_now(signum)
+    threading.Thread(target=lambda: (time.sleep(STOP_GRACE), overdue()), daemon=True).start()
+    faulthandler.dump_traceback_later(STOP_GRACE + 10.0, exit=True)
 
 
 def _watch(signum) -> None:

@@ -51,6 +51,8 @@ def _grade_one(sub: Path, out_dir: Path, tasks, timeout, sandbox=None) -> dict:
         if _stopped:
             return {"score": 0, "tests": [], "_seconds": 0.0, "_not_started": True,
                     "output": f"not graded: grade-all was stopped by signal {_stopped[0]} before this submission"}
+        # cwd: this grader's own folder, which `-m` puts first on sys.path (never the caller's
+        # folder, which may be a submission with an autograder/ of its own)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=Path(__file__).resolve().parent.parent)
         _running.add(proc)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import importlib
 import os
 import random
-import shutil
-import tempfile
 import threading
 import time
 import traceback
@@ -19,7 +17,7 @@ from dataclasses import dataclass
 
 from .task_table import tasks as task_table
 
-from . import registry
+from . import leftovers, registry
 from .points import points_for, visibility_for
 from .pool import PoolError, SandboxGroup, Settings
 from .results import Results, TestResult
@@ -93,7 +91,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     if hasattr(results, "isolation"):
         results.isolation = isolation.describe()
     guard = None  # process level: the grader's files (and the trusted kit workspace) fingerprinted
-    workdir = tempfile.mkdtemp(prefix="autograder-")
+    workdir = leftovers.make_temp_dir("autograder-")
     if isolation.level == "user":
         os.chmod(workdir, 0o755)  # ranks run as nobody and must read their workspace
     pools = None
@@ -175,7 +173,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         if pools is not None:
             pools.close()
         changed = guard.changed() if guard is not None else []  # before the workspaces go
-        shutil.rmtree(workdir, ignore_errors=True)
+        leftovers.remove_temp_dir(workdir)
     if changed:
         results.grader_errors.append("the grader's own files changed while this submission was graded "
                                      f"(isolation level {isolation.level}: {', '.join(changed[:3])}): do not trust "

@@ -41,13 +41,13 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from .task_table import ENV as TASK_TABLE_ENV, table_path
+from . import leftovers
 
 LEVELS = ("bwrap", "user", "process")
 SCRATCH_BYTES = 1 << 30   # the sandbox's /tmp (memory-backed): a submission cannot fill the RAM with files
@@ -296,7 +296,7 @@ class Sandbox:
             prefix = bwrap_argv(self.scratch, self.readable)
             in_ns, run_as = "1", "-"
         else:
-            self.host_scratch = tempfile.mkdtemp(prefix="autograder-scratch-")
+            self.host_scratch = leftovers.make_temp_dir("autograder-scratch-")
             self.scratch = self.host_scratch
             prefix = []
             in_ns = "0"
@@ -404,9 +404,14 @@ class Sandbox:
         return int(reply.get("killed", 0))
 
     def close(self) -> None:
+        """Stop the server: politely once it is serving, at once while it still imports.
+
+        Before its "ready" the server reads no request (it is importing torch: seconds, far more
+        on a loaded machine), so a polite "stop" would only wait out its timeout; a grader
+        stopped by SIGTERM during start-up then overran its own grace period."""
         if self.proc is None:
             return
-        if self.alive() and self.sock is not None:
+        if self._ready and self.alive() and self.sock is not None:
             try:
                 socket.send_fds(self.sock, [json.dumps({"op": "stop"}).encode()], [])
                 self.proc.wait(timeout=10)
@@ -422,8 +427,9 @@ class Sandbox:
             self.sock.close()
             self.sock = None
         if self.host_scratch:
-            shutil.rmtree(self.host_scratch, ignore_errors=True)
+            leftovers.remove_temp_dir(self.host_scratch)
         self.proc = None
+        self._ready = False
 
 
 def report(requested: str = "auto") -> str:

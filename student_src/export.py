@@ -74,7 +74,9 @@ if __name__ == "__main__":
               "`python data_scripts/download_glue_data.py` (the real RTE, needs internet); or pass --data_dir",
               file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(defaults={{"task": "{task}", "data_dir": data_dir or os.path.join("data", "glue_data", "RTE")}}))
+    from student_src.kit.process_group import exit_process  # a rank ends without the interpreter's teardown
+
+    exit_process(main(defaults={{"task": "{task}", "data_dir": data_dir or os.path.join("data", "glue_data", "RTE")}}))
 '''
 
 LAUNCH_SH = r'''#!/usr/bin/env bash

@@ -28,10 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autograder import points  # noqa: E402
+from autograder.cli import IMPORT_WAIT, STOP_GRACE  # noqa: E402
 from autograder.results import Results, TestResult  # noqa: E402
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
-HANG_GUARD = 30.0  # seconds a stopped grader may take to exit: a hang guard, not a speed test
+# seconds a stopped grader may take to exit: a hang guard, not a speed test. By design the slowest
+# stop waits out an import (IMPORT_WAIT), then the runner's clean-up (STOP_GRACE): 25 s, plus margin
+HANG_GUARD = IMPORT_WAIT + STOP_GRACE + 30.0
 
 
 def fake(id, task="1", public=False, points=2.0):
@@ -249,13 +252,15 @@ def test_run_autograder_with_env_overrides_grades_into_temp_dirs(package, tmp_pa
     submission = tmp_path / "submission"
     shutil.copytree(ROOT / "student_src", submission / "student_src",
                     ignore=shutil.ignore_patterns("__pycache__", "cached"))
+    markers = [_hostile_autograder(submission), _hostile_autograder(tmp_path / "cwd")]  # neither is imported
     results = tmp_path / "results"
     env = {**os.environ, "AUTOGRADER_PREFIX": str(prefix), "AUTOGRADER_SOURCE": str(package),
            "AUTOGRADER_SUBMISSION": str(submission), "AUTOGRADER_RESULTS": str(results)}
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(package / "run_autograder"), "--tasks", "4"], env=env, cwd=tmp_path,
+    proc = subprocess.run([str(package / "run_autograder"), "--tasks", "4"], env=env, cwd=tmp_path / "cwd",
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert not any(m.exists() for m in markers)
     data = json.loads((results / "results.json").read_text())
     ids = {t["number"]: t for t in data["tests"]}
     assert set(ids) == {"4.tensor_nbytes", "4.expected_allreduce_bytes", "4.comm_log_records"}, data["output"]
@@ -269,10 +274,24 @@ def test_run_autograder_with_env_overrides_grades_into_temp_dirs(package, tmp_pa
 # ------------------------------------------------------------------------- SIGTERM / SIGINT
 
 
+def _catches(pid: int, sig) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (SigCgt in /proc; True where there is no /proc)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    m = re.search(r"^SigCgt:\s*([0-9a-fA-F]+)", text, re.M)
+    return m is None or bool(int(m.group(1), 16) >> (int(sig) - 1) & 1)
+
+
 def _grade_and_signal(tmp_path, when, sig=signal.SIGTERM, tasks="2a,2b,4"):
-    """Start the grader on the solution, send ``sig`` ``when`` seconds after start (or, for
-    ``when="mid"``, once the results file says a test was graded); return (data, seconds to exit,
-    the grader's descendants seen before the signal)."""
+    """Start the grader on the solution, send ``sig`` ``when`` seconds after its SIGTERM handler is
+    installed (or, for ``when="mid"``, once the results file says a test was graded); return
+    (data, seconds to exit, the grader's descendants seen before the signal).
+
+    The clock starts at the handler (``autograder/__main__.py``'s first lines), not at the fork:
+    a signal that lands while the interpreter itself is still starting ends any Python program
+    before its first line runs, and on a loaded machine that start alone can take over 0.3 s."""
     results = tmp_path / "results.json"
     (tmp_path / "tmp").mkdir()  # the grader's temp folders: a stop must remove them
     grader = subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(ROOT), "--tasks", tasks,
@@ -281,6 +300,9 @@ def _grade_and_signal(tmp_path, when, sig=signal.SIGTERM, tasks="2a,2b,4"):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     family = []
     try:
+        deadline = time.monotonic() + 120  # guards against a hang only
+        while not _catches(grader.pid, signal.SIGTERM) and grader.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         if when == "mid":
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline and grader.poll() is None:
@@ -351,3 +373,83 @@ def test_a_kill_before_the_end_leaves_a_file_that_says_grading_did_not_finish(tm
     assert rc == -signal.SIGKILL
     assert "grading did not finish" in data["output"] and data["extra_data"]["stopped"] is True
     assert [t for t in data["tests"] if t["number"][:2] in ("2a", "2b", "4.")]  # what was graded before the kill
+
+
+def test_a_clean_up_that_overruns_the_grace_still_exits_128_plus_the_signal(tmp_path):
+    """After a SIGTERM the runner gets STOP_GRACE seconds to close its pools; a clean-up that
+    never ends is then cut short the documented way: results written, temp folders removed, exit
+    143 (faulthandler's own exit, which the grader once relied on, says 1 and removes nothing)."""
+    script = "\n".join([
+        "import os, signal, sys, time",
+        "from autograder import cli, leftovers",
+        "leftovers.make_temp_dir('autograder-')  # the runner's workspace, whose finally never runs",
+        "cli.STOP_GRACE = 0.5",
+        "cli._STOP['grading'] = True",
+        "cli.install_stop_handlers()",
+        "try:",
+        "    os.kill(os.getpid(), signal.SIGTERM)",
+        "    time.sleep(HANG)",
+        "except cli.Interrupted:",
+        "    time.sleep(HANG)  # a pool that will not close",
+    ]).replace("HANG", str(HANG_GUARD * 4))
+    results, tmp = tmp_path / "results.json", tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([sys.executable, "-c", script, "grade", ".", "--results", str(results)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=HANG_GUARD * 2, env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert "clean-up took over 0.5 s" in proc.stderr and not list(tmp.iterdir())
+    assert json.loads(results.read_text())["extra_data"]["stopped"] is True
+
+
+def test_closing_a_sandbox_that_is_still_starting_does_not_wait_on_it(monkeypatch, tmp_path):
+    """Before its "ready" the sandbox's server is importing torch and reads no request: a polite
+    "stop" then only waited out a 10 s timeout, which on a loaded machine outlasted the grace a
+    SIGTERM gives the clean-up (the grader exited 1). Closing it then kills it without asking."""
+    from autograder import sandbox
+
+    sent = []
+    monkeypatch.setattr(sandbox.socket, "send_fds", lambda sock, msgs, fds, *a: sent.append(msgs))
+    box = sandbox.Sandbox(sandbox.choose("auto"), readable=[str(tmp_path)], transformers=False,
+                          start_timeout=HANG_GUARD).start(wait=False)
+    proc = box.proc
+    box.close()
+    assert sent == [] and proc.poll() is not None and box.proc is None
+
+
+# ------------------------------------------------------------------------- a hostile autograder/ in the cwd
+
+
+def _hostile_autograder(folder: Path) -> Path:
+    """An ``autograder/`` package in ``folder`` that leaves a marker and exits 99 if imported (what a
+    submission could carry: every student release ships an ``autograder/`` of its own)."""
+    marker = folder.parent / f"{folder.name}-hostile-imported"
+    (folder / "autograder").mkdir(parents=True)
+    (folder / "autograder" / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\nraise SystemExit(99)\n")
+    (folder / "autograder" / "__main__.py").write_text("")
+    return marker
+
+
+def test_grade_all_runs_its_own_grader_from_a_cwd_with_a_hostile_autograder(tmp_path, monkeypatch):
+    """grade-all starts one grader per submission; it pins that grader's folder, not the caller's cwd."""
+    from autograder import gradebook
+
+    marker = _hostile_autograder(tmp_path / "cwd")
+    monkeypatch.chdir(tmp_path / "cwd")
+    data = gradebook._grade_one(tmp_path / "missing", tmp_path / "out", None, None)
+    assert not marker.exists()
+    assert "cannot read the submission" in data["output"], data
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="python -P (safe path) is Python 3.11+; on 3.10 the README says cd to the kit")
+def test_the_readme_command_with_dash_P_ignores_a_hostile_autograder_in_the_cwd(tmp_path):
+    """README: run the grader from the kit's folder or with `python -P`, never plain `python -m` inside a submission."""
+    marker = _hostile_autograder(tmp_path / "submission")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    plain = subprocess.run([sys.executable, "-m", "autograder", "sandbox"], cwd=tmp_path / "submission", env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 99 and marker.exists()  # the trap the README warns of
+    marker.unlink()
+    safe = subprocess.run([sys.executable, "-P", "-m", "autograder", "sandbox"], cwd=tmp_path / "submission", env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert safe.returncode == 0 and "isolation level" in safe.stdout and not marker.exists(), safe.stderr[-2000:]

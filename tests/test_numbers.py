@@ -239,3 +239,48 @@ def test_equivalence_tolerance_rejects_a_real_fault_and_accepts_float_noise(refe
                 p["losses"][-1] -= 5e-4
         with pytest.raises(CheckFailure):
             R.judge_equivalence(off, secrets, "2b")
+
+
+# ----------------------------------------------------------------------------- the rank side of the run
+def test_rank_side_batch_looks_like_a_glue_batch():
+    """The rows every run trains on exercise what a real batch does: ids inside the vocabulary
+    and clear of BERT's special and unused tokens (ids below 1000), padding (attention mask 0 at
+    the end) on some rows only, a second segment (token type 1) after the first, both labels;
+    the probe batch is fixed (the same on every rank and in the grader)."""
+    b = R.probe_batch()
+    ids, mask, types = b["input_ids"], b["attention_mask"], b["token_type_ids"]
+    assert ids.shape == mask.shape == types.shape == (R.GLOBAL_BATCH, R.SEQ)
+    assert 1000 <= int(ids.min()) and int(ids.max()) < R.VOCAB
+    padded = mask.eq(0).any(1)
+    assert 0 < int(padded.sum()) < R.GLOBAL_BATCH
+    assert mask[:, 0].eq(1).all() and torch.equal(mask, mask.sort(1, descending=True).values)  # padding at the end
+    assert types[:, 0].eq(0).all() and types[:, -1].eq(1).all() and torch.equal(types, types.sort(1).values)
+    assert set(b["labels"].tolist()) == {0, 1}
+    assert all(torch.equal(b[k], R.probe_batch()[k]) for k in b)
+
+
+def test_rank_side_probe_loss_is_taken_in_eval_mode_and_leaves_the_mode_as_it_was():
+    model = R.tiny_model()
+    probe = R.probe_batch()
+    model.eval()
+    with torch.no_grad():
+        want = model(**probe).loss.item()
+    for mode in (True, False):
+        model.train(mode)
+        assert R.probe_loss(model, probe) == want and model.training is mode
+
+
+def test_rank_side_run_wraps_once_and_syncs_every_step(reference):
+    """``distributed_run`` trains the wrapped model (Task 3's DDP) and calls the student's sync
+    once per step; a sync that changes the gradients changes the run from step 2 on."""
+    secrets, _ = reference
+    ctx = SimpleNamespace(secret=secrets[0], world_size=1, rank=0)
+    plain = R.distributed_run(ctx)
+    calls = []
+    spied = R.distributed_run(ctx, wrap=lambda m: calls.append("wrap") or m, sync=lambda m: calls.append("sync"))
+    assert calls == ["wrap"] + ["sync"] * R.STEPS
+    assert spied["losses"] == pytest.approx(plain["losses"], abs=1e-6) and spied["probe"] == pytest.approx(plain["probe"], abs=1e-6)
+    doubled = R.distributed_run(ctx, sync=lambda m: [p.grad.mul_(2.0) for p in m.parameters() if p.grad is not None])
+    assert doubled["losses"][0] == pytest.approx(plain["losses"][0], abs=1e-6)
+    assert abs(doubled["losses"][-1] - plain["losses"][-1]) > 10 * R.TOL
+    assert abs(doubled["probe"] - plain["probe"]) > 10 * R.TOL

@@ -27,7 +27,8 @@ def test_tensor_nbytes_of_a_view_counts_the_view():
 
 
 @pytest.mark.parametrize("nbytes,n,expected", [(1000, 4, 1500), (1000, 2, 1000), (1000, 1, 0),
-                                               (0, 4, 0), (4, 4, 6), (10, 3, 13), (7, 8, 12)])
+                                               (0, 4, 0), (4, 4, 6), (10, 3, 13), (7, 8, 12),
+                                               (5, 3, 7)])   # 6.67 rounds to the nearest byte, up
 def test_expected_allreduce_bytes(nbytes, n, expected):
     assert expected_allreduce_bytes(nbytes, n) == expected
     assert isinstance(expected_allreduce_bytes(nbytes, n), int)
@@ -76,6 +77,45 @@ def test_commlog_records_other_dtypes():
     assert (r.dtype, r.nbytes, r.shape) == ("torch.float16", 8, (4,))
 
 
+def test_commlog_bytes_of_one_op_per_step():
+    log = CommLog()
+    log.record("all_reduce", torch.zeros(10))
+    log.record("gather", torch.zeros(5))
+    log.mark_step()
+    assert log.per_step_bytes() == [60] and log.per_step_bytes("all_reduce") == [40]
+    assert log.per_step_bytes("gather") == [20] and log.per_step_bytes("scatter") == [0]
+    assert log.total_bytes("all_reduce") == 40 and log.total_bytes("gather") == 20
+    # ops are compared by value: a name built at run time (read from a file, say) counts too
+    built = "".join(["all_", "reduce"])
+    assert log.total_bytes(built) == 40 and log.per_step_bytes(built) == [40]
+
+
+def test_commlog_summary_table_rows_totals_and_sent_per_rank():
+    """The table students read: one row per call of the first step (all records if no step was
+    marked), at most ``max_rows`` rows and a count of the rest, the total, and with
+    ``world_size`` the ring all_reduce bytes one rank sends per call."""
+    log = CommLog()
+    for _ in range(25):
+        log.record("all_reduce", torch.zeros(250))          # 1000 bytes each
+    plain = log.summary()
+    lines = plain.splitlines()
+    assert "sent/rank" not in lines[0] and len(lines) == 2 + 20 + 2
+    assert lines[2].split() == ["0", "all_reduce", "(250,)", "torch.float32", "1,000"]
+    assert lines[-2] == "  ... 5 more" and lines[-1] == "25 calls, 25,000 bytes of tensors"
+    log.mark_step()
+    log.record("all_reduce", torch.zeros(1))                # after the step: not in the table
+    table = log.summary(world_size=4, max_rows=25).splitlines()
+    assert "sent/rank" in table[0] and len(table) == 2 + 25 + 1
+    assert table[2].split()[-2:] == ["1,000", "1,500"]     # expected_allreduce_bytes(1000, 4)
+    assert table[-1] == "25 calls, 25,000 bytes of tensors per step"
+    assert log.summary(max_rows=24).splitlines()[-2] == "  ... 1 more"
+    assert "more" not in log.summary(max_rows=30)
+    # the table is the FIRST step's, whatever came after
+    log.record("gather", torch.zeros(3))
+    log.mark_step()
+    assert log.summary().splitlines()[-1] == "25 calls, 25,000 bytes of tensors per step"
+
+
 def _release_text() -> str:
     """The student version, made the way the release tool makes it."""
     text = SRC.read_text()
@@ -96,6 +136,9 @@ def test_release_version_imports_and_explains(tmp_path):
     with pytest.raises(NotImplementedError):
         log.record("all_reduce", torch.zeros(2))
     assert len(log) == 0 and "0 calls" in log.summary(world_size=4)
+    # the table still prints while expected_allreduce_bytes is a TODO: that column says so
+    log.records.append(ns["CommRecord"]("all_reduce", (2,), "torch.float32", 8))
+    assert log.summary(world_size=4).splitlines()[2].split()[-1] == "TODO"
     for name in ("tensor_nbytes", "expected_allreduce_bytes"):
         doc = ns[name].__doc__
         assert "Hint" in doc and len(doc) > 200

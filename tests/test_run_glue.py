@@ -184,3 +184,21 @@ def test_a_user_error_inside_a_rank_is_one_short_message(cli, small_rte, tmp_pat
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.startswith("error: rank ") and "empty file" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 3 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("had_group", [False, True])
+def test_exit_process_keeps_what_a_normal_exit_does(had_group):
+    """A rank leaves by os._exit (gloo's threads outlive destroy_process_group and could abort the
+    interpreter's teardown): its exit code, unflushed output and atexit handlers must survive."""
+    script = "\n".join([
+        "import atexit, sys",
+        "from student_src.kit import process_group",
+        f"process_group._HAD_GROUP[0] = {had_group}",
+        "atexit.register(lambda: print('atexit ran'))",
+        "print('buffered', end='')",
+        "sys.stderr.write('to stderr')",
+        "process_group.exit_process(3)",
+        "print('not reached')",
+    ])
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3 and proc.stdout == "bufferedatexit ran\n" and proc.stderr == "to stderr"

@@ -70,6 +70,22 @@ def test_task0_is_registered_everywhere():
     assert {c.id for c in registry.all_checks() if c.task == "0"} == TASK_0
 
 
+def test_solution_keeps_the_documented_defaults():
+    """The signatures ship in the release as they are here (only the bodies become TODOs), so
+    their defaults are what students are told: root 0, backend chosen from the hardware, a 60 s
+    rendezvous timeout. (Every check passes ``root`` explicitly, so no grading would notice.)"""
+    import inspect
+
+    from student_src import collectives as C
+
+    def defaults(fn):
+        return {k: v.default for k, v in inspect.signature(fn).parameters.items() if v.default is not v.empty}
+
+    assert defaults(C.init_distributed) == {"backend": None, "timeout_s": 60}
+    assert defaults(C.broadcast_from_root) == defaults(C.gather_to_root) == {"root": 0}
+    assert defaults(C.scatter_from_root) == {"chunks": None, "root": 0}
+
+
 def test_solution_passes_every_task0_check():
     tests = run(ROOT)
     assert set(tests) == TASK_0

@@ -93,6 +93,43 @@ def test_wire_model_scopes_agree():
     assert meter.header_fraction("x", mtu=1500) > 20 * meter.header_fraction("x", mtu=65536)
 
 
+def test_wire_model_overheads_are_the_measured_ones():
+    """The protocol overheads benchmarks/traffic/README.md measured: ~340 bytes per gloo message,
+    and a TCP/IP header (66 bytes, 1.5 per packet counting delayed ACKs) per MSS (MTU - 52) of
+    payload, packets capped at 64 KiB."""
+    assert model.PER_MESSAGE_BYTES == 340
+    assert model.header_fraction_for_mtu(1500) == pytest.approx(1.5 * 66 / 1448, rel=1e-12)
+    assert model.header_fraction_for_mtu(1 << 20) == model.header_fraction_for_mtu(65536) \
+        == pytest.approx(1.5 * 66 / (65536 - 52), rel=1e-12)
+    w = model.WireModel()
+    assert w.header_fraction == model.header_fraction_for_mtu(65536) and w.per_message == 340
+    t = model.Traffic.zero(2)
+    t.message(0, 1, 1000)
+    wire = 1000 * (1 + w.header_fraction)
+    assert w.loopback_total(t) == pytest.approx(wire + 340, rel=1e-12)
+    # a node's NIC: its payload and headers, and half of each message's overhead on each side
+    assert w.node(t, 0) == pytest.approx({"sent": wire + 170, "recv": 170, "total": wire + 340}, rel=1e-12)
+    assert w.node(t, 1) == pytest.approx({"sent": 170, "recv": wire + 170, "total": wire + 340}, rel=1e-12)
+
+
+def test_traffic_adds_and_scales_per_rank():
+    t = model.Traffic.zero(3)
+    t.message(0, 2, 10, count=2)
+    assert (t.sent, t.recv, t.msgs_sent, t.msgs_recv) == ([20, 0, 0], [0, 0, 20], [2, 0, 0], [0, 0, 2])
+    u = model.Traffic([1, 2, 3], [4, 5, 6], [1, 1, 1], [0, 1, 2])
+    both = (t + u).scaled(3)
+    assert (both.sent, both.recv, both.msgs_sent, both.msgs_recv) == ([63, 6, 9], [12, 15, 78], [9, 3, 3], [0, 3, 12])
+    assert both.total_payload == 78 and both.total_msgs == 15
+
+
+def test_step_traffic_of_ddp_without_bucket_sizes_is_per_tensor():
+    """Task 3 / 5 without the bucket sizes: modelled as one ring all_reduce per tensor (2b)."""
+    sizes = [4000, 400]
+    assert model.step_traffic("3", 4, sizes) == model.step_traffic("2b", 4, sizes)
+    assert model.step_traffic("5", 4, sizes, bucket_nbytes=[]) == model.step_traffic("2b", 4, sizes)
+    assert model.step_traffic("2b", 1, sizes).total_msgs == 0
+
+
 # ------------------------------------------------------------------------------- interfaces
 def test_loopback_and_address_lookup():
     lo = nif.loopback_interface()

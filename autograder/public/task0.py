@@ -307,7 +307,7 @@ def _(payloads, secrets):
 
 
 GATHER_ROOT = 1
-SCATTER_ROOT = 3
+SCATTER_ROOT = 2  # a middle rank: with the last rank as root, `rank >= root` holds for the root alone and hid that mistake
 
 
 @define_check("0.gather_to_root", task="0", world_size=4, needs="collectives", points=1,

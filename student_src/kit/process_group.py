@@ -341,7 +341,34 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
                        device=device, mode=mode, master=master, ranks_on_host=ranks_on_host, threads=threads)
 
 
+_HAD_GROUP = [False]  # a process group was destroyed in this process (``exit_process``)
+
+
 def cleanup() -> None:
     """Destroy the default process group if there is one (safe to call twice)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        _HAD_GROUP[0] = True
+
+
+def exit_process(code) -> None:
+    """End this process with ``code`` (as ``sys.exit``); a rank skips the interpreter's teardown.
+
+    With torch 2.13, once DDP has wrapped a model, a gloo group's C++ threads (``pt_gloo_runloop``,
+    ``gloo_tcp_loop``) outlive ``destroy_process_group`` and run on through the interpreter's
+    teardown, where a torchrun rank on a loaded machine could abort with "terminate called without
+    an active exception" (pytorch#190489, a race with finalization). A process that had a group
+    therefore runs its atexit handlers, flushes and leaves by ``os._exit``, as the ranks the kit's
+    own launcher starts (multiprocessing children) always have.
+    """
+    if not (_HAD_GROUP[0] or (dist.is_available() and dist.is_initialized())):
+        sys.exit(code)
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said there
+            pass
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
