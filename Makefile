@@ -24,6 +24,8 @@ RELEASE_DIR ?= release
 RELEASE_FLAGS ?= --force
 DATA_DIR    ?= data/glue_data/RTE
 PYTEST_ARGS ?=
+# test workers (pytest-xdist): 2 keeps two cores busy; each test starts its own ranks as well
+TEST_JOBS   ?= 2
 
 ACTIVE_ENV := $(or $(VIRTUAL_ENV),$(CONDA_PREFIX))
 ifeq ($(ACTIVE_ENV),)
@@ -71,7 +73,7 @@ sandbox-tools:
 	else echo "note: bubblewrap is not installed; grading falls back (python -m autograder sandbox says how)"; fi
 
 test: setup data sandbox-tools
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS) tests
 
 lab: setup data
 	$(PY) -m jupyter lab notebooks

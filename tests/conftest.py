@@ -51,17 +51,37 @@ WALK_MARK = "student_walk"  # tests that read the student walk's results (test_s
 WALK_DEADLINE_S = 3600
 
 
+def _xdist_worker(config) -> bool:
+    """Whether this process is one of pytest-xdist's workers (``make test`` runs ``-n 2``)."""
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The tests that wait for the student walk run last, so the walk (started in the background as
-    the first test begins) has the whole suite's time to finish."""
-    items.sort(key=lambda item: item.get_closest_marker(WALK_MARK) is not None)  # stable: order kept otherwise
+    """Where the student walk's tests go.
+
+    Under xdist (``make test``): each test file is one unit of work (its module-scoped fixtures
+    are built once) and the walk's two files are one; the walk comes first, so one worker takes it
+    while the other runs the rest. Alone (``pytest`` without ``-n``): the walk starts in a
+    background thread as the first test begins, and the tests that wait for it run last.
+    """
+    def walk(item):
+        return item.get_closest_marker(WALK_MARK) is not None
+
+    if _xdist_worker(config):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group("student-walk" if walk(item) else item.path.name))
+        items.sort(key=lambda item: not walk(item))  # stable: the order is kept otherwise
+    else:
+        items.sort(key=walk)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _background_walk(request, tmp_path_factory):
     """Starts steps 1-4 of the student's walk in a background thread if a selected test needs it:
-    the fresh venv's install and the notebooks use the core the rest of the suite leaves idle."""
-    if not any(item.get_closest_marker(WALK_MARK) for item in request.session.items):
+    the fresh venv's install and the notebooks use the core the rest of the suite leaves idle.
+    (Under xdist every worker collects every test; the worker that gets the walk runs it itself.)"""
+    if _xdist_worker(request.config) or not any(item.get_closest_marker(WALK_MARK) for item in request.session.items):
         yield None
         return
     from student_walk_steps import BackgroundWalk
@@ -72,16 +92,18 @@ def _background_walk(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def student_walk(_background_walk):
+def student_walk(_background_walk, request, tmp_path_factory):
     """Steps 1-4 of the student's walk, once per session (``student_walk_steps.py``): the release in
     a fresh venv, its public checks, and every notebook executed from it. Shared by
     ``test_student_walk.py`` (which goes on to export and grade) and ``test_notebooks.py`` (which
     checks the executed notebooks instead of running them a second time). Only tests marked
     ``student_walk`` may use it (the mark is what starts the walk early)."""
-    from student_walk_steps import LOG
+    from student_walk_steps import LOG, walk_to_notebooks
 
-    assert _background_walk is not None, f"mark the test @pytest.mark.{WALK_MARK} to use the student walk"
     try:
+        if _xdist_worker(request.config):
+            return walk_to_notebooks(tmp_path_factory.mktemp("student-walk"))
+        assert _background_walk is not None, f"mark the test @pytest.mark.{WALK_MARK} to use the student walk"
         return _background_walk.result(WALK_DEADLINE_S)
     finally:
         print("\n".join(LOG))
