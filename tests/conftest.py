@@ -46,12 +46,42 @@ def cli():
     return run_cli
 
 
+WALK_MARK = "student_walk"  # tests that read the student walk's results (test_student_walk.py, test_notebooks.py)
+#: a hang guard only: the walk takes 4-9 minutes on 2 cores; each of its steps has its own guard too
+WALK_DEADLINE_S = 3600
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests that wait for the student walk run last, so the walk (started in the background as
+    the first test begins) has the whole suite's time to finish."""
+    items.sort(key=lambda item: item.get_closest_marker(WALK_MARK) is not None)  # stable: order kept otherwise
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background_walk(request, tmp_path_factory):
+    """Starts steps 1-4 of the student's walk in a background thread if a selected test needs it:
+    the fresh venv's install and the notebooks use the core the rest of the suite leaves idle."""
+    if not any(item.get_closest_marker(WALK_MARK) for item in request.session.items):
+        yield None
+        return
+    from student_walk_steps import BackgroundWalk
+
+    walk = BackgroundWalk(tmp_path_factory.mktemp("student-walk"))
+    yield walk
+    walk.cancel()  # no-op once it finished; stops its running step if the session ended early
+
+
 @pytest.fixture(scope="session")
-def student_walk(tmp_path_factory):
+def student_walk(_background_walk):
     """Steps 1-4 of the student's walk, once per session (``student_walk_steps.py``): the release in
     a fresh venv, its public checks, and every notebook executed from it. Shared by
     ``test_student_walk.py`` (which goes on to export and grade) and ``test_notebooks.py`` (which
-    checks the executed notebooks instead of running them a second time)."""
-    from student_walk_steps import walk_to_notebooks
+    checks the executed notebooks instead of running them a second time). Only tests marked
+    ``student_walk`` may use it (the mark is what starts the walk early)."""
+    from student_walk_steps import LOG
 
-    return walk_to_notebooks(tmp_path_factory.mktemp("student-walk"))
+    assert _background_walk is not None, f"mark the test @pytest.mark.{WALK_MARK} to use the student walk"
+    try:
+        return _background_walk.result(WALK_DEADLINE_S)
+    finally:
+        print("\n".join(LOG))

@@ -1,6 +1,7 @@
 """Steps 1-4 of the student's walk (``test_student_walk.py``), shared by two test files.
 
-Built once per session by the ``student_walk`` fixture (``conftest.py``): the release, its fresh
+Built once per session, in a background thread started as the session begins (``conftest.py``:
+the ``student_walk`` fixture waits for it; the tests that use it run last): the release, its fresh
 venv, the public checks before and after the solutions go in, ``make data``, and every notebook
 executed headless in quick mode from the release with the venv's own kernel. The executed
 notebooks (with their widget state) and the runs folder are kept, so ``test_notebooks.py``
@@ -11,8 +12,10 @@ time (that was ~9 minutes of a ~20-minute suite on 2 cores).
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,11 +81,73 @@ def student_env(venv: Path) -> dict:
     return env
 
 
+#: what the walk did, step by step (printed by the fixture: the walk may run in a background thread)
+LOG: list[str] = []
+#: the walk's running command, so that a session that ends early can stop it (``BackgroundWalk.cancel``)
+_CURRENT: dict = {}
+
+
 def run(cmd, cwd, env, timeout, what):
+    """``subprocess.run`` in its own process group (stoppable as a whole by ``BackgroundWalk.cancel``)."""
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    print(f"[walk] {what}: {time.monotonic() - start:.1f} s (exit {proc.returncode})")
-    return proc
+    if _CURRENT.get("cancelled"):
+        raise RuntimeError("the student walk was cancelled (the test session ended)")
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    _CURRENT["proc"] = proc
+    try:
+        out, err = proc.communicate(timeout=timeout)  # a hang guard: minutes over what the step takes
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        raise
+    finally:
+        _CURRENT.pop("proc", None)
+    line = f"[walk] {what}: {time.monotonic() - start:.1f} s (exit {proc.returncode})"
+    LOG.append(line) if threading.current_thread() is not threading.main_thread() else print(line)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Stop a step and everything it started (pip, make, a kernel and its ranks)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
+
+
+class BackgroundWalk:
+    """Steps 1-4 in a thread, started as the session begins (``conftest.py``), so that the fresh
+    venv's install and the seven notebooks run while the rest of the suite does. The walk is a
+    chain of subprocesses, so the thread holds the GIL only to start them."""
+
+    def __init__(self, tmp: Path):
+        self._result, self._error = None, None
+        self._thread = threading.Thread(target=self._walk, args=(tmp,), name="student-walk", daemon=True)
+        self._thread.start()
+
+    def _walk(self, tmp: Path) -> None:
+        try:
+            self._result = walk_to_notebooks(tmp)
+        except BaseException as exc:  # handed to the tests that wait for the walk
+            self._error = exc
+
+    def result(self, timeout: float) -> Walk:
+        """The walk's outcome; ``timeout`` only guards against a hang (each step has its own guard too)."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self.cancel()
+            raise TimeoutError(f"the student walk did not finish in {timeout:.0f} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def cancel(self) -> None:
+        _CURRENT["cancelled"] = True
+        proc = _CURRENT.get("proc")
+        if proc is not None:
+            _kill(proc)
+        self._thread.join(60)
 
 
 def _results(stdout: str) -> dict:
@@ -132,6 +197,6 @@ def walk_to_notebooks(tmp: Path) -> Walk:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     ran = json.loads(proc.stdout.strip().splitlines()[-1])
     for name in NOTEBOOKS:
-        print(f"[walk]   {name}: {ran[name]['seconds']:.1f} s")
+        LOG.append(f"[walk]   {name}: {ran[name]['seconds']:.1f} s")
     return Walk(release=release, venv=venv, env=env, make=make, before=before, after=after, ran=ran,
                 executed=executed, runs=runs / "quick")

@@ -288,17 +288,20 @@ def test_cli_missing_path_is_a_usage_error(tmp_path):
 def test_grade_all_writes_a_gradebook(tmp_path):
     subs = tmp_path / "subs"
     mutant(subs / "alice", {})
-    mutant(subs / "bob", {"train": "def train_step(*a, **k):\n    raise NotImplementedError('TODO(task 1)')\n"})
+    # Task 4 (the fastest to grade: no training) keeps the test on what it is about, the gradebook
+    mutant(subs / "bob", {"profiling": "def tensor_nbytes(*a, **k):\n    raise NotImplementedError('TODO(task 4)')\n"
+                                       "def expected_allreduce_bytes(*a, **k):\n    raise NotImplementedError('TODO(task 4)')\n"
+                                       "class CommLog:\n    def __init__(self):\n        raise NotImplementedError('TODO(task 4)')\n"})
     carol = mutant(tmp_path / "carol", {})
     with zipfile.ZipFile(subs / "carol.zip", "w") as zf:
         for f in sorted((carol / "student_src").rglob("*.py")):
             zf.write(f, f.relative_to(carol).as_posix())
-    proc = subprocess.run([sys.executable, "-m", "autograder", "grade-all", str(subs), "--jobs", "3", "--tasks", "1",
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade-all", str(subs), "--jobs", "3", "--tasks", "4",
                            "--out", str(tmp_path / "grades")], cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = (tmp_path / "grades" / "gradebook.csv").read_text().splitlines()
     header = rows[0].split(",")
-    assert header[:3] == ["student", "score", "max_score"] and "1.lowers_loss" in header
+    assert header[:3] == ["student", "score", "max_score"] and "4.expected_allreduce_bytes" in header
     by_name = {r.split(",")[0]: r.split(",") for r in rows[1:]}
     assert set(by_name) == {"alice", "bob", "carol"}
     assert float(by_name["alice"][1]) == float(by_name["alice"][2]) == float(by_name["carol"][1]) > 0

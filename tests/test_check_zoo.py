@@ -110,8 +110,8 @@ ZOO = {
         {"2b.non_contiguous_grads"}, "non-contiguous"),
     "2b_off_by_a_tolerance": ("sync", "2b", """
         def allreduce_average(model, group=None, comm_log=None):
-            # right collective, right divisor, then off by 0.01 %: invisible in any plot and in the
-            # losses (the loss check's 1e-4 passes it; 0.1 % sat on that edge), far outside 1e-5
+            # right collective, right divisor, then off by 0.01 %: invisible in any plot, far outside
+            # the gradient check's 1e-5 (see MAY_ALSO_LOSE for the loss check)
             n = dist.get_world_size(group)
             for grad in _grads(model):
                 if comm_log is not None:
@@ -245,6 +245,13 @@ ZOO = {
         {"4.expected_allreduce_bytes"}, "expected_allreduce_bytes"),
 }
 
+#: checks a zoo entry may fail or pass depending on the grading's secrets. Off by 0.01 %, the loss
+#: after 3 SGD steps (lr 0.5) moves by 2e-6 to 7e-4 depending on the secrets' data (measured over
+#: 25 draws: above the loss check's 1e-4 in 8), so the loss check may catch it; the gradient
+#: checks always do. No smaller error is safe from both: 0.002 % still moved the loss by up to
+#: 1.3e-4, and below ~0.001 % the gradient check's 1e-5 + 1e-5 x |mean| no longer sees it.
+MAY_ALSO_LOSE = {"2b_off_by_a_tolerance": {"2b.loss_matches_single_node"}}
+
 ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "4": TASK_4}
 
 
@@ -257,7 +264,8 @@ def test_zoo_submission_loses_exactly_its_tests(name, tmp_path):
     assert graded == ALL_OF[task], graded ^ ALL_OF[task]
     failed = {t.id for t in res.tests if not t.passed}
     out = {t.id: t.output for t in res.tests}
-    assert failed == expected, {i: out[i][:300] for i in failed ^ expected}
+    maybe = MAY_ALSO_LOSE.get(name, set())
+    assert expected <= failed <= expected | maybe, {i: out[i][:300] for i in failed ^ expected}
     for t in res.tests:
         assert t.max_score == POINTS[t.id], t.id  # every test is worth what points.toml says
         if t.passed:
@@ -265,7 +273,7 @@ def test_zoo_submission_loses_exactly_its_tests(name, tmp_path):
         else:
             assert t.score == 0 and t.output.strip(), t.id
     # it loses exactly the points of its mistake's tests, no more, no less
-    assert res.score == sum(POINTS[i] for i in ALL_OF[task]) - sum(POINTS[i] for i in expected)
+    assert res.score == sum(POINTS[i] for i in ALL_OF[task]) - sum(POINTS[i] for i in failed)
     # the message names the real cause (checked on the tests the mistake is about)
     named = [i for i in expected if phrase in out[i]]
     assert named, {i: out[i][:400] for i in expected}

@@ -180,7 +180,10 @@ def _executed(name, request):
     return nb
 
 
-@pytest.mark.parametrize("name", SELECTED)
+WALK = [pytest.mark.student_walk] if FROM_THE_WALK else []  # reads the walk's executed copies (run last)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=WALK) for n in SELECTED])
 def test_notebook_executes(name, runs_dir, request):
     from student_src.kit import report
 

@@ -218,11 +218,12 @@ def test_unknown_level_is_a_clear_error():
         sandbox.choose("chroot")
 
 
-def test_same_grade_three_times_even_on_a_loaded_machine(tmp_path):
-    """A submission with a busy thread, graded three times, the last with a CPU hog on every
+def test_same_grade_twice_even_on_a_loaded_machine(tmp_path):
+    """A submission with a busy thread, graded twice, the second time with a CPU hog on every
     core: the grades are identical, test by test (deadlines count CPU time, not wall time).
-    (It was five: two plain gradings show whether gradings of the same code agree, and the loaded
-    one is the case that matters; the other two repeated the first.)"""
+    (It was five, then three: the loaded grading is the case that matters, and one plain grading
+    is what it must agree with; ``test_busy_thread_at_import_changes_nothing`` grades it plainly
+    at each isolation level too.)"""
     code = '''
     import threading
     def _spin():
@@ -232,9 +233,9 @@ def test_same_grade_three_times_even_on_a_loaded_machine(tmp_path):
     '''
     sub = make_submission(tmp_path / "sub", sync=code)
     runs = []
-    for i in range(3):
+    for i in range(2):
         hogs = []
-        if i == 2:
+        if i == 1:
             hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
         try:
             res = runner.grade(sub, tasks={"2b"})
