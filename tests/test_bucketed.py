@@ -43,6 +43,16 @@ def test_assign_buckets_oversized_parameter_and_dtype_change():
         assert all(len(b) == 1 or sum(p.numel() * 4 for p in b) <= cap for b in buckets)
 
 
+def test_assign_buckets_closes_a_bucket_one_byte_over_the_cap():
+    """fp16 parameters of 2 bytes and a cap of 5: a third parameter would make 6, one byte over."""
+    ps = [_p(1, torch.float16) for _ in range(5)]
+    assert assign_buckets(ps, 5) == [[ps[4], ps[3]], [ps[2], ps[1]], [ps[0]]]
+    assert assign_buckets(ps, 6) == [[ps[4], ps[3], ps[2]], [ps[1], ps[0]]]
+    bucket = Bucket(0, [_p(3), _p(2), _p(4)])
+    assert bucket.offsets == [0, 3, 5] and bucket.numel == 9 and bucket.nbytes == 36
+    assert Bucket(1, [_p(3, torch.float16)]).nbytes == 6            # a bucket of one parameter
+
+
 def test_bucket_offsets_and_flat_grads():
     a, b = _p(3), _p(2)
     a.grad = torch.tensor([1.0, 2.0, 3.0])

@@ -93,6 +93,44 @@ def test_wire_model_scopes_agree():
     assert meter.header_fraction("x", mtu=1500) > 20 * meter.header_fraction("x", mtu=65536)
 
 
+def test_gather_scatter_allgather_broadcast_edge_cases():
+    """An empty tensor sends no message at all (not N empty ones); two ranks are a ring of two;
+    any root works (the root is where the N-1 transfers meet); a barrier's messages are empty."""
+    for f in (model.allreduce_traffic, model.gather_scatter_traffic, model.allgather_traffic, model.broadcast_traffic):
+        t = f(0, 4)
+        assert t.total_payload == 0 and t.total_msgs == 0 and sum(t.recv) == sum(t.msgs_recv) == 0, f.__name__
+    g = model.allgather_traffic(16, 2)
+    assert g.sent == g.recv == [16, 16] and g.msgs_sent == g.msgs_recv == [1, 1]
+    assert model.broadcast_traffic(100, 2).sent == [100, 0] and model.gather_scatter_traffic(100, 2).sent == [100, 100]
+    s = model.gather_scatter_traffic(10, 4, root=2)
+    assert s.sent == s.recv == [10, 10, 30, 10] and s.msgs_sent == s.msgs_recv == [1, 1, 3, 1]
+    b = model.broadcast_traffic(10, 3, root=1)
+    assert b.sent == [0, 20, 0] and b.recv == [10, 0, 10]
+    barrier = model.barrier_traffic(4)
+    assert barrier.sent == barrier.recv == [0] * 4 and barrier.msgs_sent == barrier.msgs_recv == [2] * 4
+    assert model.barrier_traffic(2).msgs_sent == [1, 1]                 # ceil(log2 2) = 1 round
+
+
+
+def test_ring_allreduce_even_split_and_whole_bytes():
+    """When S splits into 2N segments of whole elements, every rank sends exactly 2(N-1)/N x S in
+    2(N-1) messages; byte counts stay integers (they go into metrics.json)."""
+    even = model.allreduce_traffic(64, 4)                # 8 segments of 8 bytes
+    assert even.sent == even.recv == [96] * 4 and even.msgs_sent == [12] * 4   # 2 x 3/4 x 64, 2 x 6 segments
+    odd = model.allreduce_traffic(100, 3)
+    assert all(type(v) is int for v in odd.sent + odd.recv + odd.msgs_sent + odd.msgs_recv)
+
+
+def test_step_traffic_of_two_ranks_and_the_wire_split_of_an_odd_overhead():
+    two = model.step_traffic("2b", 2, [4000])
+    assert two == model.allreduce_traffic(4000, 2) + model.allgather_traffic(16, 2) and two.sent == [4016, 4016]
+    t = model.Traffic.zero(2)
+    t.message(0, 1, 0)
+    assert model.WireModel(per_message=5, header_fraction=0.0).node(t, 0) == {"sent": 2.5, "recv": 2.5, "total": 5.0}
+    # every task gets a textbook figure (the meter asks for one whatever the task)
+    assert model.textbook_bytes("1", 1000, 4) == model.textbook_bytes("2b", 1000, 4) == 1500
+
+
 def test_wire_model_overheads_are_the_measured_ones():
     """The protocol overheads benchmarks/traffic/README.md measured: ~340 bytes per gloo message,
     and a TCP/IP header (66 bytes, 1.5 per packet counting delayed ACKs) per MSS (MTU - 52) of
@@ -242,6 +280,10 @@ def test_tensors_of_one_step():
     one_step = [{"op": "all_reduce", "nbytes": 600}, {"op": "all_reduce", "nbytes": 400}]
     assert model.tensors_of_one_step(one_step, 1000, 10) == [600, 400]
     assert model.tensors_of_one_step(one_step * 3, 1000, 3) == [600, 400]      # records of every step
+    assert model.tensors_of_one_step(one_step * 2, 1000, 2) == [600, 400]
+    assert model.tensors_of_one_step(one_step, 400, 2) == [600, 400]    # not a multiple of the step: one step
+    # any collective but the loss counts (2a records its gathers and scatters)
+    assert model.tensors_of_one_step([{"op": "gather", "nbytes": 8}, {"op": "scatter", "nbytes": 8}], 16, 1) == [8, 8]
     assert model.tensors_of_one_step(one_step + [{"op": "loss", "nbytes": 4}], 1000, 10) == [600, 400]
     assert model.tensors_of_one_step([], 1000, 10) == [1000] and model.tensors_of_one_step(None, 0, 10) == []
 

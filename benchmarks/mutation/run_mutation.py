@@ -71,6 +71,10 @@ TARGETS = {
     "sync": Target("student_src/sync.py", (), "tests/test_distributed.py -k sync_functions"),
     "ddp": Target("student_src/ddp.py", ("wrap_ddp",), "tests/test_distributed.py -k ddp"),
     "bucketed": Target("student_src/bucketed.py", (), "tests/test_bucketed.py"),
+    # the single-process part of Task 5 (bucket assignment, the flat buffer), with its fast tests
+    "bucketed-assign": Target("student_src/bucketed.py", ("assign_buckets", "Bucket"),
+                              "tests/test_bucketed.py -k 'assign_buckets or bucket_offsets or reference_buckets "
+                              "or hooks_mark_stale or tied_weight or without_process_group'"),
     "collectives": Target("student_src/collectives.py", (), "tests/test_task0.py -k solution"),
     "judging": Target("autograder/judging.py", ("_close", "compare_grads", "expected_mean_grads", "rank_grads"),
                       "tests/test_check_zoo.py -k tolerance_is_tight"),
