@@ -1,9 +1,8 @@
 """The numbers students report and the grader judges with, asserted value by value.
 
 Written to kill the mutants ``make mutation`` found alive (tests/README.md lists them): the
-time-per-iteration summary (first iteration dropped), its second copy in the report, the
-the grader's per-rank fixtures and its
-loss-equivalence judge.
+time-per-iteration summary (first iteration dropped) and the report's row built on it, the
+grader's per-rank fixtures and its loss-equivalence judge.
 """
 
 from __future__ import annotations
@@ -52,8 +51,8 @@ def test_timing_table_rows():
 
 
 def test_report_timing_row_follows_the_same_protocol():
-    """report.timing_row is a second copy of the protocol (noted for the kit's owner): its first
-    ``iters`` iterations, the first dropped, the same mean and spread as the timing summary."""
+    """report.timing_row applies the protocol through the timing summary (one copy of it): its
+    first ``iters`` iterations, the first dropped, the same mean and spread."""
     times = [9.0, 1.0, 2.0, 3.0, 100.0]
     row = report.timing_row("runs/task2b", {"task": "2b", "world_size": 4, "global_batch_size": 64,
                                             "iter_times": times}, iters=4)

@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import statistics
 import sys
 from pathlib import Path
 
-from . import tasks
+from . import tasks, timing
 
 TIMING_ITERS = 40  # the assignment: mean over 40 iterations, first discarded
 
@@ -108,13 +107,12 @@ def loss_table(runs: dict, steps: int | None = None) -> dict:
 def timing_row(name: str, metrics: dict, iters: int = TIMING_ITERS) -> dict:
     """The assignment's timing protocol on one run: its first ``iters`` iterations, first dropped."""
     times = list(metrics.get("iter_times") or [])[:iters]
-    kept = times[1:] if len(times) > 1 else times
+    summary = timing.summarize_iter_times(times, drop_first=1)  # the one copy of the protocol
     return {
         "label": label(name, metrics), "run": name, "task": str(metrics.get("task")),
         "world_size": metrics.get("world_size"), "global_batch_size": metrics.get("global_batch_size"),
-        "iterations": len(kept), "protocol": len(times) >= iters,
-        "mean_s": statistics.fmean(kept) if kept else None,
-        "std_s": statistics.stdev(kept) if len(kept) > 1 else (0.0 if kept else None),
+        "iterations": summary["iterations"], "protocol": len(times) >= iters,
+        "mean_s": summary["mean_s"], "std_s": summary["std_s"],
     }
 
 
