@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+# how make test's two workers share the suite, and where the walk's tests go (the module's hooks)
+from suite_schedule import WALK_MARK, is_xdist_worker as _xdist_worker  # noqa: F401
+from suite_schedule import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
@@ -46,34 +50,8 @@ def cli():
     return run_cli
 
 
-WALK_MARK = "student_walk"  # tests that read the student walk's results (test_student_walk.py, test_notebooks.py)
 #: a hang guard only: the walk takes 4-9 minutes on 2 cores; each of its steps has its own guard too
 WALK_DEADLINE_S = 3600
-
-
-def _xdist_worker(config) -> bool:
-    """Whether this process is one of pytest-xdist's workers (``make test`` runs ``-n 2``)."""
-    return hasattr(config, "workerinput")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    """Where the student walk's tests go.
-
-    Under xdist (``make test``): each test file is one unit of work (its module-scoped fixtures
-    are built once) and the walk's two files are one; the walk comes first, so one worker takes it
-    while the other runs the rest. Alone (``pytest`` without ``-n``): the walk starts in a
-    background thread as the first test begins, and the tests that wait for it run last.
-    """
-    def walk(item):
-        return item.get_closest_marker(WALK_MARK) is not None
-
-    if _xdist_worker(config):
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group("student-walk" if walk(item) else item.path.name))
-        items.sort(key=lambda item: not walk(item))  # stable: the order is kept otherwise
-    else:
-        items.sort(key=walk)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -75,6 +75,10 @@ TARGETS = {
     "bucketed-assign": Target("student_src/bucketed.py", ("assign_buckets", "Bucket"),
                               "tests/test_bucketed.py -k 'assign_buckets or bucket_offsets or reference_buckets "
                               "or hooks_mark_stale or tied_weight or without_process_group'"),
+    # the multi-rank part of Task 5 (the hooks, the bucket launches, the wait), graded in 1, 2 and 4 ranks
+    "bucketed-overlap": Target("student_src/bucketed.py", ("broadcast_from_rank0", "BucketedDDP"),
+                               "tests/test_bucketed.py -k 'without_process_group or hooks_mark_stale or tied_weight "
+                               "or forward_delegates or multi_rank'", timeout=240.0),
     "collectives": Target("student_src/collectives.py", (), "tests/test_task0.py -k solution"),
     "judging": Target("autograder/judging.py", ("_close", "compare_grads", "expected_mean_grads", "rank_grads"),
                       "tests/test_check_zoo.py -k tolerance_is_tight"),
