@@ -3,8 +3,8 @@
 Checks use these instead of BERT because they build in microseconds and fail loudly: a
 three-layer classifier with the same ``forward(**batch) -> .loss`` contract as a Hugging Face
 model, batches with the same keys the kit's loader produces, and per-rank gradients drawn from
-generators seeded by the rank's **secret** (``ctx.secret``: a fresh random number per check and
-rank, drawn by the grader; each rank gets only its own).
+generators seeded by the rank's **secret** (``ctx.secret``: a secret number per check, rank and
+submission, derived by the grader (``seeding.py``); each rank gets only its own).
 
 Everything here runs in rank processes, next to student code, so nothing here may let one rank
 compute another rank's values: every per-rank input is a function of that rank's secret, which

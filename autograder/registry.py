@@ -8,7 +8,7 @@ A *check* is one graded test. It has two halves:
   It fails by raising ``ctx.fail("what is wrong")``; anything the student's code raises fails
   the check with that exception.
 * ``judge(payloads, secrets)`` runs in the grader's own process, which never imported
-  student code, on the list of every rank's payload; ``secrets[r]`` is rank r's ``ctx.secret`` (a fresh random number per check and rank that
+  student code, on the list of every rank's payload; ``secrets[r]`` is rank r's ``ctx.secret`` (a secret number per check, rank and submission that
   only rank r got). It fails by raising ``CheckFailure``/``AssertionError``. Every check has a
   judge, and the judge decides: the rank returns observations (tensors, losses, call logs), the
   judge recomputes the expected values from the secrets (``autograder/judging.py``) and compares.

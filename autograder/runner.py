@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import random
 import threading
 import time
 import traceback
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 
 from .task_table import tasks as task_table
 
-from . import leftovers, registry
+from . import leftovers, registry, seeding
 from .points import points_for, visibility_for
 from .pool import PoolError, SandboxGroup, Settings
 from .results import Results, TestResult
@@ -126,6 +125,9 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         runnable = [(c, s) for c, s, skip in plan if skip is None]
         for c, src in runnable:  # every workspace exists before a rank looks for it
             sub.workspace(src)
+        # what the ranks of each workspace run, for the secrets (the same files, the same secrets)
+        digests = {src.label: seeding.tree_digest(sub.workspace(src) / "student_src") for _, src in runnable}
+        key = _grading_key(results) if runnable else b""
         if isolation.level == "user":
             _readable_by_all(workdir)
         if isolation.level == "process":
@@ -141,7 +143,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             if progress:
                 progress(c)
             tc = time.monotonic()
-            secrets = draw_secrets(c.world_size)
+            secrets = seeding.check_secrets(key, digests[src.label], c.id, c.world_size)
             job = {"kind": "check", "check": c.id, "workspace": str(sub.workspace(src)), "seed": 0, "secrets": secrets}
             timeout = c.timeout or settings.timeout
             if timed_out.get(c.task):  # an endless loop usually hits every test of the task
@@ -222,10 +224,15 @@ def _readable_by_all(folder: str) -> None:
             os.chmod(os.path.join(dirpath, f), 0o644)
 
 
-def draw_secrets(world_size: int) -> list[int]:
-    """One fresh random number per rank for this check (see ``RankContext.secret``)."""
-    rng = random.SystemRandom()
-    return [rng.randrange(1, 2**31 - 1) for _ in range(world_size)]
+def _grading_key(results: Results) -> bytes:
+    """The grading key (``seeding.py``); where it cannot be kept, one for this grading only (said in
+    the header: a regrade may then draw other secrets)."""
+    try:
+        return seeding.grading_key()
+    except OSError as exc:
+        results.header += (f" (the grading key could not be kept: {exc}; this grading's secrets are its own, "
+                           f"set {seeding.KEY_ENV} to make regrades repeat them)")
+        return os.urandom(32)
 
 
 def judge(c: registry.Check, outcome, secrets=None) -> Verdict:

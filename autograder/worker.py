@@ -119,7 +119,7 @@ class RankContext:
     def __init__(self, rank: int, world_size: int, workdir: str, workspace: str | None, originals: dict,
                  secret: int = 0):
         self.rank = rank
-        #: this rank's own random number, drawn by the grader per grading run; only this rank
+        #: this rank's own secret number (``seeding.py``: per check, rank and submission); only this rank
         #: gets it, so no rank can recompute another rank's inputs without communicating
         self.secret = secret
         self.world_size = world_size

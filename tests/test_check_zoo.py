@@ -245,7 +245,8 @@ ZOO = {
         {"4.expected_allreduce_bytes"}, "expected_allreduce_bytes"),
 }
 
-#: checks a zoo entry may fail or pass depending on the grading's secrets. Off by 0.01 %, the loss
+#: checks a zoo entry may fail or pass depending on the secrets (a function of the grading key and the
+#: submission's files, autograder/seeding.py: one outcome per key, repeated on every regrade). Off by 0.01 %, the loss
 #: after 3 SGD steps (lr 0.5) moves by 2e-6 to 7e-4 depending on the secrets' data (measured over
 #: 25 draws: above the loss check's 1e-4 in 8), so the loss check may catch it; the gradient
 #: checks always do. No smaller error is safe from both: 0.002 % still moved the loss by up to

@@ -236,6 +236,8 @@ chmod +x "$3/bin/python"; echo "venv $3" >> {log}
     assert f"venv {prefix}" in lines
     pip = [line for line in lines if line.startswith("venv-python -m pip install")]
     assert "torch==2.13.0" in pip[1] and pip[2].split()[-2:] == ["psutil", f"{source}/kit"], pip
+    # then, with the kit installed, the image's grading key (regrades repeat every input: seeding.py)
+    assert "grading_key()" in lines[-1] and lines[-1].startswith("venv-python -c"), lines[-3:]
     # not root: AUTOGRADER_SKIP_APT=1 leaves apt alone
     log.unlink()
     proc = subprocess.run(["bash", str(package / "setup.sh")], env={**env, "AUTOGRADER_SKIP_APT": "1"},
