@@ -113,3 +113,13 @@ def expected_allreduce_bytes(nbytes, world_size):
     outputs = " ".join(t.output for t in res.tests)
     assert "KEY=unreadable" in outputs, outputs[:1000]
     assert key not in outputs
+
+
+def test_a_key_that_cannot_be_kept_still_grades_and_says_so(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.delenv(seeding.KEY_ENV, raising=False)
+    monkeypatch.setenv(seeding.KEY_FILE_ENV, str(blocker / "grading-key"))
+    res = runner.grade(str(make_submission(tmp_path / "sub")), tasks={"4"})
+    assert not res.grader_errors and res.tests and all(t.passed for t in res.tests)
+    assert "the grading key could not be kept" in res.header and seeding.KEY_ENV in res.header
