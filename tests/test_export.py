@@ -48,7 +48,7 @@ def test_every_task_folder_carries_what_it_needs(exported):
 
 
 def test_requirements_are_the_kits_dependencies(exported):
-    import tomllib
+    tomllib = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli")  # tomli: the dev extra, Python 3.10
 
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert REQUIREMENTS == [d for d in deps if not d.startswith("torch")]

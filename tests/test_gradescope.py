@@ -154,7 +154,7 @@ def test_real_task5_checks_are_extra_credit():
 
 
 def test_simple_toml_reader_matches_tomllib(points_file):
-    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11 on")
+    tomllib = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli")  # the dev extra brings tomli on 3.10
     for edit in (lambda t: t, lambda t: t.replace('# extra_credit = ["5"]', 'extra_credit = ["5", "4"]  # both')):
         text = points_file(edit).read_text()
         assert points._parse_simple_toml(text) == tomllib.loads(text)
@@ -315,31 +315,27 @@ def _grade_and_signal(tmp_path, when, sig=signal.SIGTERM, tasks="2a,2b,4"):
                 except (OSError, ValueError, KeyError):
                     pass
                 time.sleep(0.05)
-            try:
-                import psutil
-                family = psutil.Process(grader.pid).children(recursive=True)
-            except Exception:
-                family = []
+            import psutil  # a required dependency of the grader
+
+            family = psutil.Process(grader.pid).children(recursive=True)
+            assert family, "mid-grading, the grader has no sandbox or rank processes"
         else:
             time.sleep(when)
         assert grader.poll() is None, "the grader finished before the signal: the test needs a slower start"
-        t0 = time.monotonic()
         grader.send_signal(sig)
-        out, err = grader.communicate(timeout=HANG_GUARD)
-        took = time.monotonic() - t0
+        out, err = grader.communicate(timeout=HANG_GUARD)  # a hang guard only
     finally:
         if grader.poll() is None:
             grader.kill()
             grader.wait()
     assert results.exists(), err[-3000:]
     data = json.loads(results.read_text())
-    return data, took, family, grader.returncode, err
+    return data, family, grader.returncode, err
 
 
 @pytest.mark.parametrize("when", [0.3, 1.5, 4.0, "mid"])
 def test_sigterm_at_any_moment_leaves_truthful_results(tmp_path, when):
-    data, took, family, rc, err = _grade_and_signal(tmp_path, when)
-    assert took < HANG_GUARD
+    data, family, rc, err = _grade_and_signal(tmp_path, when)
     assert rc == 128 + signal.SIGTERM, err[-3000:]
     assert "Segmentation fault" not in err and "core dumped" not in err
     # the runner's workdir and multiprocessing's folder are gone (torch's own compile cache may stay)
@@ -363,15 +359,15 @@ def test_sigterm_at_any_moment_leaves_truthful_results(tmp_path, when):
 
 
 def test_sigint_mid_grading_is_named_too(tmp_path):
-    data, took, _, rc, err = _grade_and_signal(tmp_path, "mid", sig=signal.SIGINT)
-    assert rc == 128 + signal.SIGINT and took < HANG_GUARD, err[-3000:]
+    data, _, rc, err = _grade_and_signal(tmp_path, "mid", sig=signal.SIGINT)
+    assert rc == 128 + signal.SIGINT, err[-3000:]
     assert not [p for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor")]
     assert "SIGINT (signal 2)" in data["output"]
 
 
 def test_a_kill_before_the_end_leaves_a_file_that_says_grading_did_not_finish(tmp_path):
     """SIGKILL cannot be caught: the file written before grading (and before each test) says so."""
-    data, _, _, rc, _ = _grade_and_signal(tmp_path, "mid", sig=signal.SIGKILL)
+    data, _, rc, _ = _grade_and_signal(tmp_path, "mid", sig=signal.SIGKILL)
     assert rc == -signal.SIGKILL
     assert "grading did not finish" in data["output"] and data["extra_data"]["stopped"] is True
     assert [t for t in data["tests"] if t["number"][:2] in ("2a", "2b", "4.")]  # what was graded before the kill

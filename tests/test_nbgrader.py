@@ -122,7 +122,9 @@ def test_the_course_workflow_through_its_own_exchange(course):
     names = sorted(p.stem for p in src.glob("*.ipynb"))
     assert names and not (src / "student_src").exists(), "the solution student_src must stay out of source/"
     assert (course_dir / "exchange").is_dir()
-    for nb in out.glob("*.ipynb"):
+    released = sorted(out.glob("*.ipynb"))
+    assert [nb.stem for nb in released] == names
+    for nb in released:
         text = nb.read_text()
         assert MARK not in text and "YOUR ANSWER HERE" in text
         assert "HIDDEN TESTS" not in text and "KIT_TRUSTED_ROOT" not in text, "hidden tests never ship"
@@ -185,6 +187,7 @@ def test_nbgrader_and_the_grader_give_the_same_points_task_by_task(course):
                     assert g.auto_score == expected, (f"{student} {nb.stem} tasks {wanted}: nbgrader {g.auto_score}, "
                                                       f"grader {expected}/{g.max_score}")
                     seen[student, wanted] = (expected, g.max_score)
+    assert seen, "no check cell of the selected notebooks was compared with the grader"
     if NOTEBOOKS and not {"1_single_node", "2b_allreduce"} <= set(NOTEBOOKS):
         return  # KIT_NBGRADER_NOTEBOOKS chose other notebooks: the agreement above is what they show
     # the three submissions really differ: all, none, and part of Task 1's points with nothing of 2b

@@ -46,7 +46,7 @@ def test_bad_input_gives_a_short_error(cli, small_rte, extra, message):
     assert proc.returncode == 2
     assert proc.stderr.startswith("error:") and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 3 and "Traceback" not in proc.stderr
-    assert "Task 2b" not in proc.stdout  # refused before any rank started or any model loaded
+    assert "Task " not in proc.stdout  # refused before any rank started or any model loaded
 
 
 def test_non_empty_output_dir_needs_overwrite(cli, small_rte, tmp_path):
@@ -88,13 +88,12 @@ def test_exported_task2a_runs_as_two_processes_with_the_multi_node_flags(small_r
 
 
 def test_torchrun_standalone_runs_task3_with_the_single_node_losses(small_rte):
-    torchrun = Path(sys.executable).with_name("torchrun")
-    if not torchrun.exists():
-        pytest.skip("torchrun is not installed next to this Python")
+    script = Path(sys.executable).with_name("torchrun")  # the README's command; the same program otherwise
+    torchrun = [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
     args = ["--model_name_or_path", "tiny", "--data_dir", str(small_rte), "--max_seq_length", "32",
             "--global_batch_size", "16", "--max_steps", "3", "--do_train", "--dropout", "0", "--no_progress",
             "--num_threads", "1"]
-    proc = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "run_glue.py", "--task", "3", *args],
+    proc = subprocess.run([*torchrun, "--standalone", "--nproc_per_node", "2", "run_glue.py", "--task", "3", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Task 3 (DistributedDataParallel) on 2 rank(s)" in proc.stdout

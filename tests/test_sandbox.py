@@ -274,7 +274,10 @@ def test_a_submission_that_attacks_the_sandbox_server_only_loses_its_own_points(
     hostile = runner.grade(make_submission(tmp_path / "hostile", profiling=code), tasks={"4"})
     clean = runner.grade(make_submission(tmp_path / "clean"), tasks={"4"})
     assert clean.tests and all(t.passed for t in clean.tests), [t.output for t in clean.tests]
-    assert hostile.tests and all(h.score <= c.score for h, c in zip(hostile.tests, clean.tests))
+    # the attack is graded like any submission: every test there, each scored or failed with a reason
+    assert not hostile.grader_errors and not clean.grader_errors, hostile.grader_errors + clean.grader_errors
+    assert [t.id for t in hostile.tests] == [t.id for t in clean.tests]
+    assert all(t.passed or (t.score == 0 and t.output.strip()) for t in hostile.tests), [t.output for t in hostile.tests]
 
 
 def test_a_memory_bomb_fails_its_checks_and_nothing_else(tmp_path):
