@@ -33,6 +33,7 @@ class WorldSizeWatch:
         self.host, self.port, self.rank, self.world_size = host, int(port), int(rank), int(world_size)
         self.deadline = time.monotonic() + float(timeout_s)
         self.mismatch: Optional[str] = None
+        self.agreed = False  # True once every rank it compares with had the same world size
         self._stop = threading.Event()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kit-world-size-watch", daemon=True)
@@ -69,6 +70,7 @@ class WorldSizeWatch:
                         return
                     waiting.remove(other)
                 self._stop.wait(0.05)
+            self.agreed = not waiting
         except Exception:  # the store closed under us (the group failed or ended): no verdict
             pass
         finally:
