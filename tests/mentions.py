@@ -27,7 +27,8 @@ from pathlib import Path
 
 SHIPPED_DIRS = ("student_src", "notebooks", "data_scripts", "autograder", "tests", "benchmarks")
 GENERATED = {"metrics.json", "results.json", "CLOUDLAB.md", "launch.sh", "submission.zip", "run.json",
-             "gradebook.csv", "autograder.zip", "train.tsv", "dev.tsv", "test.tsv"}
+             "gradebook.csv", "autograder.zip", "train.tsv", "dev.tsv", "test.tsv",
+             "setup.sh", "run_autograder"}  # the last two: inside autograder.zip
 GENERATED_PREFIXES = ("runs/", "data/", "report/", "logs/", "submission/", "OUT/", "$", "~", "/", "PATH",
                       "FOLDER", "SUBMISSION", "release/")
 NOTEBOOK_NAME = re.compile(r"^\d[ab]?_[a-z_]+$")
