@@ -114,6 +114,9 @@ def test_cluster_subcommands_as_commands(tmp_path):
                     sys.executable, "-c", "import os, socket; print('node', os.environ['DPK_NODE'], socket.gethostname())"])
         assert run.returncode == 0, run.stdout + run.stderr
         assert json.loads(out.read_text())["returncodes"] == [0, 0]
+        # rank i ran on node i: each output line carries its node's name and the node's DPK_NODE
+        seen = sorted(line.split()[:3] for line in run.stdout.splitlines() if line.startswith("[node"))
+        assert seen == [["[node0]", "node", "0"], ["[node1]", "node", "1"]], run.stdout
     finally:
         down = _run([*prefix, "down"])
     assert down.stdout.strip() == "cluster down: removed 3 namespaces", down.stdout   # two nodes and the bridge's
