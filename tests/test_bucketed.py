@@ -115,8 +115,12 @@ def test_forward_delegates_and_bad_cap():
     x = torch.randn(4, 3)
     assert torch.equal(BucketedDDP(lin)(x), lin(x))
     from student_src.kit.errors import KitError
-    with pytest.raises(KitError):
-        BucketedDDP(nn.Linear(2, 2), bucket_cap_mb=0)
+    for bad in (0, -1.0):
+        with pytest.raises(KitError, match="bucket_cap_mb must be positive"):
+            BucketedDDP(nn.Linear(2, 2), bucket_cap_mb=bad)
+    # the cap is in MiB, and by default DDP's own: 25 MiB (what notebook 5 compares with)
+    assert BucketedDDP(nn.Linear(2, 2)).bucket_cap_bytes == 25 * 2**20
+    assert BucketedDDP(nn.Linear(2, 2), bucket_cap_mb=0.5).bucket_cap_bytes == 2**19
 
 
 def test_multi_rank_scenarios_match_single_process_baseline():
