@@ -30,6 +30,10 @@ DEFAULTS = {
 }
 
 
+class PointsError(ValueError):
+    """The points file exists but cannot be read (the grader reports it instead of grading)."""
+
+
 def points_file() -> Path:
     return Path(os.environ.get("AUTOGRADER_POINTS") or POINTS_FILE)
 
@@ -43,10 +47,18 @@ def _load_file(path: str) -> dict:
     p = Path(path)
     if not p.exists():
         return {}
-    if tomllib is not None:
-        with p.open("rb") as f:
-            return tomllib.load(f)
-    return _parse_simple_toml(p.read_text())
+    try:
+        if tomllib is not None:
+            with p.open("rb") as f:
+                return tomllib.load(f)
+        return _parse_simple_toml(p.read_text())
+    except (ValueError, OSError) as exc:  # TOMLDecodeError is a ValueError
+        raise PointsError(f"the points file {p} cannot be read: {exc}") from None
+
+
+def check_file() -> None:
+    """Raise ``PointsError`` if the points file is broken (before any test is graded with it)."""
+    _load()
 
 
 def _value(text: str):
@@ -83,7 +95,10 @@ def _parse_simple_toml(text: str) -> dict:
 
 def setting(name: str) -> str:
     """A visibility setting of ``[settings]`` (see ``DEFAULTS``); an unknown value falls back."""
-    value = _load().get("settings", {}).get(name, DEFAULTS[name])
+    try:
+        value = _load().get("settings", {}).get(name, DEFAULTS[name])
+    except PointsError:  # reported by the runner; results.json is still written with the defaults
+        return DEFAULTS[name]
     return value if value in VISIBILITIES else DEFAULTS[name]
 
 

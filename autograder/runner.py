@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .task_table import tasks as task_table
 
 from . import leftovers, registry, seeding
-from .points import points_for, visibility_for
+from .points import PointsError, check_file as check_points_file, points_for, visibility_for
 from .pool import PoolError, SandboxGroup, Settings
 from .results import Results, TestResult
 from .submission import Submission, SubmissionError, kit_has
@@ -89,6 +89,12 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         return results
     if hasattr(results, "isolation"):
         results.isolation = isolation.describe()
+    try:
+        check_points_file()
+    except PointsError as exc:  # a broken points.toml grades nothing rather than guess the points
+        results.grader_errors.append(str(exc))
+        results.execution_time = time.monotonic() - t0
+        return results
     guard = None  # process level: the grader's files (and the trusted kit workspace) fingerprinted
     workdir = leftovers.make_temp_dir("autograder-")
     if isolation.level == "user":

@@ -233,6 +233,22 @@ def test_nothing_found_is_a_zero_with_a_message(tmp_path):
 # ------------------------------------------------------------------------- through the CLI
 
 
+def test_a_broken_points_file_is_an_autograder_failure_in_results_json(tmp_path):
+    """README: grade always writes the results file; a grader that breaks says so there."""
+    bad = tmp_path / "points.toml"
+    bad.write_text("[points]\n\"4.tensor_nbytes\" = [oops\n")
+    results = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(ROOT), "--tasks", "4", "--results",
+                           str(results), "--json-only"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "AUTOGRADER_POINTS": str(bad)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(results.read_text())
+    failed = [t for t in data["tests"] if t["name"] == "autograder failed"]
+    assert data["extra_data"]["autograder_failed"] is True and len(failed) == 1
+    assert str(bad) in failed[0]["output"] and "cannot be read" in failed[0]["output"]
+    assert data["score"] == 0 and [t["name"] for t in data["tests"]] == ["autograder failed"]
+
+
 def test_cli_exit_zero_broken_kit_and_files_where_results_go(tmp_path):
     """os._exit on a rank, all_reduce in 2a, a vandalised kit, and student code overwriting the
     results file: the CLI still exits 0 and writes valid results with exactly the right losses."""

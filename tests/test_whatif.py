@@ -95,3 +95,26 @@ def test_cli_refuses_a_multi_worker_run_without_a_compute_split(tmp_path, capsys
     split = {"forward_s": 0.01, "backward_s": 0.02, "optimizer_s": 0.005}
     assert main(["--metrics", str(_metrics(tmp_path, world_size=4, compute=split)), "--nodes", "2,3"]) == 0
     assert main(["--metrics", str(tmp_path / "missing")]) == 2
+
+
+def test_cli_defaults_a_run_folder_compression_and_latency(tmp_path, capsys):
+    """README: `--metrics runs/task1` (a run's folder), 1 to 64 workers on 1, 10 and 100 Gbit/s by
+    default, `--compression fp16`/`bf16` halves the bytes, `--latency` adds per message."""
+    _metrics(tmp_path)
+
+    def rows(*flags):
+        out = tmp_path / "rows.json"
+        assert main(["--metrics", str(tmp_path), "--json", str(out), *flags]) == 0
+        return {(r["task"], r["nodes"], r["gbit"]): r for r in json.loads(out.read_text())}
+
+    plain = rows()
+    assert {n for _, n, _ in plain} == {1, 2, 4, 8, 16, 32, 64} and {g for _, _, g in plain} == {1.0, 10.0, 100.0}
+    assert {t for t, _, _ in plain} == {"2a", "2b", "3", "5"}
+    key = ("2b", 16, 1.0)
+    bandwidth_only = rows("--latency", "0")  # per-message latency does not halve
+    for fmt in ("fp16", "bf16"):
+        half = rows("--latency", "0", "--compression", fmt)
+        assert half[key]["comm_s"] / bandwidth_only[key]["comm_s"] == pytest.approx(0.5), (fmt, half[key])
+    slow = rows("--latency", "10ms")
+    assert slow[key]["comm_s"] > plain[key]["comm_s"] + 0.01
+    assert slow[("2b", 1, 1.0)]["comm_s"] == 0  # one worker sends nothing, whatever the latency
