@@ -196,6 +196,24 @@ def test_fault_messages_say_what_happened(many_faults):
     assert "no_such_module_anywhere" in out["2.shards_disjoint_complete"]
 
 
+def test_after_a_timeout_the_tasks_other_tests_get_the_short_deadline(tmp_path):
+    """README: after a test of a task hits --timeout, the task's remaining tests get at most
+    ``timeout_after_timeout`` each (an endless loop usually hits all of them)."""
+    sub = mutant(tmp_path / "sub", {"profiling": """
+        def tensor_nbytes(tensor):
+            while True:
+                pass
+
+        def expected_allreduce_bytes(nbytes, world_size):
+            while True:
+                pass
+    """})
+    res = grade(sub, tasks={"4"}, settings=Settings(timeout=6.0, timeout_after_timeout=2.0, stall=2.0, grace=0.5))
+    out = {t.id: t.output for t in res.tests}
+    assert "did not finish within 6 s of CPU time" in out["4.tensor_nbytes"], out
+    assert "did not finish within 2 s of CPU time" in out["4.expected_allreduce_bytes"], out
+
+
 def test_export_zip_grades_each_task_from_its_folder(tmp_path):
     """The zip `student_src.export` writes: a fault only in task2a/ costs only 2a's test."""
     from student_src.export import export

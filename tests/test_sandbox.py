@@ -349,3 +349,15 @@ def test_forged_ok_reports_do_not_pass(tmp_path, level):
     res = runner.grade(sub, tasks={"1"}, sandbox=level)
     assert res.tests and not res.grader_errors, res.grader_errors
     assert all(t.score == 0 for t in res.tests), [(t.id, t.score, t.output[:200]) for t in res.tests]
+
+
+def test_the_fallback_level_through_the_cli_is_the_best_without_namespaces(tmp_path):
+    """README: ``--sandbox fallback``: the strongest level without bubblewrap (``user`` as root,
+    else ``process``), named in results.json, and the solution still grades to full marks."""
+    results = tmp_path / "results.json"
+    proc = grade_cli(make_submission(tmp_path / "sub"), results, "fallback", "4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(results.read_text())
+    want = "user" if os.geteuid() == 0 else "process"
+    assert data["extra_data"]["isolation"].startswith(f"{want}:"), data["extra_data"]["isolation"]
+    assert data["tests"] and all(t["status"] == "passed" for t in data["tests"]), data["tests"]
