@@ -75,3 +75,18 @@ def test_help_lists_every_target_it_documents():
     phony = set(re.search(r"^\.PHONY: (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split())
     assert {"setup", "data", "demo", "test", "lab", "report", "release", "grade", "mutation"} <= documented
     assert documented <= phony, documented - phony
+
+
+def test_the_conda_environment_installs_the_same_as_make_setup():
+    """README: `conda env create -f environment.yml`: torch pinned and first, then the kit with the
+    extras `make setup` installs."""
+    import yaml
+
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    makefile = (ROOT / "Makefile").read_text()
+    torch = re.search(r"^TORCH_SPEC\s*\?=\s*(\S+)", makefile, re.M).group(1)
+    extras = re.search(r"^EXTRAS\s*\?=\s*(\S+)", makefile, re.M).group(1)
+    assert pip == [torch, f"-e .[{extras}]"], pip
+    python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
+    assert tuple(map(int, python.split("=")[1].split("."))) >= (3, 10)

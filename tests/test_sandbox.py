@@ -160,6 +160,7 @@ def test_busy_thread_at_import_changes_nothing(tmp_path, level):
     busy = make_submission(tmp_path / "busy", profiling=code)
     first = runner.grade(busy, tasks={"4"}, sandbox=level)
     second = runner.grade(busy, tasks={"4"}, sandbox=level)
+    assert clean.tests and all(t.passed for t in clean.tests), [t.output for t in clean.tests]
     assert scores(first) == scores(second) == scores(clean)
     assert not any("endless loop" in t.output for t in first.tests + second.tests)
 

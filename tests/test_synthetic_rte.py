@@ -107,6 +107,8 @@ def test_patterns_look_right():
                           for w in form[1].split() + list(v.participles)}
             hyp_verbs = {w for w in hyp.rstrip(".").split() if w in verb_words} - {"by", "of", "to", "on", "over", "from", "against", "a"}
             assert hyp_verbs and not all(w in premise.split() for w in hyp_verbs), (premise, hyp)
+    checked = {"negation", "neg_neg", "neg_premise", "overlap_entity", "swap", "changed_event"}
+    assert checked <= {pattern for *_, pattern in rows}, "a pattern checked above never occurred"
     premises = [p for p, *_ in rows]
     assert min(len(p.split(". ")) for p in premises) == 1
     assert max(len(p.split(". ")) for p in premises) >= 3

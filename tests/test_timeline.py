@@ -16,7 +16,9 @@ def runs(tmp_path_factory, small_rte):
     from conftest import run_cli
 
     root = tmp_path_factory.mktemp("runs")
-    for task, extra in (("1", []), ("2b", ["--world_size", "2", "--spawn"]), ("3", ["--world_size", "2", "--spawn"])):
+    two = ["--world_size", "2", "--spawn"]
+    # Task 5 with the README's flags: 0.1 MB buckets (tiny: 5 of them; 1 at the default 25) and bf16 on the wire
+    for task, extra in (("1", []), ("2b", two), ("3", two), ("5", [*two, "--bucket_cap_mb", "0.1", "--grad_compression", "bf16"])):
         proc = run_cli(["--task", task, "--data_dir", small_rte, "--output_dir", root / f"task{task}", *COMMON, *extra])
         assert proc.returncode == 0, proc.stderr[-3000:]
     return root
@@ -53,6 +55,22 @@ def test_3_times_ddp_buckets_with_a_hook(runs):
     for e in buckets:  # after the iteration's forward, and done before its optimizer step
         mine = {x["kind"]: x for x in events if (x["rank"], x["iteration"]) == (e["rank"], e["iteration"])}
         assert mine["forward"]["end"] - 1e-6 <= e["start"] <= e["end"] <= mine["optimizer"]["start"] + 1e-6
+
+
+def test_5_launches_one_all_reduce_per_bucket_of_the_cap_given_on_the_command_line(runs):
+    from student_src.bucketed import BucketedDDP
+    from student_src.kit.models import load_model
+
+    m = _metrics(runs, "5")
+    assert m["config"]["bucket_cap_mb"] == 0.1 and m["config"]["grad_compression"] == "bf16"
+    model = load_model("tiny", dropout=0.0)
+    model = model[0] if isinstance(model, tuple) else model
+    buckets = len(BucketedDDP(model, bucket_cap_mb=0.1).buckets)
+    assert buckets > len(BucketedDDP(model).buckets)  # the cap matters for this model
+    for rank in (0, 1):
+        for it in (2, 3):
+            comm = [e for e in m["timeline"] if (e["rank"], e["iteration"], e["kind"]) == (rank, it, "comm")]
+            assert len(comm) == buckets and {e["name"] for e in comm} == {"all_reduce"}, comm
 
 
 def test_report_draws_timelines_and_speedup(runs, tmp_path):
