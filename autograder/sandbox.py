@@ -65,8 +65,8 @@ DESCRIPTIONS = {
     "user": ("fallback without namespaces: ranks run as user nobody, grader files read-only to "
              "them; every process they start is killed after each check; no network isolation"),
     "process": ("fallback without namespaces: ranks run as the grader's user; every process they start "
-                "is killed after each check; the grader's files are checked for changes; no file or "
-                "network isolation"),
+                "is killed after each check; the grader's files are checked for changes; no file (the grading key "
+                "included) or network isolation"),
 }
 
 
