@@ -30,6 +30,29 @@ def test_task1_prints_five_losses_and_writes_metrics(cli, small_rte, tmp_path):
     assert metrics["config"]["max_steps"] == 5
 
 
+def test_a_local_model_folder_is_used_as_given(cli, small_rte, tmp_path):
+    """README: ``--model_name_or_path PATH``. The saved model's classifier says "label 0" with a
+    margin of 16 logits, so the first loss (about 8 on label-1 rows) proves its weights were loaded."""
+    import torch
+
+    from student_src.kit.models import load_model, load_tokenizer
+
+    folder = tmp_path / "my-model"
+    model = load_model("tiny")
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor([8.0, -8.0]))
+    model.save_pretrained(folder)
+    load_tokenizer("tiny").save_pretrained(folder)
+    out = tmp_path / "out"
+    proc = cli(["--task", "1", "--model_name_or_path", folder, "--max_steps", "1", "--data_dir", small_rte,
+                "--max_seq_length", "32", "--output_dir", out, "--no_progress", "--dropout", "0"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["config"]["model_name_or_path"] == str(folder)
+    assert metrics["losses"][0] > 2.0, metrics["losses"]  # a fresh tiny model starts near ln 2 = 0.69
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--data_dir", "/nonexistent/RTE"], "make data"),
     (["--model_name_or_path", "bert-base-cased"], "minilm"),
