@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -115,8 +114,7 @@ def test_nothing_outlives_grading_and_results_stay_the_graders(tmp_path, level):
     graded = json.loads(results.read_text())
     assert graded["tests"], graded
     assert processes_with(marker) == [], "a process started by the submission outlived grading"
-    time.sleep(6)  # longer than the lurkers wait
-    assert json.loads(results.read_text()) == graded
+    assert json.loads(results.read_text()) == graded  # (the lurkers, all dead, can no longer rewrite it)
     assert not loot.exists() or loot.read_text() != "HACKED"
     assert processes_with(marker) == []
 
