@@ -185,6 +185,32 @@ def test_failed_up_removes_what_it_made(clean, monkeypatch):
     assert net.list_namespaces(PREFIX) == []
 
 
+
+def _kernel_without_netem(monkeypatch):
+    """Make ``tc`` answer the netem probe as a kernel without sch_netem does (some VMs)."""
+    real = net.sh
+
+    def sh(*args, **kw):
+        if args[:2] == ("tc", "qdisc") and "netem" in args and "add" in args:
+            return subprocess.CompletedProcess(list(args), 2, "", "Error: Specified qdisc kind is unknown.")
+        return real(*args, **kw)
+    monkeypatch.setattr(net, "sh", sh)
+
+
+@needs_root
+def test_without_netem_up_shapes_with_tbf_and_says_so(clean, monkeypatch, capsys):
+    """README: "Links are shaped with netem (rate + delay) where the kernel has it, else with tbf
+    (rate only; `cluster up` says so)"; a --delay it cannot emulate is a clear error, nothing left up."""
+    _kernel_without_netem(monkeypatch)
+    assert cluster.main(["--prefix", PREFIX, "up", "--nodes", "2", "--delay", "1ms"]) == 2
+    assert "no netem qdisc, so --delay cannot be emulated" in capsys.readouterr().err
+    assert net.list_namespaces(PREFIX) == []
+    assert cluster.main(["--prefix", PREFIX, "up", "--nodes", "2", "--rate", "100mbit"]) == 0
+    assert "qdisc tbf (this kernel has no netem: rate only, no delay)" in capsys.readouterr().out
+    shown = subprocess.run(["ip", "netns", "exec", f"{PREFIX}node0", "tc", "qdisc", "show", "dev", "eth0"],
+                           capture_output=True, text=True, timeout=20).stdout
+    assert "tbf" in shown and "rate 100Mbit" in shown and "netem" not in shown, shown
+
 @needs_root
 def test_isolate_gives_a_private_loopback_and_cleans_up(clean):
     code = ("import psutil, socket, sys\n"

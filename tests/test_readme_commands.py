@@ -49,6 +49,34 @@ def _task3(small_rte, out: Path, *extra) -> dict:
     return metrics
 
 
+def _traffic_line(metrics: dict) -> str:
+    """The line run_glue prints for --measure_traffic: measured bytes against the prediction."""
+    t = metrics["traffic"]
+    return (f"traffic on {t['interface']}: measured {t['measured_bytes'] / 1e6:.2f} MB, "
+            f"expected {t['expected_bytes'] / 1e6:.2f} MB (ratio {t['measured_bytes'] / t['expected_bytes']:.3f})")
+
+
+def test_task4_measure_traffic_and_timing_iters_without_root(small_rte, tmp_path):
+    """The README's Task 4 command (``--task 2b --spawn --measure_traffic``, "bytes on the wire
+    against the prediction") with the timing protocol (``--timing_iters N``: N iterations, the
+    first dropped, the mean printed), on the shared loopback a plain user has: other programs
+    can only add bytes, so the measurement is at least the prediction."""
+    out = tmp_path / "t4"
+    proc = _run(["-m", "student_src.run_glue", "--task", "2b", "--world_size", 2, "--spawn", "--measure_traffic",
+                 "--timing_iters", 4, "--model_name_or_path", "tiny", "--data_dir", small_rte, "--max_seq_length", 32,
+                 "--global_batch_size", 8, "--num_threads", 1, "--output_dir", out])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    m = json.loads((out / "metrics.json").read_text())
+    t = m["traffic"]
+    assert t["iterations"] == 4 and t["world_size"] == 2 and t["expected_bytes"] > t["grad_nbytes_per_step"] * 4
+    assert t["measured_bytes"] >= 0.98 * t["expected_bytes"], t
+    assert _traffic_line(m) in proc.stdout, proc.stdout[-2000:]
+    times = m["iter_times"]
+    assert len(times) == 4 and m["timing"]["iterations"] == 3 and m["timing"]["dropped"] == 1
+    assert m["timing"]["mean_s"] == pytest.approx(statistics.fmean(times[1:]))
+    assert f"{m['timing']['mean_s']:.4f}" in proc.stdout
+
+
 @pytest.mark.skipif(not can_isolate, reason="cluster isolate needs root (CI runs as root), Linux and ip")
 def test_timing_iters_and_grad_compression_through_the_cli(small_rte, tmp_path):
     plain = _task3(small_rte, tmp_path / "plain", "--timing_iters", 4)
@@ -71,6 +99,10 @@ def test_timing_iters_and_grad_compression_through_the_cli(small_rte, tmp_path):
     ratio = b["measured_bytes"] / a["measured_bytes"]
     assert 0.45 < ratio < 0.6, (ratio, a["measured_bytes"], b["measured_bytes"])
     assert half["config"]["grad_compression"] == "fp16" and plain["config"]["grad_compression"] == "none"
+    # on a private loopback the measurement matches the prediction, compressed or not, and is printed
+    for m in (plain, half):
+        assert 0.97 <= m["traffic"]["ratio"] <= 1.05, m["traffic"]
+        assert _traffic_line(m) in m["_stdout"], m["_stdout"][-2000:]
 
 
 def test_autograder_sandbox_command_names_the_level():

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from . import launch as klaunch
 from . import metrics as kmetrics
 from . import progress, student_api, tasks
+from .compression import register_ddp_compression, wire_dtype
 from .config import TrainConfig, per_worker_batch_size
 from .errors import KitError
 from .metrics import write_metrics  # noqa: F401  (trainer.write_metrics: where runs write their results)
@@ -140,8 +141,6 @@ def setup_task(cfg: TrainConfig, model, ctx):
     if task.sync == "ddp":
         wrapped = fn(model)
         if compression is not None:
-            from .compression import register_ddp_compression
-
             register_ddp_compression(wrapped, compression)
         return wrapped, None, None
     if task.sync == "bucketed":
@@ -356,10 +355,14 @@ def _communication(run: Run) -> dict:
         return {"comm": comm}
     dist.barrier()
     # Without a student CommLog (2a, 3, 5, or Task 4 not done yet), one record per gradient
-    # still tells the traffic model how many messages a step sends.
-    records = comm.get("records_first_step") or [
-        {"nbytes": p.numel() * p.element_size()} for p in run.base_model.parameters() if p.requires_grad]
-    return {"comm": comm, "traffic": run.meter.finish(run.steps_done, comm["grad_bytes_per_step"], comm_records=records)}
+    # still tells the traffic model how many messages a step sends, in the dtype gradients travel
+    # in: --grad_compression fp16/bf16 (Tasks 3 and 5) puts half the bytes on the wire.
+    records, wire_bytes = comm.get("records_first_step"), comm["grad_bytes_per_step"]
+    if not records:
+        records = [{"nbytes": p.numel() * wire_dtype(run.cfg.grad_compression, p.dtype).itemsize}
+                   for p in run.base_model.parameters() if p.requires_grad]
+        wire_bytes = sum(r["nbytes"] for r in records)
+    return {"comm": comm, "traffic": run.meter.finish(run.steps_done, wire_bytes, comm_records=records)}
 
 # --------------------------------------------------------------------------- entry points
 def train_rank(ctx, cfg: TrainConfig):
