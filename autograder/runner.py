@@ -133,7 +133,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             sub.workspace(src)
         # what the ranks of each workspace run, for the secrets (the same files, the same secrets)
         digests = {src.label: seeding.tree_digest(sub.workspace(src) / "student_src") for _, src in runnable}
-        key = _grading_key(results) if runnable else b""
+        key = b"" if not runnable else seeding.public_key() if public_only else _grading_key(results)
         if isolation.level == "user":
             _readable_by_all(workdir)
         if isolation.level == "process":

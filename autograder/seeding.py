@@ -16,6 +16,10 @@ graded: the CLI, Gradescope's regrade, nbgrader's check cells), any change to it
 ones, and without the key nobody can compute them ahead. ``KIT_GRADING_KEY`` (any string) sets
 the key instead, e.g. to regrade on another machine with the same results; ``KIT_GRADING_KEY_FILE``
 moves the file.
+
+The public checks alone (students' ``python -m autograder check``, a notebook's check cell) grade
+nothing that counts, so they keep no key (:func:`public_key`): nothing is written to a student's
+home, and each run draws its own secrets unless ``KIT_GRADING_KEY`` is set.
 """
 
 from __future__ import annotations
@@ -64,6 +68,12 @@ def grading_key() -> bytes:
     finally:
         os.unlink(tmp)
     return path.read_bytes().strip()
+
+
+def public_key() -> bytes:
+    """The key of a public-checks-only run: ``$KIT_GRADING_KEY``, else one for this run (no file)."""
+    given = os.environ.get(KEY_ENV)
+    return given.encode() if given else os.urandom(32)
 
 
 def tree_digest(folder: Path) -> str:

@@ -123,3 +123,16 @@ def test_a_key_that_cannot_be_kept_still_grades_and_says_so(tmp_path, monkeypatc
     res = runner.grade(str(make_submission(tmp_path / "sub")), tasks={"4"})
     assert not res.grader_errors and res.tests and all(t.passed for t in res.tests)
     assert "the grading key could not be kept" in res.header and seeding.KEY_ENV in res.header
+
+
+def test_the_public_checks_keep_no_key(tmp_path, monkeypatch):
+    """A student's ``check`` grades nothing that counts: it writes no key into their home."""
+    monkeypatch.delenv(seeding.KEY_ENV, raising=False)
+    key_file = tmp_path / "cfg" / "grading-key"
+    monkeypatch.setenv(seeding.KEY_FILE_ENV, str(key_file))
+    res = runner.grade(str(make_submission(tmp_path / "sub")), tasks={"4"}, public_only=True)
+    assert not res.grader_errors and res.tests and all(t.passed for t in res.tests)
+    assert not key_file.parent.exists()
+    assert seeding.public_key() != seeding.public_key()  # each run its own secrets
+    monkeypatch.setenv(seeding.KEY_ENV, "reproduce")
+    assert seeding.public_key() == b"reproduce"
