@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 # how make test's two workers share the suite, and where the walk's tests go (the module's hooks)
-from suite_schedule import WALK_MARK, is_xdist_worker as _xdist_worker  # noqa: F401
+from suite_schedule import WALK_MARK, is_xdist_worker
 from suite_schedule import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def _background_walk(request, tmp_path_factory):
     """Starts steps 1-4 of the student's walk in a background thread if a selected test needs it:
     the fresh venv's install and the notebooks use the core the rest of the suite leaves idle.
     (Under xdist every worker collects every test; the worker that gets the walk runs it itself.)"""
-    if _xdist_worker(request.config) or not any(item.get_closest_marker(WALK_MARK) for item in request.session.items):
+    if is_xdist_worker(request.config) or not any(item.get_closest_marker(WALK_MARK) for item in request.session.items):
         yield None
         return
     from student_walk_steps import BackgroundWalk
@@ -79,7 +79,7 @@ def student_walk(_background_walk, request, tmp_path_factory):
     from student_walk_steps import LOG, walk_to_notebooks
 
     try:
-        if _xdist_worker(request.config):
+        if is_xdist_worker(request.config):
             return walk_to_notebooks(tmp_path_factory.mktemp("student-walk"))
         assert _background_walk is not None, f"mark the test @pytest.mark.{WALK_MARK} to use the student walk"
         return _background_walk.result(WALK_DEADLINE_S)

@@ -18,7 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def dry_run(*args: str) -> str:
     """What ``make ARGS`` would run with no active environment (the Makefile's own .venv), whatever
     called this test (``make test`` passes its variables down in MAKEFLAGS)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "MAKEFLAGS", "MFLAGS")}
+    # make exports its command line's variables (make test PYTEST_ARGS=...) to what it runs
+    settable = set(re.findall(r"^(\w+)\s*\?=", (ROOT / "Makefile").read_text(), re.M))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "MAKEFLAGS", "MFLAGS", *settable)}
     proc = subprocess.run(["make", "--no-print-directory", "-n", "-B", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
