@@ -83,16 +83,33 @@ STUDENTS = {
 }
 
 
+def _course_cli(*args, expect: int = 0) -> str:
+    """``python -m autograder.course ARGS`` from the kit's folder; its stdout (stderr on an error)."""
+    proc = subprocess.run([sys.executable, "-m", "autograder.course", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # a hang guard: seconds each
+    assert proc.returncode == expect, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout if expect == 0 else proc.stderr
+
+
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
     """generate_assignment -> release_assignment -> (students) fetch_assignment, submit -> collect
     -> autograde -> generate_feedback: exactly the commands ``workflow()`` gives (and the README shows)."""
-    from autograder.course.course import init, nbgrader, release, release_to_exchange, workflow
+    from autograder.course.course import nbgrader, release_to_exchange, workflow
 
     tmp_path = tmp_path_factory.mktemp("nbgrader")
     course = tmp_path / "course"
-    src = init(course, "dp", NOTEBOOKS)
-    out = release(course, "dp")  # nbgrader generate_assignment + the stripped kit
+    # the README's two commands, as commands: init COURSE, then release COURSE
+    subset = ["--notebooks", ",".join(NOTEBOOKS)] if NOTEBOOKS else []
+    made = _course_cli("init", course, *subset)
+    src = course / "source" / "dp"
+    assert made.startswith(f"course ready: {src} ("), made
+    assert f"next: python -m autograder.course release {course}" in made
+    released = _course_cli("release", course)  # nbgrader generate_assignment + the stripped kit
+    out = course / "release" / "dp"
+    assert released.startswith(f"student release: {out} "), released
+    assert "students, in their own folder: nbgrader fetch_assignment dp --course" in released, released
+    assert "exists; pass --force" in _course_cli("init", course, expect=2)  # never overwrites silently
     outbound = release_to_exchange(course, "dp")  # nbgrader release_assignment
     steps = workflow(course, "dp")
     fetch, submit = steps["student"]
