@@ -179,7 +179,9 @@ from student_src.kit.config import parse_config
 from student_src.kit.errors import KitError
 rank, world_size, port = sys.argv[1:4]
 cfg = parse_config(["--task", "2b", "--master_ip", "127.0.0.1", "--master_port", port, "--world_size", world_size,
-                    "--local_rank", rank, "--dist_timeout", "4", "--global_batch_size", "48"])
+                    "--local_rank", rank, "--dist_timeout", "8", "--global_batch_size", "48"])
+print("ready", flush=True)
+sys.stdin.readline()  # both ranks start their rendezvous together, however long their imports took
 try:
     process_group.init_distributed(cfg)
     print("formed a group")
@@ -195,10 +197,16 @@ def test_mismatched_world_size_under_the_students_init_is_one_clear_line():
     import sys
 
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", MISMATCH_RANK, str(rank), str(n), str(port)],
+    procs = [subprocess.Popen([sys.executable, "-c", MISMATCH_RANK, str(rank), str(n), str(port)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
              for rank, n in ((0, 2), (1, 3))]
     try:
+        # On a busy machine one rank's imports can outlast the other's whole --dist_timeout (rank 0
+        # then ends, and its store with it, before rank 1 asks): start both rendezvous together.
+        assert [p.stdout.readline().strip() for p in procs] == ["ready", "ready"]
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
         out = procs[1].communicate(timeout=120)[0]    # rank 0 may sit in gloo's own connect timeout: not waited for
     finally:
         for p in procs:
