@@ -8,7 +8,8 @@
 #   make lab      JupyterLab on the notebooks (make notebooks regenerates them from their builder)
 #   make report   every task's metrics.json (runs/full) into report/: tables and PNG plots
 #   make release  the student release into $(RELEASE_DIR)
-#   make grade    grade this checkout (full marks on the solution source); gradescope: dist/autograder.zip
+#   make grade    grade this checkout (full marks on the solution source); GRADE_FLAGS="--tasks 2a,2b --timeout 30"
+#   make gradescope   dist/autograder.zip for Gradescope
 #   make cluster-up / cluster-down   an emulated 4-node cluster in network namespaces (Linux, root)
 #   make mutation TARGET=timing   mutation testing of one module (cosmic-ray; CPU-heavy, not in CI; no TARGET: all, one by one)
 #
@@ -24,6 +25,7 @@ RELEASE_DIR ?= release
 RELEASE_FLAGS ?= --force
 DATA_DIR    ?= data/glue_data/RTE
 PYTEST_ARGS ?=
+GRADE_FLAGS ?=
 # test workers (pytest-xdist): 2 keeps two cores busy; each test starts its own ranks as well
 TEST_JOBS   ?= 2
 
@@ -88,7 +90,7 @@ release: setup
 	$(PY) -m autograder release $(RELEASE_DIR) $(RELEASE_FLAGS)
 
 grade: setup
-	$(PY) -m autograder grade . --results results.json
+	$(PY) -m autograder grade . --results results.json $(GRADE_FLAGS)
 
 gradescope: setup
 	$(PY) -m autograder gradescope dist/

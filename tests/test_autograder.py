@@ -331,9 +331,11 @@ def test_grade_all_writes_a_gradebook(tmp_path):
     with zipfile.ZipFile(subs / "carol.zip", "w") as zf:
         for f in sorted((carol / "student_src").rglob("*.py")):
             zf.write(f, f.relative_to(carol).as_posix())
-    proc = subprocess.run([sys.executable, "-m", "autograder", "grade-all", str(subs), "--jobs", "3", "--tasks", "4",
-                           "--out", str(tmp_path / "grades")], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    # README: "FOLDER-grades/gradebook.csv + everyone's results.json" (and report.txt) by default
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade-all", str(subs), "--jobs", "3", "--tasks", "4"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (tmp_path / "subs-grades").rename(tmp_path / "grades")
     rows = (tmp_path / "grades" / "gradebook.csv").read_text().splitlines()
     header = rows[0].split(",")
     assert header[:3] == ["student", "score", "max_score"] and "4.expected_allreduce_bytes" in header
@@ -343,6 +345,8 @@ def test_grade_all_writes_a_gradebook(tmp_path):
     assert float(by_name["bob"][1]) == 0
     for name in by_name:
         validate_results(json.loads((tmp_path / "grades" / name / "results.json").read_text()))
+    assert "4.expected_allreduce_bytes" in (tmp_path / "grades" / "alice" / "report.txt").read_text()
+    assert "TODO(task 4)" in (tmp_path / "grades" / "bob" / "report.txt").read_text()
 
 
 
@@ -402,6 +406,64 @@ def test_zip_names_cannot_escape_the_workdir(tmp_path):
     ws = sub.workspace(sub.source_for("1"))
     assert (ws / "student_src" / "train.py").exists() and (ws / "student_src" / "kit" / "models.py").exists()
 
+
+
+def _layout(root: Path, folders: list[str]) -> Path:
+    """The solution's student modules copied into each of ``folders`` under ``root``."""
+    for folder in folders:
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for f in (ROOT / "student_src").glob("*.py"):
+            shutil.copy2(f, root / folder / f.name)
+    return root
+
+
+@pytest.mark.parametrize("layout, picks", [
+    # the export's folders: each task from its own, Task 2 from task2a/, Task 4 from task2b/
+    (["task1/student_src", "task2a/student_src", "task2b/student_src", "task3/student_src"],
+     {"1": "task1/student_src", "2": "task2a/student_src", "2a": "task2a/student_src", "2b": "task2b/student_src",
+      "3": "task3/student_src", "4": "task2b/student_src"}),
+    (["submission/student_src"], {"1": "submission/student_src", "2b": "submission/student_src"}),  # one wrapping folder
+    ([""], {"1": ".", "4": "."}),                                                 # modules without student_src/
+    (["student_src", "notes"], {"2b": "student_src"}),                            # a stray copy next to it
+    (["student_src", "task2a/student_src"], {"2a": "task2a/student_src", "1": "student_src", "3": "student_src"}),
+])
+def test_close_variants_of_a_submission_are_graded_from_the_right_copy(tmp_path, layout, picks):
+    """autograder/README: the export zip unpacked, or close variants (one wrapping folder, modules
+    without the student_src folder); each task from its own folder's copy, else the top-level one."""
+    from autograder.submission import Submission
+
+    root = _layout(tmp_path / "sub", layout)
+    if "notes" in layout:
+        for f in (root / "notes").glob("*.py"):
+            if f.name != "sync.py":
+                f.unlink()
+    sub = Submission(root, tmp_path / "work")
+    assert {task: sub.source_for(task).shown() for task in picks} == picks
+
+
+def test_a_zip_inside_the_folder_is_unpacked_and_nothing_found_says_what_was_expected(tmp_path):
+    from autograder.submission import Submission
+
+    inner = _layout(tmp_path / "made", ["student_src"])
+    upload = tmp_path / "upload"
+    upload.mkdir()
+    with zipfile.ZipFile(upload / "my-work.zip", "w") as zf:
+        for f in sorted((inner / "student_src").glob("*.py")):
+            zf.write(f, f.relative_to(inner).as_posix())
+    sub = Submission(upload, tmp_path / "work")
+    ws = sub.workspace(sub.source_for("2b"))
+    assert (ws / "student_src" / "sync.py").read_bytes() == (ROOT / "student_src" / "sync.py").read_bytes()
+    empty = tmp_path / "empty"
+    (empty / "docs").mkdir(parents=True)
+    nothing = Submission(empty, tmp_path / "work2")
+    assert nothing.source_for("1") is None
+    assert nothing.describe().startswith("no student code found in empty: expected a student_src/ folder with ")
+
+
+def test_modules_without_their_folder_grade_full_marks(tmp_path):
+    """One variant end to end (Task 4: no training, seconds): the layout costs no point."""
+    res = grade(str(_layout(tmp_path / "flat", [""])), tasks=parse_tasks("4"))
+    assert res.tests and all(t.passed for t in res.tests), [t.output[:200] for t in res.tests if not t.passed]
 
 def test_notebook_api_runs_public_checks(capsys):
     import autograder

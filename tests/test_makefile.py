@@ -35,7 +35,7 @@ def dry_run(*args: str) -> str:
     ("notebooks", ".venv/bin/python -m autograder.course.build_notebooks"),
     ("report", ".venv/bin/python -m student_src.kit.report runs/full report"),
     ("release", ".venv/bin/python -m autograder release release --force"),
-    ("grade", ".venv/bin/python -m autograder grade . --results results.json"),
+    ("grade", ".venv/bin/python -m autograder grade . --results results.json "),
     ("gradescope", ".venv/bin/python -m autograder gradescope dist/"),
     ("cluster-up", ".venv/bin/python -m student_src.kit.cluster up --nodes 4 --rate 1gbit"),
     ("cluster-down", ".venv/bin/python -m student_src.kit.cluster down"),
@@ -62,6 +62,15 @@ def test_the_readme_variables_reach_the_commands():
     assert ".venv/bin/python -m autograder release elsewhere --force" in dry_run("release", "RELEASE_DIR=elsewhere")
     assert "run_mutation.py timing" in dry_run("mutation", "TARGET=timing")
     assert "run_mutation.py --all" in dry_run("mutation")
+    grade = dry_run("grade", "GRADE_FLAGS=--tasks 2a,2b --timeout 30").splitlines()
+    assert ".venv/bin/python -m autograder grade . --results results.json --tasks 2a,2b --timeout 30" in grade
+
+
+def test_make_test_installs_bubblewrap_first_where_it_can():
+    """README: "`make test` installs Debian's `bubblewrap` when run as root" (with apt-get)."""
+    text = dry_run("test")
+    have, root = text.index("if command -v bwrap"), text.index('elif [ "$(id -u)" = 0 ] && command -v apt-get')
+    assert have < root < text.index("apt-get install -y -qq bubblewrap libcap2-bin") < text.index(" -m pytest ")
 
 
 def test_an_active_environment_is_used_instead_of_a_new_venv(tmp_path):

@@ -125,6 +125,11 @@ def test_autograder_gradescope_command_writes_the_zip(tmp_path):
         assert "-m autograder grade" in run and "results.json" in run
         assert any(n.startswith("kit/autograder/checks/") for n in names)   # the hidden checks go to Gradescope
         assert "kit/autograder/points.toml" in names
+    # an existing zip is never replaced silently: --force replaces it
+    again = _run(["-m", "autograder", "gradescope", tmp_path / "gs"])
+    assert again.returncode == 2 and again.stderr.strip().endswith("autograder.zip exists; pass --force to replace it")
+    forced = _run(["-m", "autograder", "gradescope", tmp_path / "gs", "--force"])
+    assert forced.returncode == 0 and zipfile.is_zipfile(tmp_path / "gs" / "autograder.zip"), forced.stderr[-2000:]
 
 
 @pytest.mark.skipif(not can_isolate or not shutil.which("tc"),
