@@ -17,17 +17,27 @@ SCHEMA = {"task", "world_size", "global_batch_size", "losses", "rank_losses", "i
 
 
 def test_task1_prints_five_losses_and_writes_metrics(cli, small_rte, tmp_path):
+    """README: Task 1 "prints the first five losses, evaluates after every epoch"; every run with
+    --output_dir writes metrics.json, with the dev accuracy per slice in each evaluation."""
     out = tmp_path / "out"
-    proc = cli(["--task", "1", "--model_name_or_path", "tiny", "--max_steps", "5", "--data_dir", small_rte,
-                "--max_seq_length", "32", "--output_dir", out, "--no_progress"])
+    # 256 rows / batch 32 = 8 steps an epoch, 2 epochs: 16 steps, past the first five and the 10th
+    proc = cli(["--task", "1", "--model_name_or_path", "tiny", "--num_train_epochs", "2", "--global_batch_size", "32",
+                "--data_dir", small_rte, "--max_seq_length", "32", "--output_dir", out, "--no_progress"])
     assert proc.returncode == 0, proc.stderr
-    assert len(re.findall(r"^step\s+\d+/5\s+loss", proc.stdout, re.M)) == 5
+    printed = [int(n) for n in re.findall(r"^step\s+(\d+)/16\s+loss", proc.stdout, re.M)]
+    assert printed == [1, 2, 3, 4, 5, 10], printed  # the first five, then every --logging_steps (10)
+    assert re.findall(r"^epoch (\d): dev accuracy", proc.stdout, re.M) == ["1", "2"]
     metrics = json.loads((out / "metrics.json").read_text())
     assert SCHEMA <= metrics.keys()
-    assert len(metrics["losses"]) == 5 and len(metrics["iter_times"]) == 5
+    assert len(metrics["losses"]) == 16 and len(metrics["iter_times"]) == 16
     assert metrics["rank_losses"] == [metrics["losses"]]
-    assert metrics["eval"] and {"epoch", "accuracy", "loss"} <= metrics["eval"][0].keys()
-    assert metrics["config"]["max_steps"] == 5
+    assert [e["epoch"] for e in metrics["eval"]] == [1, 2]
+    for e in metrics["eval"]:
+        assert {"accuracy", "loss"} <= e.keys() and e["slices"]["by"] == "pattern", e
+        # the slices partition the dev set: their examples add up to its 64 rows, their hits to the accuracy
+        rows = e["slices"]["rows"]
+        assert sum(r["examples"] for r in rows) == 64, rows
+        assert sum(r["correct"] for r in rows) / 64 == pytest.approx(e["accuracy"])
 
 
 def test_a_local_model_folder_is_used_as_given(cli, small_rte, tmp_path):
