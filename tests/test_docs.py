@@ -10,7 +10,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from mentions import makefile_mentions, problems_in, text_mentions  # noqa: E402
 
 #: paths in these documents are relative to the repository's root
-DOCS = ("README.md", "autograder/README.md", "tests/README.md")
+DOCS = ("README.md", "autograder/README.md", "autograder/course/README.md", "tests/README.md")
 
 
 def _placeholder(mention: str) -> bool:
@@ -34,3 +34,16 @@ def test_the_checker_sees_a_wrong_name_in_them(tmp_path):
     wrong = ["`python -m autograder.gradr`", "`student_src/kit/timings.py`", "`make tests`"]
     found = [p for m in wrong for mention in text_mentions(m) for p in problems_in(mention, ROOT, "x.md")]
     assert len(found) == 3, found
+
+
+def test_the_course_readme_shows_the_commands_the_nbgrader_test_runs():
+    """autograder/course/README.md: "`tests/test_nbgrader.py` runs exactly these" (``workflow()``)."""
+    from autograder.course.course import workflow
+
+    course = Path.home() / "dp-course"
+    text = (ROOT / "autograder" / "course" / "README.md").read_text().replace("$HOME", str(Path.home()))
+    shown = [line.split("#")[0].split("&&")[-1].strip() for line in text.splitlines()
+             if line.startswith("    ") and "nbgrader " in line and "autograder.course" not in line]
+    steps = workflow(course, "dp")
+    expected = [" ".join(cmd) for who in ("release", "student", "grade") for cmd in steps[who]]
+    assert shown == expected
