@@ -332,7 +332,8 @@ def test_grade_all_writes_a_gradebook(tmp_path):
         for f in sorted((carol / "student_src").rglob("*.py")):
             zf.write(f, f.relative_to(carol).as_posix())
     # README: "FOLDER-grades/gradebook.csv + everyone's results.json" (and report.txt) by default
-    proc = subprocess.run([sys.executable, "-m", "autograder", "grade-all", str(subs), "--jobs", "3", "--tasks", "4"],
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade-all", str(subs), "--jobs", "3", "--tasks", "4",
+                           "--sandbox", "process"],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (tmp_path / "subs-grades").rename(tmp_path / "grades")
@@ -344,7 +345,9 @@ def test_grade_all_writes_a_gradebook(tmp_path):
     assert float(by_name["alice"][1]) == float(by_name["alice"][2]) == float(by_name["carol"][1]) > 0
     assert float(by_name["bob"][1]) == 0
     for name in by_name:
-        validate_results(json.loads((tmp_path / "grades" / name / "results.json").read_text()))
+        data = json.loads((tmp_path / "grades" / name / "results.json").read_text())
+        validate_results(data)
+        assert data["output"].startswith("isolation: process"), data["output"][:200]  # --sandbox reaches each grader
     assert "4.expected_allreduce_bytes" in (tmp_path / "grades" / "alice" / "report.txt").read_text()
     assert "TODO(task 4)" in (tmp_path / "grades" / "bob" / "report.txt").read_text()
 

@@ -114,6 +114,22 @@ def test_autograder_sandbox_command_names_the_level():
     assert first.split(": ")[1] in ("bwrap", "user", "process"), first
 
 
+
+def test_autograder_check_runs_only_the_public_checks_at_the_level_asked():
+    """README: `python -m autograder check`: "what students run: the public checks only";
+    autograder/README: `--sandbox` on `check` too."""
+    from autograder import registry
+
+    proc = _run(["-m", "autograder", "check", "--tasks", 4, "--sandbox", "process", "--json-only", "--quiet"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    assert not registry.discover()  # the checks register as their modules are imported
+    public = {c.id for c in registry.all_checks(True) if c.task == "4"}
+    every = {c.id for c in registry.all_checks(False) if c.task == "4"}
+    assert {t["number"] for t in data["tests"]} == public and public < every
+    assert data["output"].startswith("isolation: process")
+    assert data["score"] == sum(t["max_score"] for t in data["tests"]) > 0
+
 def test_autograder_gradescope_command_writes_the_zip(tmp_path):
     """README: "OUT/autograder.zip (setup.sh + run_autograder) for Gradescope"."""
     proc = _run(["-m", "autograder", "gradescope", tmp_path / "gs"])
