@@ -96,9 +96,16 @@ def _free_port():
 
 
 def test_unreachable_master_fails_within_the_timeout(cli, small_rte):
+    """README: "A rank that cannot reach the master stops after `--dist_timeout` seconds (default
+    60) with an error naming the address"."""
+    from student_src.kit.config import parse_config
+
+    assert parse_config(["--task", "2a"]).dist_timeout == 60
+    port = _free_port()
     proc = cli(["--task", "2a", "--model_name_or_path", "tiny", "--data_dir", small_rte, "--master_ip", "127.0.0.1",
-                "--master_port", _free_port(), "--world_size", "2", "--local_rank", "1", "--dist_timeout", "3"], timeout=60)
+                "--master_port", port, "--world_size", "2", "--local_rank", "1", "--dist_timeout", "3"], timeout=60)
     assert proc.returncode == 2 and "cannot reach the master" in proc.stderr
+    assert f"tcp://127.0.0.1:{port} within 3 s" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_exported_task2a_runs_as_two_processes_with_the_multi_node_flags(small_rte, tmp_path):
