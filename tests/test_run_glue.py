@@ -241,3 +241,17 @@ def test_exit_process_keeps_what_a_normal_exit_does(had_group):
     ])
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3 and proc.stdout == "bufferedatexit ran\n" and proc.stderr == "to stderr"
+
+
+def test_help_lists_every_flag_the_readme_names():
+    """README: "`python -m student_src.run_glue --help` lists all" (every `--flag` the README uses)."""
+    readme = (ROOT / "README.md").read_text()
+    shared = readme[readme.index("## For students"):readme.index("## For instructors")]
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z_]+)", shared))
+    named -= {"--nnodes", "--node_rank", "--nproc_per_node", "--master_addr", "--standalone", "--nodes", "--rate",
+              "--metrics", "--plot", "--rates", "--latency", "--compression"}  # torchrun's, cluster's, whatif's
+    proc = subprocess.run([sys.executable, "-m", "student_src.run_glue", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    listed = set(re.findall(r"(--[a-z][a-z_]+)", proc.stdout))
+    assert len(named) > 15 and named <= listed, sorted(named - listed)
