@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -76,6 +75,7 @@ def test_bad_node_counts(clean, nodes):
 @needs_root
 def test_up_tcp_between_nodes_status_and_down_twice(clean):
     spec = cluster.up(3, prefix=PREFIX)
+    assert (spec.nodes, spec.address(2)) == (3, "10.10.1.3")
     assert net.list_namespaces(PREFIX) == sorted([f"{PREFIX}br"] + [f"{PREFIX}node{i}" for i in range(3)])
     with pytest.raises(KitError, match="already up"):
         cluster.up(2, prefix=PREFIX)

@@ -11,16 +11,32 @@ from pathlib import Path
 
 import pytest
 
-from student_src.export import REQUIREMENTS, TASKS, TORCH_SPEC, export
+from student_src.export import REQUIREMENTS, TASKS, TORCH_SPEC
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from mentions import check_tree, problems_in, text_mentions  # noqa: E402
 
 
+def _export_cli(out: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "student_src.export", str(out), *flags], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # a hang guard: seconds
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    return export(tmp_path_factory.mktemp("exp") / "submission")
+    """README: `python -m student_src.export submission`, as a command; a second run refuses to
+    replace what the first wrote unless given --force."""
+    out = tmp_path_factory.mktemp("exp") / "submission"
+    made = _export_cli(out)
+    assert made.returncode == 0 and made.stdout.startswith(f"wrote {out}/task1 task2a task2b task3"), made.stderr
+    (out / "task1" / "my-notes.txt").write_text("kept")
+    again = _export_cli(out)
+    assert again.returncode == 2 and again.stderr.startswith("error: ") and "--force" in again.stderr, again.stderr
+    assert (out / "task1" / "my-notes.txt").read_text() == "kept"
+    forced = _export_cli(out, "--force")
+    assert forced.returncode == 0 and not (out / "task1" / "my-notes.txt").exists(), forced.stderr
+    return out
 
 
 def _env():
