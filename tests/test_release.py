@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +140,17 @@ def test_release_refuses_non_empty_out_without_force(release, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "autograder", "release", str(release)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "--force" in proc.stderr
+    # --force replaces the folder: a stray file goes, the release is whole again
+    out = tmp_path / "again"
+    shutil.copytree(release, out)
+    (out / "stray.txt").write_text("from last year")
+    (out / "student_src" / "sync.py").unlink()
+    proc = subprocess.run([sys.executable, "-m", "autograder", "release", str(out), "--force"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == f"student release written to {out}"
+    assert not (out / "stray.txt").exists() and (out / "student_src" / "sync.py").read_text() == \
+        (release / "student_src" / "sync.py").read_text()
 
 
 def test_grading_the_release_gives_zero_with_messages(release):
