@@ -246,6 +246,10 @@ chmod +x "$3/bin/python"; echo "venv $3" >> {log}
     # the defaults are Gradescope's
     text = (package / "setup.sh").read_text()
     assert "${AUTOGRADER_PREFIX:-/opt/kitenv}" in text and "${AUTOGRADER_SOURCE:-/autograder/source}" in text
+    run = (package / "run_autograder").read_text()  # it grades Gradescope's folders, at the strongest level there
+    assert 'SUBMISSION="${AUTOGRADER_SUBMISSION:-/autograder/submission}"' in run
+    assert 'RESULTS="${AUTOGRADER_RESULTS:-/autograder/results}"' in run
+    assert re.search(r'-m autograder grade "\$SUBMISSION" --results "\$RESULTS/results.json"\s+--sandbox auto ', run), run
 
 
 def test_run_autograder_with_env_overrides_grades_into_temp_dirs(package, tmp_path):
