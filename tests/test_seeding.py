@@ -136,3 +136,13 @@ def test_the_public_checks_keep_no_key(tmp_path, monkeypatch):
     assert seeding.public_key() != seeding.public_key()  # each run its own secrets
     monkeypatch.setenv(seeding.KEY_ENV, "reproduce")
     assert seeding.public_key() == b"reproduce"
+
+
+def test_the_key_file_is_where_the_documents_say(tmp_path, monkeypatch):
+    """autograder/README: `~/.config/dp-kit/grading-key` (XDG_CONFIG_HOME moves ~/.config)."""
+    monkeypatch.delenv(seeding.KEY_FILE_ENV, raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert seeding.key_path() == tmp_path / ".config" / "dp-kit" / "grading-key"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    assert seeding.key_path() == tmp_path / "cfg" / "dp-kit" / "grading-key"
