@@ -19,6 +19,14 @@ def test_quick_demo_prints_the_agreement_table(small_rte, tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)  # a guard against hangs only
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = proc.stdout
+    # README: "prints Task 1's first losses and dev accuracy, then a table"
+    task1 = out[out.index("=== Task 1"):out.index("=== Tasks 2a")]
+    first = re.findall(r"^step\s+(\d)/6\s+loss (\d\.\d+)", task1, re.M)
+    assert [int(n) for n, _ in first] == [1, 2, 3, 4, 5], task1
+    assert re.search(r"^epoch 1: dev accuracy 0\.\d{4}", task1, re.M), task1
+    distributed = out[out.index("=== Tasks 2a"):out.index("=== Summary")]
+    starts = [float(x) for x in re.findall(r"^step\s+1/3\s+loss (\d\.\d+)", distributed, re.M)]
+    assert len(starts) == 3 and all(abs(x - float(first[0][1])) < 1e-5 for x in starts), distributed  # where Task 1 did
     assert re.search(r"Task 1 dev accuracy after 6 steps: 0\.\d{3}", out), out[-1500:]
     table = out[out.index("max |loss - task 1|"):]
     rows = {m.group(1): (int(m.group(2)), float(m.group(3))) for m in
