@@ -33,9 +33,10 @@ def test_the_small_default_model_brings_its_own_lr_and_warmup(tmp_path):
 
 
 def test_old_flag_names_still_work():
-    cfg = parse_config(["--per_gpu_train_batch_size", "8", "--task", "2a", "--world_size", "4", "--spawn"])
-    assert cfg.per_device_train_batch_size == 8
-    assert per_worker_batch_size(cfg, 4)[0] == 8
+    for flag in ("--per_device_train_batch_size", "--per_gpu_train_batch_size"):  # README: the alias and its name
+        cfg = parse_config([flag, "8", "--task", "2a", "--world_size", "4", "--spawn"])
+        assert cfg.per_device_train_batch_size == 8
+        assert per_worker_batch_size(cfg, 4)[0] == 8  # 8 per worker, not the global 64 split four ways
 
 
 def test_global_batch_is_split_over_workers():
