@@ -62,6 +62,7 @@ class Walk:
     env: dict
     make: list
     before: dict          # results.json of the public checks on the release as shipped
+    before_table: str     # ... and what `make test` printed for the student then
     after: dict           # ... with the solutions copied in
     ran: dict             # per notebook: seconds, "passed" seen, where student_src/autograder came from
     executed: Path        # the executed notebooks (with widget state), one <name>.ipynb each
@@ -174,10 +175,13 @@ def walk_to_notebooks(tmp: Path) -> Walk:
     assert where.returncode == 0 and str(ROOT) not in where.stdout, where.stdout + where.stderr
     assert str(release) in where.stdout  # the venv runs the release, never the instructor's tree
 
-    # 2. the public checks on the untouched release
-    proc = run(make + ["test", "CHECK_FLAGS=--json-only --quiet"], release, env, 900, "make test (release as shipped)")
+    # 2. the public checks on the untouched release, as the student sees them (the table; the
+    # results file for the test)
+    before_json = tmp / "before.json"
+    proc = run(make + ["test", f"CHECK_FLAGS=--quiet --results {before_json}"], release, env, 900,
+               "make test (release as shipped)")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    before = _results(proc.stdout)
+    before, before_table = json.loads(before_json.read_text()), proc.stdout
 
     # 3. correct solutions in, the public checks again
     for name in STUDENT_MODULES:
@@ -198,5 +202,5 @@ def walk_to_notebooks(tmp: Path) -> Walk:
     ran = json.loads(proc.stdout.strip().splitlines()[-1])
     for name in NOTEBOOKS:
         LOG.append(f"[walk]   {name}: {ran[name]['seconds']:.1f} s")
-    return Walk(release=release, venv=venv, env=env, make=make, before=before, after=after, ran=ran,
+    return Walk(release=release, venv=venv, env=env, make=make, before=before, before_table=before_table, after=after, ran=ran,
                 executed=executed, runs=runs / "quick")

@@ -25,6 +25,7 @@ wheel cache (``~/.cache/pip``), so a second run installs without building anythi
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -55,6 +56,18 @@ def test_the_students_path_from_release_to_full_marks(student_walk, tmp_path):
     assert before["extra_data"]["required_max_score"] > 0 and before["score"] == 0
     for t in before["tests"]:
         assert t["status"] == "failed" and t["score"] == 0 and "not implemented" in t.get("output", ""), t
+    # what `make test` printed: a FAILED row per check, the score, and for each check the TODO to fill in
+    table = walk.before_table
+    extra = before["extra_data"]
+    assert (f"score 0 / {extra['required_max_score']:g} + extra credit 0 / {extra['extra_credit_max_score']:g} (Task 5)"
+            in table), table[-2000:]
+    why = table[table.index("What went wrong:"):]
+    for t in before["tests"]:
+        row = next(line for line in table.splitlines() if f" {t['number']} " in f" {line} ")
+        assert row.rstrip().endswith("FAILED"), row
+        task = t["number"].split(".")[0]
+        assert re.search(rf"\[{re.escape(t['number'])}\].*\n\s+not implemented yet: TODO\(task {task}\): .*\(student_src/\w+\.py:\d+ ",
+                         why), (t["number"], why[:3000])
 
     # 3. correct solutions in, the public checks again: all pass
     after = walk.after
