@@ -73,11 +73,15 @@ def test_make_test_installs_bubblewrap_first_where_it_can():
     assert have < root < text.index("apt-get install -y -qq bubblewrap libcap2-bin") < text.index(" -m pytest ")
 
 
-def test_an_active_environment_is_used_instead_of_a_new_venv(tmp_path):
-    env = {**os.environ, "VIRTUAL_ENV": str(tmp_path)}
+@pytest.mark.parametrize("variable", ["VIRTUAL_ENV", "CONDA_PREFIX"])
+def test_an_active_environment_is_used_instead_of_a_new_venv(tmp_path, variable):
+    """README: `make setup` creates .venv "unless a virtualenv or conda env is active"."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX")}
+    env[variable] = str(tmp_path)
     out = subprocess.run(["make", "--no-print-directory", "-n", "-B", "demo"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=60).stdout
     assert "python -m student_src.kit.demo" in out.splitlines() and "-m venv" not in out and ".venv/bin" not in out
+    assert 'python -m pip install --quiet -e ".[dev,notebooks]"' in out.splitlines()
 
 
 def test_help_lists_every_target_it_documents():

@@ -1,6 +1,7 @@
 """The what-if model (student_src/kit/whatif.py): its formulas, overlap, compression, CLI and plot."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -86,6 +87,21 @@ def test_cli_predicts_from_a_task1_run_and_plots(tmp_path, capsys):
     rows = json.loads(rows_json.read_text())
     assert {r["nodes"] for r in rows} == {1, 2, 4, 8, 16} and {r["gbit"] for r in rows} == {1.0, 10.0}
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_readme_command_as_a_command(tmp_path):
+    """README: `python -m student_src.kit.whatif --metrics runs/task1 --plot whatif.png`."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "task1").mkdir()
+    _metrics(tmp_path / "task1")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-m", "student_src.kit.whatif", "--metrics", "task1", "--plot", "whatif.png"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # a hang guard: seconds
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "41 gradient tensors" in proc.stdout and (tmp_path / "whatif.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_cli_refuses_a_multi_worker_run_without_a_compute_split(tmp_path, capsys):
