@@ -133,7 +133,12 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             sub.workspace(src)
         # what the ranks of each workspace run, for the secrets (the same files, the same secrets)
         digests = {src.label: seeding.tree_digest(sub.workspace(src) / "student_src") for _, src in runnable}
-        key = b"" if not runnable else seeding.public_key() if public_only else _grading_key(results)
+        if not runnable:
+            key = b""
+        elif public_only:  # students' check: nothing that counts, so no key kept (seeding.public_key)
+            key = seeding.public_key()
+        else:
+            key = _grading_key(results)
         if isolation.level == "user":
             _readable_by_all(workdir)
         if isolation.level == "process":

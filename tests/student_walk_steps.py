@@ -202,5 +202,5 @@ def walk_to_notebooks(tmp: Path) -> Walk:
     ran = json.loads(proc.stdout.strip().splitlines()[-1])
     for name in NOTEBOOKS:
         LOG.append(f"[walk]   {name}: {ran[name]['seconds']:.1f} s")
-    return Walk(release=release, venv=venv, env=env, make=make, before=before, before_table=before_table, after=after, ran=ran,
-                executed=executed, runs=runs / "quick")
+    return Walk(release=release, venv=venv, env=env, make=make, before=before, before_table=before_table,
+                after=after, ran=ran, executed=executed, runs=runs / "quick")

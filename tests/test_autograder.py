@@ -352,7 +352,6 @@ def test_grade_all_writes_a_gradebook(tmp_path):
     assert "TODO(task 4)" in (tmp_path / "grades" / "bob" / "report.txt").read_text()
 
 
-
 def test_grade_all_stopped_by_sigterm_still_writes_the_gradebook(tmp_path):
     """autograder/README: "SIGTERM/SIGINT reach the graders running; the gradebook is still
     written". One job, two students: alice's grader is stuck in an endless loop when the signal
@@ -386,6 +385,7 @@ def test_grade_all_stopped_by_sigterm_still_writes_the_gradebook(tmp_path):
     alice = json.loads((grades / "alice" / "results.json").read_text())
     assert "grading was stopped by SIGTERM (signal 15)" in alice["output"], alice["output"]
 
+
 def test_unreadable_zip_loses_every_test_with_the_reason(tmp_path):
     bad = tmp_path / "submission.zip"
     bad.write_text("this is not a zip")
@@ -408,7 +408,6 @@ def test_zip_names_cannot_escape_the_workdir(tmp_path):
     assert [s.shown() for s in sub.sources] == ["student_src"]
     ws = sub.workspace(sub.source_for("1"))
     assert (ws / "student_src" / "train.py").exists() and (ws / "student_src" / "kit" / "models.py").exists()
-
 
 
 def _layout(root: Path, folders: list[str]) -> Path:
@@ -467,6 +466,7 @@ def test_modules_without_their_folder_grade_full_marks(tmp_path):
     """One variant end to end (Task 4: no training, seconds): the layout costs no point."""
     res = grade(str(_layout(tmp_path / "flat", [""])), tasks=parse_tasks("4"))
     assert res.tests and all(t.passed for t in res.tests), [t.output[:200] for t in res.tests if not t.passed]
+
 
 def test_notebook_api_runs_public_checks(capsys):
     import autograder

@@ -185,7 +185,6 @@ def test_failed_up_removes_what_it_made(clean, monkeypatch):
     assert net.list_namespaces(PREFIX) == []
 
 
-
 def _kernel_without_netem(monkeypatch):
     """Make ``tc`` answer the netem probe as a kernel without sch_netem does (some VMs)."""
     real = net.sh

@@ -114,7 +114,6 @@ def test_autograder_sandbox_command_names_the_level():
     assert first.split(": ")[1] in ("bwrap", "user", "process"), first
 
 
-
 def test_autograder_check_runs_only_the_public_checks_at_the_level_asked():
     """README: `python -m autograder check`: "what students run: the public checks only";
     autograder/README: `--sandbox` on `check` too."""
@@ -129,6 +128,7 @@ def test_autograder_check_runs_only_the_public_checks_at_the_level_asked():
     assert {t["number"] for t in data["tests"]} == public and public < every
     assert data["output"].startswith("isolation: process")
     assert data["score"] == sum(t["max_score"] for t in data["tests"]) > 0
+
 
 def test_autograder_gradescope_command_writes_the_zip(tmp_path):
     """README: "OUT/autograder.zip (setup.sh + run_autograder) for Gradescope"."""

@@ -1,6 +1,9 @@
 """The what-if model (student_src/kit/whatif.py): its formulas, overlap, compression, CLI and plot."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,10 +94,6 @@ def test_cli_predicts_from_a_task1_run_and_plots(tmp_path, capsys):
 
 def test_the_readme_command_as_a_command(tmp_path):
     """README: `python -m student_src.kit.whatif --metrics runs/task1 --plot whatif.png`."""
-    import os
-    import subprocess
-    import sys
-
     (tmp_path / "task1").mkdir()
     _metrics(tmp_path / "task1")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
