@@ -169,6 +169,21 @@ def rendezvous(store, rank: int, world_size: int, timeout_s: float) -> int:
 _TODO_SAID = [False]
 
 
+#: said once, by rank 0, while Task 0 is a TODO: a note (stdout, plain), not an error
+TASK0_TODO_NOTE = ("Task 0's init_distributed (student_src/collectives.py) is still a TODO: the kit starts the "
+                   "process group itself")
+
+
+def note_task0_todo() -> None:
+    """Say that Task 0 is still a TODO the way every informational line goes: rank 0's log
+    (the launcher's parent shows it above the progress bar, or in a notebook's run log), else
+    stdout. Never stderr: Jupyter paints stderr red, and this is not an error."""
+    from .progress import RankLog
+
+    RankLog(0)(TASK0_TODO_NOTE)
+    sys.stdout.flush()
+
+
 def student_init(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
                  agent_store: bool = False, check_world_size: bool = False) -> bool:
     """Task 0: form the default group with the student's ``init_distributed``; False while it is a TODO.
@@ -198,8 +213,7 @@ def student_init(host: str, port: int, rank: int, world_size: int, backend: str,
         if watch:
             watch.stop()
         if rank == 0 and not _TODO_SAID[0]:
-            print("Task 0's init_distributed (student_src/collectives.py) is still a TODO: the kit starts the process "
-                  "group itself", file=sys.stderr, flush=True)
+            note_task0_todo()
         _TODO_SAID[0] = True
         cleanup()
         return False
