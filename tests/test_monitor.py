@@ -1,5 +1,7 @@
 """The notebooks' live view of a run (``kit.progress.RunMonitor``): what it shows, not how fast."""
 
+import re
+
 import pytest
 
 from student_src.kit.progress import RunMonitor
@@ -16,9 +18,34 @@ def test_bars_show_the_ranks_own_step_time(widgets):
     for step in (1, 2, 3):
         for rank in (0, 1):
             mon(_step(rank, step, iter_time=0.8 if rank == 0 else 0.5))
-    assert mon.rate_text(0) == "0.800 s/step, " and mon.rate_text(1) == "0.500 s/step, "
+    assert mon.rate_text(0) == "0.800 s/step" and mon.rate_text(1) == "0.500 s/step"
     assert "0.800 s/step" in str(mon.bars[0]) and "0.500 s/step" in str(mon.bars[1])
     assert "it/s" not in str(mon.bars[0]) and "s/it" not in str(mon.bars[0])
+    mon.finish(None)
+
+
+def _rendered(mon, rank: int, widgets: bool) -> str:
+    """The bar's line as the student sees it: tqdm's text, or the notebook widget's three parts
+    (description, bar, counts) with the widget's figure spaces turned back into spaces."""
+    bar = mon.bars[rank]
+    if not widgets:
+        return str(bar)
+    bar.refresh()
+    left, _, right = bar.container.children  # HTML, FloatProgress, HTML
+    return f"{left.value}|#|{right.value}".replace("\u2007", " ")
+
+
+@pytest.mark.parametrize("widgets", [True, False])
+def test_the_progress_line_has_no_empty_fields(widgets):
+    """Issue 25: bars read ``[00:01, , 0.365 s/step]``; every field shown holds something."""
+    mon = RunMonitor("task 2b", 1, widgets=widgets)
+    assert re.fullmatch(r"rank 0: +0%\|.*\| ?0/\? \[\d\d:\d\d\]", _rendered(mon, 0, widgets)), _rendered(mon, 0, widgets)
+    mon(dict(_step(0, 1, None), loss=0.75))  # no step time yet: the loss alone
+    assert re.search(r"\| ?1/4 \[\d\d:\d\d, loss=0\.7500\]$", _rendered(mon, 0, widgets)), _rendered(mon, 0, widgets)
+    mon(_step(0, 2, iter_time=0.365))
+    line = _rendered(mon, 0, widgets)
+    assert re.fullmatch(r"rank 0: +50%\|.*\| ?2/4 \[\d\d:\d\d, 0\.365 s/step, loss=0\.7000\]", line), line
+    assert ", ," not in line and ", ]" not in line
     mon.finish(None)
 
 

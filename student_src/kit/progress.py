@@ -145,8 +145,9 @@ def _widgets_available() -> bool:
 
 
 #: progress bars without tqdm's own rate (it would count start-up and event delays as step time):
-#: the postfix carries the ranks' measured seconds per step instead
-BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}, {postfix}]"
+#: the postfix carries the ranks' measured seconds per step instead. No comma before ``{postfix}``:
+#: tqdm writes ", " in front of a non-empty postfix itself (``[00:03, 0.365 s/step, loss=0.69]``)
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 
 
 class RunMonitor:
@@ -174,8 +175,9 @@ class RunMonitor:
         else:
             from tqdm.std import tqdm
 
-            self.bars = [tqdm(total=None, desc=f"rank {r}", position=r, unit="step", leave=True, bar_format=BAR_FORMAT)
-                         for r in range(world_size)]
+            # stdout, like every informational line: a notebook shows stderr in red
+            self.bars = [tqdm(total=None, desc=f"rank {r}", position=r, unit="step", leave=True, bar_format=BAR_FORMAT,
+                              file=sys.stdout) for r in range(world_size)]
 
     def _build_widgets(self) -> None:
         import ipywidgets as w
@@ -212,10 +214,10 @@ class RunMonitor:
             self.total = total
             if self.widgets and rank == 0:
                 self.header.value = f"<b>{self.title}</b> &mdash; training, {total} steps"
-        bar.update(max(0, step - bar.n))
         if ev.get("iter_time") is not None:
             self.step_times.setdefault(rank, []).append(float(ev["iter_time"]))
-        bar.set_postfix_str(self.rate_text(rank) + f"loss={ev['loss']:.4f}", refresh=False)
+        bar.set_postfix_str(self.postfix_text(rank, float(ev["loss"])), refresh=False)
+        bar.update(max(0, step - bar.n))  # after the postfix: a redraw shows this step's numbers
         self.rank_losses.setdefault(rank, {})[step] = float(ev["loss"])
         self.global_losses[step] = float(ev["global_loss"])
         if self.widgets and time.perf_counter() - self._last_draw > self.REDRAW_S:
@@ -228,7 +230,11 @@ class RunMonitor:
         if not times:
             return ""
         recent = times[-10:]
-        return f"{sum(recent) / len(recent):.3f} s/step, "
+        return f"{sum(recent) / len(recent):.3f} s/step"
+
+    def postfix_text(self, rank: int, loss: float) -> str:
+        """What a bar shows after its counts: the fields there are, joined by ", " (none empty)."""
+        return ", ".join(field for field in (self.rate_text(rank), f"loss={loss:.4f}") if field)
 
     def _draw(self) -> None:
         from . import plots
