@@ -82,6 +82,27 @@ def test_plots_render_png():
     assert plots.to_png(plots.traffic_bars([])).startswith(PNG)
 
 
+def test_time_bar_labels_sit_above_their_error_bars():
+    """Issue 25: the "0.365 s (39 it)" label overlapped its error bar; drawn, each label starts
+    above the top of its bar's error bar and ends inside the axes (not clipped)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    rows = [{"label": "Task 1", "task": "1", "mean_s": 0.10, "std_s": 0.01, "iterations": 39},
+            {"label": "Task 2a", "task": "2a", "mean_s": 0.30, "std_s": 0.12, "iterations": 39},
+            {"label": "Task 2b (traffic_b16)", "task": "2b", "mean_s": 0.20, "std_s": 0.0, "iterations": 9}]
+    fig = plots.time_per_iteration(rows)
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    (ax,) = fig.axes
+    labels = [t for t in ax.texts if " s\n(" in t.get_text()]
+    assert len(labels) == 3
+    axes_top = ax.get_window_extent(renderer).y1
+    for label, row in zip(labels, rows):
+        bar_top = ax.transData.transform((0, row["mean_s"] + row["std_s"]))[1]  # pixels
+        box = label.get_window_extent(renderer)
+        assert box.y0 > bar_top and box.y1 <= axes_top, (row["label"], box, bar_top, axes_top)
+
+
 def test_report_command_writes_tables_and_plots(runs_dir, tmp_path, repo_root):
     out = tmp_path / "report"
     proc = subprocess.run([sys.executable, "-m", "student_src.kit.report", str(runs_dir), str(out)], cwd=repo_root,

@@ -104,10 +104,11 @@ def time_per_iteration(rows: list[dict], title: str = "") -> Figure:
         ax.bar(x, [r["mean_s"] for r in rows], yerr=[r.get("std_s") or 0 for r in rows], capsize=4,
                color=[task_color(r.get("task")) for r in rows])
         ax.set_xticks(list(x), [_wrap(r["label"]) for r in rows], fontsize=8)
-        for i, r in enumerate(rows):
-            ax.annotate(f"{r['mean_s']:.3f} s\n({r['iterations']} it)", (i, r["mean_s"]), ha="center", va="bottom",
+        tops = [r["mean_s"] + (r.get("std_s") or 0) for r in rows]  # where each error bar ends
+        for i, (r, top) in enumerate(zip(rows, tops)):  # the label sits above its error bar, never across it
+            ax.annotate(f"{r['mean_s']:.3f} s\n({r['iterations']} it)", (i, top), ha="center", va="bottom",
                         fontsize=7, xytext=(0, 3), textcoords="offset points")
-        ax.set_ylim(0, max(r["mean_s"] + (r.get("std_s") or 0) for r in rows) * 1.3)
+        ax.set_ylim(0, max(tops) * 1.35)  # head room for the two-line labels
     return _finish_bars(fig, ax, None if rows else "no timed runs yet", "seconds per iteration",
                         title or "time per iteration (mean, first iteration dropped)")
 
