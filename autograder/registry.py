@@ -25,7 +25,8 @@ starts with ``_`` are helpers and are not scanned. Give the test its points in
     from autograder.registry import define_check, CheckFailure
 
     @define_check("5.bucketed_mean", task="5", world_size=4, needs="bucketed", points=3,
-           title="BucketedDDP averages gradients over 4 ranks")
+           title="BucketedDDP averages gradients over 4 ranks",
+           promise="on 1, 2 and 4 ranks")   # words of bucketed.py's docstrings
     def bucketed_mean(ctx):
         mod = ctx.student("bucketed")           # student_src/bucketed.py, fresh import
         ...
@@ -74,6 +75,7 @@ class Check:
     timeout: float | None = None      # overrides --timeout for this check (seconds)
     judge_fn: Callable | None = None
     hang_hint: str | None = None      # appended to the message when the check deadlocks or times out
+    promise: tuple[str, ...] = ()     # phrases of the student's docstring this check relies on
     order: int = 0
     module: str = ""
 
@@ -89,21 +91,31 @@ _counter = [0]
 
 def define_check(id: str, *, task: str, title: str, world_size: int = 1, needs=(), points: float = 1.0,
           timeout: float | None = None, public: bool | None = None,
-          hang_hint: str | None = None):
+          hang_hint: str | None = None, promise: str | tuple[str, ...] | None = None):
     """Decorator that registers ``fn(ctx)`` as the rank-side half of check ``id``.
 
     ``hang_hint``: what to tell the student when the check deadlocks or times out (why such
     code hangs and how to fix it), appended to the grader's own message.
+
+    ``promise``: the words of the student's docstring this check relies on, a phrase or a tuple
+    of phrases (``"non-contiguous"``). A hidden check may only test a case the released
+    docstring names: a student who follows the docstring must be able to get every point.
+    ``tests/test_docstring_promises.py`` finds each phrase in the released docstrings of the
+    check's task (the module docstring and those of the task table's functions) and fails for a
+    check without one. Optional here only so that a check module being written still imports.
     """
     if isinstance(needs, str):
         needs = (needs,)
+    if isinstance(promise, str):
+        promise = (promise,)
 
     def wrap(fn):
         module = fn.__module__
         _counter[0] += 1
         c = Check(id=id, task=task, title=title, run=fn, world_size=world_size, needs=tuple(needs),
                   points=points, public=module.startswith("autograder.public") if public is None else public,
-                  timeout=timeout, hang_hint=hang_hint, order=_counter[0], module=module)
+                  timeout=timeout, hang_hint=hang_hint, promise=tuple(promise or ()), order=_counter[0],
+                  module=module)
         if id in _REGISTRY and _REGISTRY[id].module != module:
             raise ValueError(f"check id {id!r} is defined twice ({_REGISTRY[id].module} and {module})")
         _REGISTRY[id] = c

@@ -28,7 +28,9 @@ function           before                                       after
 Notebook ``0_collectives`` draws each of these as a grid of ranks by chunks, before and after.
 
 Rules: ``group=None`` everywhere (the default group); ``root`` / ``src`` / ``dst`` are global
-ranks; work for any world size (and world size 1, where every function is a copy or a no-op).
+ranks; work for any world size, odd ones included, and for world size 1 (a group of one rank:
+``ring_pass`` returns a copy, ``broadcast_from_root`` and ``all_reduce_sum`` leave the tensor as it
+is, ``gather_to_root`` returns ``[tensor]``, ``scatter_from_root`` fills ``out`` with ``chunks[0]``).
 The autograder checks which ``torch.distributed`` calls each function makes, so use the one
 named in its docstring.
 """
@@ -66,6 +68,11 @@ def init_distributed(master_ip, master_port, world_size, rank, backend=None, tim
         timeout_s: seconds to wait for the other ranks (and, later, for any collective).
 
     Returns None; afterwards ``dist.get_rank() == rank`` and ``dist.get_world_size() == world_size``.
+
+    Cases the checks test: 4 ranks meet at ``tcp://master_ip:master_port`` and form one group
+    with the ranks they were given (``init_process_group`` called once); world size 1 with
+    ``backend=None`` (chosen as in step 1); a rank given a port nobody listens on raises within
+    ``timeout_s`` seconds instead of hanging.
     """
     ### BEGIN SOLUTION
     if backend is None:
@@ -93,6 +100,10 @@ def ring_pass(tensor):
     * ordering them: even ranks send then receive, odd ranks receive then send.
 
     Use ``send`` / ``recv`` or ``isend`` / ``irecv`` (or ``batch_isend_irecv``) only.
+
+    Cases the checks test: 4 ranks with a 1 MB float32 tensor (too large for a socket buffer: a
+    send-first ring deadlocks); 3 ranks (an odd world size) with a 2-D int64 tensor, whose shape
+    and dtype the result keeps; world size 1.
     """
     ### BEGIN SOLUTION
     world_size = dist.get_world_size()
@@ -113,6 +124,9 @@ def broadcast_from_root(tensor, root=0):
 
     One call on every rank: ``dist.broadcast(tensor, src=root)``. On ``root`` it sends, on the
     others it receives (their old values do not matter). Use ``broadcast``.
+
+    Cases the checks test: a root other than 0 (``root=2`` of 4 ranks); the same tensor object
+    is returned, changed in place; world size 1.
     """
     ### BEGIN SOLUTION
     dist.broadcast(tensor, src=root)
@@ -126,6 +140,9 @@ def all_reduce_sum(tensor):
     One call on every rank: ``dist.all_reduce(tensor, op=dist.ReduceOp.SUM)``. Every rank ends
     with the same sum (Tasks 2b and 3 average gradients exactly like this, then divide by N).
     Use ``all_reduce``.
+
+    Cases the checks test: 4 ranks; the same tensor object is returned, changed in place; world
+    size 1.
     """
     ### BEGIN SOLUTION
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
@@ -140,6 +157,9 @@ def gather_to_root(tensor, root=0):
     ``dist.gather(tensor, gather_list=buffers, dst=root)``; every other rank calls
     ``dist.gather(tensor, dst=root)`` (no list: it only sends). List entry ``r`` is rank r's
     tensor. Use ``gather``. (Task 2a starts like this.)
+
+    Cases the checks test: a root other than 0 (``root=1`` of 4 ranks) returns the list of all 4
+    tensors, every other rank returns None; world size 1.
     """
     ### BEGIN SOLUTION
     if dist.get_rank() == root:
@@ -157,6 +177,9 @@ def scatter_from_root(out, chunks=None, root=0):
     On ``root``, ``chunks`` is a list of N tensors shaped like ``out``; elsewhere it is ignored
     (None). Root calls ``dist.scatter(out, scatter_list=chunks, src=root)``, every other rank
     ``dist.scatter(out, src=root)``. Use ``scatter``. (Task 2a ends like this.)
+
+    Cases the checks test: a root in the middle (``root=2`` of 4 ranks); the same ``out`` object
+    is returned, filled in place; world size 1.
     """
     ### BEGIN SOLUTION
     if dist.get_rank() == root:

@@ -29,14 +29,17 @@ def build_train_loader(dataset, batch_size, rank, world_size, seed):
 
     Requirements (the autograder checks each one):
         * shards of different ranks never overlap, and together cover the dataset
-          (up to the few examples dropped so that every rank gets the same count);
+          (up to the few examples dropped so that every rank gets the same count), for any
+          world size (1, 2, 3 or 4 workers);
         * every rank yields the same number of batches, each of exactly ``batch_size``
           examples (otherwise one rank would wait forever in a collective that the others
-          never reach);
+          never reach), even when the dataset's size is not divisible by
+          ``world_size * batch_size``: drop the remainder, never repeat an example;
         * the loader's sampler has ``set_epoch(epoch)``; the kit's training loop calls it at
-          the start of every epoch so each epoch is shuffled differently (forgetting it makes
-          every epoch replay the same order);
-        * the same seed gives the same shards.
+          the start of every epoch so each epoch is shuffled differently, the shards still
+          disjoint and complete (forgetting it makes every epoch replay the same order);
+        * the same seed gives the same shards (at the same epoch), and a different seed gives
+          different shards.
 
     Hint: a ``DistributedSampler(dataset, num_replicas=..., rank=..., shuffle=True,
     seed=..., drop_last=True)`` inside a ``DataLoader(..., sampler=..., drop_last=True)``.

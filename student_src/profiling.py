@@ -33,6 +33,10 @@ def tensor_nbytes(tensor) -> int:
     Hint: ``tensor.numel()`` gives the number of elements and ``tensor.element_size()`` the
     bytes per element (4 for float32, 2 for float16/bfloat16, 8 for float64/int64).
 
+    Cases the checks test: any dtype (float32, float16, bfloat16, int64, float64), a 0-dim
+    tensor, an empty tensor (0 bytes) and a non-contiguous view (count the view's own elements,
+    not the storage it looks into).
+
     >>> import torch
     >>> tensor_nbytes(torch.zeros(3, 5))        # 15 float32 elements
     60
@@ -65,6 +69,9 @@ def expected_allreduce_bytes(nbytes: int, world_size: int) -> int:
     ``kit/traffic_meter.py`` handles that detail; you do not need to.)
 
     Hint: compute with integers first (``2 * (N - 1) * S``), divide by N last.
+
+    Cases the checks test: world sizes from 1 to 8, odd ones included; ``nbytes`` of 0; sizes
+    that N does not divide (within a byte of ``2 * (N - 1) * S / N``); a tensor of several MB.
 
     >>> expected_allreduce_bytes(1000, 4)    # 2 * 3 / 4 * 1000
     1500
@@ -127,6 +134,10 @@ class CommLog:
         shape and dtype do not change, so either order gives the same record).
 
         Hint: ``tuple(tensor.shape)``, ``str(tensor.dtype)`` and ``tensor_nbytes(tensor)``.
+
+        Cases the checks test: float32, float16 and float64 tensors of different shapes, one
+        record per call, in call order, each holding the op it was given, the shape as a tuple,
+        the dtype as ``str(tensor.dtype)`` (``"torch.float16"``) and the bytes in that dtype.
         """
         ### BEGIN SOLUTION
         rec = CommRecord(op=str(op), shape=tuple(int(d) for d in tensor.shape),

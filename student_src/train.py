@@ -40,6 +40,17 @@ def train_step(model, batch, optimizer, scheduler=None, sync_gradients=None, max
         4. Clip, then ``optimizer.step()``, then ``scheduler.step()`` if given.
         5. ``optimizer.zero_grad(set_to_none=True)``, so no gradient leaks into the next step.
 
+    Cases the checks test:
+        * the loss returned is this batch's, from the forward pass before the optimizer step,
+          as a 0-dim tensor detached from the graph;
+        * several calls in a row: each step uses only its own batch's gradient, and no gradient
+          is left in ``.grad`` when ``train_step`` returns;
+        * with and without a scheduler: ``optimizer.step()`` and ``scheduler.step()`` once per
+          call, in that order;
+        * ``sync_gradients`` called exactly once per call, after backward and before clipping;
+        * ``max_grad_norm`` small enough to clip, ``None`` and ``0``;
+        * a few steps of AdamW on one fixed batch lower that batch's loss.
+
     Hint: about ten lines. ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)``.
     """
     ### BEGIN SOLUTION

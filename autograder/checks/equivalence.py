@@ -13,7 +13,8 @@ from autograder.registry import define_check
 
 def _sync_check(task: str, fn_name: str):
     @define_check(f"{task}.loss_matches_single_node", task=task, world_size=4, needs="sync", points=3,
-           title=f"{fn_name}: tiny BERT on 4 ranks matches single-node losses (within 1e-4)")
+           title=f"{fn_name}: tiny BERT on 4 ranks matches single-node losses (within 1e-4)",
+           promise="gives the same losses as single-node training on the whole batch (within 1e-4)")
     def run(ctx):
         fn = fixtures.student_function(ctx, "sync", fn_name)
         return references.distributed_run(ctx, sync=fn)
@@ -30,7 +31,8 @@ allreduce = _sync_check("2b", "allreduce_average")
 
 
 @define_check("3.loss_matches_single_node", task="3", world_size=4, needs="ddp", points=3,
-       title="wrap_ddp: tiny BERT on 4 ranks matches single-node losses (within 1e-4)")
+       title="wrap_ddp: tiny BERT on 4 ranks matches single-node losses (within 1e-4)",
+       promise="gives the same losses as single-node training on the whole batch (within 1e-4)")
 def ddp_equivalence(ctx):
     wrap = fixtures.student_function(ctx, "ddp", "wrap_ddp")
     return references.distributed_run(ctx, wrap=wrap)

@@ -27,7 +27,9 @@ WRONG_PORT_HINT = (
 # the connection (so the stall detection may never see it idle): 32 s of wall time ends it
 @define_check("0.init_wrong_port_fails", task="0", world_size=2, needs="collectives", points=2, timeout=8,
        hang_hint=WRONG_PORT_HINT,
-       title=f"init_distributed with a wrong master port raises within timeout_s={WRONG_PORT_TIMEOUT_S} (no hang)")
+       title=f"init_distributed with a wrong master port raises within timeout_s={WRONG_PORT_TIMEOUT_S} (no hang)",
+       promise=("a rank given a port nobody listens on raises within timeout_s seconds instead of hanging",
+                "timeout=datetime.timedelta(seconds=timeout_s)"))
 def wrong_port(ctx):
     # rank 0 (the master) listens on the right port; rank 1 is told a port nobody listens on,
     # so the group can never form: both must give up after timeout_s with an exception
@@ -50,7 +52,8 @@ def _(payloads, secrets):
 
 
 @define_check("0.init_world_size_1", task="0", world_size=1, needs="collectives", points=1,
-       title="init_distributed works for world size 1 and picks the backend (nccl with CUDA, else gloo)")
+       title="init_distributed works for world size 1 and picks the backend (nccl with CUDA, else gloo)",
+       promise=("world size 1 with backend=None", 'if None, "nccl" when torch.cuda.is_available()'))
 def world_size_1(ctx):
     return run_init(ctx, 1, None, None, 45)
 
@@ -61,7 +64,8 @@ def _(payloads, secrets):
 
 
 @define_check("0.ring_pass_3_ranks_int64", task="0", world_size=3, needs="collectives", points=1, hang_hint=RING_HINT,
-       title="ring_pass on 3 ranks with a 2-D int64 tensor (shape and dtype kept)")
+       title="ring_pass on 3 ranks with a 2-D int64 tensor (shape and dtype kept)",
+       promise="3 ranks (an odd world size) with a 2-D int64 tensor, whose shape and dtype the result keeps")
 def ring3(ctx):
     mod = ctx.student("collectives")
     x = toy(ctx.secret, "ring3", (512, 257), torch.int64)
@@ -83,7 +87,10 @@ def _(payloads, secrets):
 
 @define_check("0.collectives_world_size_1", task="0", world_size=1, needs="collectives", points=1,
        title="every warm-up works on a single rank (ring: a copy; broadcast, all_reduce: unchanged; gather: [x]; "
-             "scatter: chunk 0)")
+             "scatter: chunk 0)",
+       promise=("for world size 1 (a group of one rank: ring_pass returns a copy, broadcast_from_root and "
+                "all_reduce_sum leave the tensor as it is, gather_to_root returns [tensor], scatter_from_root "
+                "fills out with chunks[0])"))
 def collectives_ws1(ctx):
     mod = ctx.student("collectives")
     x = toy(ctx.secret, "ws1", (3, 4))

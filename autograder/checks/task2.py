@@ -7,7 +7,8 @@ N = 48
 
 
 @define_check("2.per_worker_batch_size", task="2", needs="partition", points=1,
-       title="batch_size is per worker: every batch has exactly batch_size examples")
+       title="batch_size is per worker: every batch has exactly batch_size examples",
+       promise=("batch_size: the per-worker batch size", "each of exactly batch_size examples"))
 def per_worker(ctx):
     return {str(w): [shard_ids(ctx, N, 3, r, w, seed=1) for r in range(w)] for w in (2, 4)}
 
@@ -26,7 +27,10 @@ def _(payloads, secrets):
 
 
 @define_check("2.set_epoch_reshuffles", task="2", needs="partition", points=2,
-       title="sampler.set_epoch(e) gives each epoch a new order, still disjoint and complete")
+       title="sampler.set_epoch(e) gives each epoch a new order, still disjoint and complete",
+       promise=("the loader's sampler has set_epoch(epoch)",
+                "each epoch is shuffled differently, the shards still disjoint and complete",
+                "the same seed gives the same shards (at the same epoch)"))
 def set_epoch(ctx):
     return {"epochs": [[shard_ids(ctx, N, 4, r, 4, seed=0, epoch=e) for r in range(4)] for e in (0, 1, 2)],
             "again": [shard_ids(ctx, N, 4, r, 4, seed=0, epoch=1) for r in range(4)]}
@@ -48,7 +52,8 @@ def _(payloads, secrets):
 
 
 @define_check("2.same_seed_same_shards", task="2", needs="partition", points=1,
-       title="the same seed gives the same shards (every rank agrees on the permutation)")
+       title="the same seed gives the same shards (every rank agrees on the permutation)",
+       promise=("the same seed gives the same shards", "a different seed gives different shards"))
 def same_seed(ctx):
     return {"a": [shard_ids(ctx, N, 4, r, 3, seed=7) for r in range(3)],
             "b": [shard_ids(ctx, N, 4, r, 3, seed=7) for r in range(3)],
@@ -66,7 +71,10 @@ def _(payloads, secrets):
 
 
 @define_check("2.equal_steps_per_rank", task="2", needs="partition", points=1,
-       title="every rank yields the same number of full batches, even when N is not divisible")
+       title="every rank yields the same number of full batches, even when N is not divisible",
+       promise=("every rank yields the same number of batches, each of exactly batch_size examples",
+                "even when the dataset's size is not divisible by world_size * batch_size: drop the remainder, "
+                "never repeat an example"))
 def equal_steps(ctx):
     return {str(n): [shard_ids(ctx, n, 4, r, 4, seed=0) for r in range(4)] for n in (50, 61)}
 

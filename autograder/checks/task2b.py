@@ -25,7 +25,9 @@ class RecordingLog:
 
 
 @define_check("2b.comm_log_entries", task="2b", world_size=4, needs=("sync", "profiling"), points=1,
-       title="allreduce_average records every all_reduce in comm_log (op, shape, dtype)")
+       title="allreduce_average records every all_reduce in comm_log (op, shape, dtype)",
+       promise=('comm_log.record("all_reduce", grad) *before* the collective',
+                "one record per call, describing the tensor you all_reduce"))
 def comm_log_entries(ctx):
     log = RecordingLog()
     out = fixtures.run_sync(ctx, TASK, WITH_NONE, comm_log=log)

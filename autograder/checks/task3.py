@@ -22,7 +22,9 @@ def rank_model(secret: int):
 
 
 @define_check("3.params_identical_across_ranks", task="3", world_size=4, needs="ddp", points=2,
-       title="after 3 DDP steps on different data, every rank holds the same (correct) parameters")
+       title="after 3 DDP steps on different data, every rank holds the same (correct) parameters",
+       promise="after a few steps on different data every rank holds the same parameters, those of "
+               "single-process training on all the ranks' data together")
 def params_identical(ctx):
     model = rank_model(ctx.secret)
     wrapped = fixtures.student_function(ctx, "ddp", "wrap_ddp")(model)

@@ -9,7 +9,10 @@ CASES = [(1000, 4), (1000, 1), (4096, 2), (10, 3), (0, 4), (7, 8), (4 * 30522 * 
 
 
 @define_check("4.expected_allreduce_bytes", task="4", needs="profiling", points=2,
-       title="expected_allreduce_bytes = 2(N-1)/N x bytes, 0 for one rank")
+       title="expected_allreduce_bytes = 2(N-1)/N x bytes, 0 for one rank",
+       promise=("bytes_sent_per_rank = 2 * (N - 1) / N * S (and 0 when N == 1",
+                "world sizes from 1 to 8, odd ones included; nbytes of 0; sizes that N does not divide (within a "
+                "byte of 2 * (N - 1) * S / N); a tensor of several MB"))
 def allreduce_bytes(ctx):
     fn = fixtures.student_function(ctx, "profiling", "expected_allreduce_bytes")
     return {"got": [fn(s, n) for s, n in CASES]}
@@ -25,7 +28,10 @@ def _(payloads, secrets):
 
 
 @define_check("4.comm_log_records", task="4", needs="profiling", points=1,
-       title="CommLog.record stores op, shape, dtype and nbytes of each collective")
+       title="CommLog.record stores op, shape, dtype and nbytes of each collective",
+       promise=("float32, float16 and float64 tensors of different shapes, one record per call, in call order, "
+                "each holding the op it was given, the shape as a tuple, the dtype as str(tensor.dtype)",
+                "append it to self.records"))
 def comm_log(ctx):
     prof = ctx.student("profiling")
     log = prof.CommLog()

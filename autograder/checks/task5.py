@@ -139,6 +139,35 @@ TITLES = {
     "compress_bf16": "bf16 compression halves the bytes, parameters stay close",
 }
 
+#: the words of bucketed.py's docstrings (BucketedDDP's "Cases the checks test") every scenario
+#: relies on: judge_scenario checks each of them in every scenario
+EVERY_SCENARIO = (
+    "a toy model with a tied weight, a frozen layer, a layer the forward never uses, float and int64 buffers",
+    "after every optimizer step the parameters match single-process training on the whole batch",
+    "after construction every rank holds rank 0's parameters and buffers (the int64 one too)",
+    "self.buckets is laid out as assign_buckets says (reverse registration order, the cap in MiB, the tied "
+    "weight once, frozen parameters left out)",
+    "a .grad that was None is still None after the sync, and the tied weight stays shared",
+)
+_LAUNCH = "one all_reduce per bucket per step, each with async_op=True"
+_CAPS = "for bucket caps that give one, two and six buckets"
+_COMPRESS = 'compression="fp16" and "bf16": half the bytes all_reduced per step'
+
+#: scenario -> the words its own case adds
+PROMISES: Dict[str, tuple] = {
+    "world_size_1": ("on 1, 2 and 4 ranks (world size 1 included)",),
+    "one_bucket_sgd": (_CAPS, "with SGD and with AdamW", _LAUNCH),
+    "two_buckets_adamw": (_CAPS, "with SGD and with AdamW", _LAUNCH),
+    "six_buckets_adamw": (_CAPS, "with SGD and with AdamW", _LAUNCH,
+                          "at least one of them launched during backward when bucket 0 is complete early"),
+    "six_buckets_4_ranks": (_CAPS, "on 1, 2 and 4 ranks", _LAUNCH,
+                            "at least one of them launched during backward when bucket 0 is complete early"),
+    "grad_accumulation": ("two backward passes before the finish (gradient accumulation: hooks fire twice)",),
+    "compress_fp16": (_COMPRESS, "the parameters close to single-process training"),
+    "compress_bf16": (_COMPRESS, "the parameters close to single-process training"),
+}
+
+
 def _optimizer(kind, params):
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.5)
@@ -278,7 +307,7 @@ def _make_check(scenario: str):
     settings = SCENARIOS[scenario]
 
     @define_check(f"5.{scenario}", task="5", world_size=settings["world_size"], needs="bucketed",
-           title=TITLES[scenario])  # points: autograder/points.toml
+           title=TITLES[scenario], promise=EVERY_SCENARIO + PROMISES[scenario])  # points: autograder/points.toml
     def run(ctx):
         return run_scenario(lambda: ctx.student("bucketed"), ctx.rank, ctx.world_size, settings, ctx.secret)
 

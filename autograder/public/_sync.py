@@ -9,10 +9,15 @@ from autograder import fixtures, judging
 from autograder.registry import define_check
 
 
+#: what every mean check relies on: sync.py's module docstring says it for both functions
+MEAN = "every rank ends with the mean of all ranks' gradients"
+
+
 def mean_check(task: str, id_suffix: str, title: str, world_size: int, points: float, model_kwargs=None,
-               dtype=None, layout: str = "contiguous", public: bool = False, **call_kwargs):
+               dtype=None, layout: str = "contiguous", public: bool = False, promise=(), **call_kwargs):
     """Register check ``TASK.ID_SUFFIX``: the task's sync function on ``world_size`` ranks must leave
-    every rank's gradients equal to the mean (``points`` is the fallback; points.toml decides)."""
+    every rank's gradients equal to the mean (``points`` is the fallback; points.toml decides).
+    ``promise``: the words of sync.py's docstring naming this check's case (besides the mean)."""
     kwargs = dict(model_kwargs or {})
 
     def run(ctx):
@@ -20,7 +25,8 @@ def mean_check(task: str, id_suffix: str, title: str, world_size: int, points: f
 
     run.__name__ = f"{task}_{id_suffix}"
     c = define_check(f"{task}.{id_suffix}", task=task, world_size=world_size, needs="sync", points=points,
-              title=f"{fixtures.SYNC_FUNCTIONS[task]} {title}", public=public)(run)
+              title=f"{fixtures.SYNC_FUNCTIONS[task]} {title}", public=public,
+              promise=(MEAN, *((promise,) if isinstance(promise, str) else promise)))(run)
 
     @c.judge
     def _(payloads, secrets):

@@ -214,7 +214,9 @@ def judge_group(payloads, secrets, world_size: int, backend) -> None:
 
 
 @define_check("0.init_4_ranks", task="0", world_size=4, needs="collectives", points=3, hang_hint=INIT_HINT,
-       title="init_distributed: 4 ranks meet at tcp://ip:port and form one group with the right ranks")
+       title="init_distributed: 4 ranks meet at tcp://ip:port and form one group with the right ranks",
+       promise=("4 ranks meet at tcp://master_ip:master_port and form one group with the ranks they were given",
+                "init_process_group called once"))
 def init_4_ranks(ctx):
     return run_init(ctx, 4, None, "gloo", 45)
 
@@ -227,7 +229,8 @@ def _(payloads, secrets):
 # ------------------------------------------------------------------ collectives
 
 @define_check("0.ring_pass", task="0", world_size=4, needs="collectives", points=2, hang_hint=RING_HINT,
-       title="ring_pass: every rank gets its left neighbour's 1 MB tensor (send/recv without a deadlock)")
+       title="ring_pass: every rank gets its left neighbour's 1 MB tensor (send/recv without a deadlock)",
+       promise=("return what rank r - 1 holds", "4 ranks with a 1 MB float32 tensor", "Do not change tensor"))
 def ring(ctx):
     mod = ctx.student("collectives")
     x = toy(ctx.secret, "ring", (RING_NUMEL,))
@@ -266,7 +269,9 @@ BCAST_ROOT = 2
 
 
 @define_check("0.broadcast", task="0", world_size=4, needs="collectives", points=1,
-       title=f"broadcast_from_root: every rank ends with root {BCAST_ROOT}'s tensor, in place")
+       title=f"broadcast_from_root: every rank ends with root {BCAST_ROOT}'s tensor, in place",
+       promise=(f"a root other than 0 (root={BCAST_ROOT} of 4 ranks); the same tensor object is returned, "
+                "changed in place", "Use broadcast."))
 def bcast(ctx):
     return run_in_place(ctx, "broadcast", (5, 3), lambda mod, x: mod.broadcast_from_root(x, root=BCAST_ROOT))
 
@@ -285,7 +290,9 @@ def _(payloads, secrets):
 
 
 @define_check("0.all_reduce_sum", task="0", world_size=4, needs="collectives", points=1,
-       title="all_reduce_sum: every rank ends with the element-wise sum over 4 ranks, in place")
+       title="all_reduce_sum: every rank ends with the element-wise sum over 4 ranks, in place",
+       promise=("4 ranks; the same tensor object is returned, changed in place",
+                "dist.all_reduce(tensor, op=dist.ReduceOp.SUM)"))
 def allreduce(ctx):
     return run_in_place(ctx, "all_reduce", (4, 6), lambda mod, x: mod.all_reduce_sum(x))
 
@@ -311,7 +318,9 @@ SCATTER_ROOT = 2  # a middle rank: with the last rank as root, `rank >= root` ho
 
 
 @define_check("0.gather_to_root", task="0", world_size=4, needs="collectives", points=1,
-       title=f"gather_to_root: root {GATHER_ROOT} gets [x_0, x_1, x_2, x_3], the others None")
+       title=f"gather_to_root: root {GATHER_ROOT} gets [x_0, x_1, x_2, x_3], the others None",
+       promise=(f"a root other than 0 (root={GATHER_ROOT} of 4 ranks) returns the list of all 4 tensors, "
+                "every other rank returns None", "Use gather."))
 def gather(ctx):
     mod = ctx.student("collectives")
     x = toy(ctx.secret, "gather", (3, 4))
@@ -345,7 +354,9 @@ def _(payloads, secrets):
 
 
 @define_check("0.scatter_from_root", task="0", world_size=4, needs="collectives", points=1,
-       title=f"scatter_from_root: rank r gets chunk r of root {SCATTER_ROOT}'s list, in place")
+       title=f"scatter_from_root: rank r gets chunk r of root {SCATTER_ROOT}'s list, in place",
+       promise=(f"a root in the middle (root={SCATTER_ROOT} of 4 ranks); the same out object is returned, "
+                "filled in place", "Use scatter."))
 def scatter(ctx):
     mod = ctx.student("collectives")
     n = ctx.world_size

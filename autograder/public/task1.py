@@ -17,7 +17,9 @@ from autograder.registry import CheckFailure, define_check
 
 
 @define_check("1.lowers_loss", task="1", needs="train", points=3,
-       title="train_step lowers the loss on a fixed batch and returns it")
+       title="train_step lowers the loss on a fixed batch and returns it",
+       promise=("a few steps of AdamW on one fixed batch lower that batch's loss",
+                "the loss returned is this batch's, from the forward pass before the optimizer step"))
 def lowers_loss(ctx):
     seed = fixtures.derive_seed(ctx.secret, "lowers", "model")
     model = fixtures.make_model(seed=seed)
@@ -54,30 +56,41 @@ def _(payloads, secrets):
 # ---------------------------------------------------------------- the step-by-step properties
 
 PROPERTIES = {
-    # name: (title, judge, clear gradients between calls)
+    # name: (title, judge, clear gradients between calls, the words of train_step's docstring it relies on)
     "returns_detached_loss": ("train_step returns the loss as a 0-dim tensor detached from the graph",
-                              judging.judge_returned_loss, True),
+                              judging.judge_returned_loss, True,
+                              ("the loss returned is this batch's, from the forward pass before the optimizer "
+                               "step, as a 0-dim tensor detached from the graph",)),
     "steps_optimizer_and_scheduler": ("train_step steps the optimizer, then the scheduler, once per call",
-                                      judging.judge_steps, True),
+                                      judging.judge_steps, True,
+                                      ("with and without a scheduler: optimizer.step() and scheduler.step() once "
+                                       "per call, in that order",)),
     "fresh_gradients": ("each step uses only its own batch's gradient and clears it afterwards",
-                        judging.judge_fresh, False),
+                        judging.judge_fresh, False,
+                        ("each step uses only its own batch's gradient, and no gradient is left in .grad when "
+                         "train_step returns", "optimizer.zero_grad(set_to_none=True)")),
     "sync_before_clip_and_step": ("sync_gradients runs once, after backward, before clipping and the optimizer step",
-                                  judging.judge_sync_order, True),
+                                  judging.judge_sync_order, True,
+                                  ("sync_gradients called exactly once per call, after backward and before "
+                                   "clipping", "call it once, after backward() and before clipping and the "
+                                   "optimizer step")),
     "clips_gradients": ("train_step clips the gradient norm to max_grad_norm (None or 0: no clipping)",
-                        judging.judge_clips, True),
+                        judging.judge_clips, True,
+                        ("max_grad_norm small enough to clip, None and 0", "None or 0 means no clipping")),
 }
 
 
 def define(check_id: str, prop: str, calls: list[dict], lr: float, points: float, public: bool):
     """Register one Task 1 check: property ``prop`` exercised with ``calls`` (see record_train_calls)."""
-    title, judge_fn, clear = PROPERTIES[prop]
+    title, judge_fn, clear, promise = PROPERTIES[prop]
     salt = check_id
 
     def run(ctx):
         return fixtures.record_train_calls(ctx, calls, lr, salt, clear)
 
     run.__name__ = check_id.replace(".", "_")
-    c = define_check(check_id, task="1", needs="train", points=points, title=title, public=public)(run)
+    c = define_check(check_id, task="1", needs="train", points=points, title=title, public=public,
+                     promise=promise)(run)
 
     @c.judge
     def _(payloads, secrets):

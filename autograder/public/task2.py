@@ -19,7 +19,9 @@ def shard_ids(ctx, n, batch_size, rank, world_size, seed, epoch=None):
 
 
 @define_check("2.shards_disjoint_complete", task="2", needs="partition", points=3,
-       title="shards are disjoint and cover the dataset for 1-4 workers")
+       title="shards are disjoint and cover the dataset for 1-4 workers",
+       promise=("shards of different ranks never overlap, and together cover the dataset",
+                "for any world size (1, 2, 3 or 4 workers)"))
 def disjoint_complete(ctx):
     return {str(w): [shard_ids(ctx, N, BATCH, r, w, seed=0) for r in range(w)] for w in (1, 2, 3, 4)}
 

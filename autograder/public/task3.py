@@ -7,7 +7,10 @@ from autograder.registry import CheckFailure, define_check
 
 
 @define_check("3.returns_ddp", task="3", world_size=4, needs="ddp", points=2,
-       title="wrap_ddp returns DistributedDataParallel; replicas start from rank 0's weights")
+       title="wrap_ddp returns DistributedDataParallel; replicas start from rank 0's weights",
+       promise=("4 ranks, each building the model from different random weights",
+                "a DistributedDataParallel that wraps the model it was given (wrapped.module is model)",
+                "every replica starts from rank 0's weights"))
 def returns_ddp(ctx):
     # a different start on every rank, from its secret: no rank can rebuild rank 0's weights
     model = fixtures.make_model(seed=fixtures.derive_seed(ctx.secret, "ddp-init"))

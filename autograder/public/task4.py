@@ -10,7 +10,10 @@ CASES = [((3, 5), "float32"), ((7,), "float16"), ((2, 3), "int64"), ((4, 4), "bf
 
 
 @define_check("4.tensor_nbytes", task="4", needs="profiling", points=1,
-       title="tensor_nbytes = elements x bytes per element, any dtype")
+       title="tensor_nbytes = elements x bytes per element, any dtype",
+       promise=("nbytes = number of elements * bytes per element",
+                "any dtype (float32, float16, bfloat16, int64, float64), a 0-dim tensor, an empty tensor (0 bytes) "
+                "and a non-contiguous view"))
 def tensor_nbytes(ctx):
     fn = fixtures.student_function(ctx, "profiling", "tensor_nbytes")
     got = []

@@ -23,7 +23,9 @@ def _batch(secret: int, step: int) -> dict:
 
 
 @define_check("5.public_matches_single_process", task="5", world_size=2, needs="bucketed", points=1,
-       title="BucketedDDP on 2 ranks (several buckets) matches single-process SGD after every step")
+       title="BucketedDDP on 2 ranks (several buckets) matches single-process SGD after every step",
+       promise=("after every optimizer step the parameters match single-process training on the whole batch, "
+                "with SGD", "forward just calls the wrapped module"))
 def matches_single_process(ctx):
     BucketedDDP = getattr(ctx.student("bucketed"), "BucketedDDP", None)
     if BucketedDDP is None:
