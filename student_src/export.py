@@ -10,7 +10,10 @@
     OUT/launch.sh        # starts rank i on node i over ssh, with the multi-node flags
     OUT/CLOUDLAB.md      # how to run the tasks on a 4-node cluster
     OUT/profile.py, OUT/cloudlab_setup.sh, OUT/slurm.sbatch   # CloudLab profile, Slurm batch script
-    OUT/submission.zip   # the task folders, ready to upload to Gradescope
+    OUT/notebooks/       # your notebooks/*.ipynb as last saved: outputs and written answers
+    OUT/report/          # your report/ (or one built from runs/full, else runs/quick), with
+                         # index.html: the tables and plots in one page (kit/handin.py)
+    OUT/submission.zip   # the task folders, notebooks/ and report/: the one file to upload
 
 Each task folder runs on its own (copy it to every node)::
 
@@ -199,9 +202,13 @@ def _data_scripts(source: Path) -> Path:
         raise KitError("data_scripts/ is missing next to student_src/; the export copies it into every task folder") from None
 
 
-def export(out: Path, force: bool = False, source: Path = PACKAGE) -> Path:
-    """Write the task folders, the launch script, the guide and ``submission.zip`` into ``out``."""
+def export(out: Path, force: bool = False, source: Path = PACKAGE, root: Path | None = None, say=None) -> Path:
+    """Write the task folders, the launch script, the guide, the notebooks, the report and
+    ``submission.zip`` into ``out``. ``root``: the checkout whose ``notebooks/``, ``report/`` and
+    ``runs/`` are handed in (default: the folder holding ``source``); ``say`` gets one line per
+    hand-in part (what was packed, what is missing)."""
     from student_src.kit.errors import KitError
+    from student_src.kit.handin import NOTEBOOKS, REPORT, pack
     from student_src.kit.real_clusters import write_cluster_files
 
     out = Path(out)
@@ -226,9 +233,10 @@ def export(out: Path, force: bool = False, source: Path = PACKAGE) -> Path:
         (staging / "launch.sh").chmod(0o755)
         (staging / "CLOUDLAB.md").write_text(CLOUDLAB_MD.format(torch_spec=TORCH_SPEC, folders=", ".join(f"`task{t}/`" for t in TASKS)))
         write_cluster_files(staging, TORCH_SPEC)
-        with zipfile.ZipFile(staging / "submission.zip", "w", zipfile.ZIP_DEFLATED) as zf:
-            for task in TASKS:
-                for path in sorted((staging / f"task{task}").rglob("*")):
+        packed = pack(Path(root) if root is not None else Path(source).parent, staging)
+        with zipfile.ZipFile(staging / "submission.zip", "w", zipfile.ZIP_DEFLATED, strict_timestamps=False) as zf:
+            for folder in [f"task{t}" for t in TASKS] + [NOTEBOOKS, REPORT]:
+                for path in sorted((staging / folder).rglob("*")):
                     if path.is_file():
                         zf.write(path, path.relative_to(staging).as_posix())
         if out.exists():
@@ -237,6 +245,8 @@ def export(out: Path, force: bool = False, source: Path = PACKAGE) -> Path:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    for line in [*packed.lines(), packed.upload_line(out / "submission.zip")] if say else ():
+        say(line)
     return out
 
 
@@ -247,12 +257,15 @@ def main(argv=None) -> int:
     p.add_argument("out", help="output folder (e.g. submission/)")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     args = p.parse_args(argv)
+    lines = []
     try:
-        out = export(Path(args.out), force=args.force)
+        out = export(Path(args.out), force=args.force, say=lines.append)
     except KitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {out}/{' '.join('task' + t for t in TASKS)}, launch.sh, CLOUDLAB.md, profile.py, slurm.sbatch and {out}/submission.zip")
+    for line in lines:
+        print(line)
     return 0
 
 

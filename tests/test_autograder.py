@@ -220,6 +220,11 @@ def test_export_zip_grades_each_task_from_its_folder(tmp_path):
     from student_src.export import export
 
     good = mutant(tmp_path / "good", {})
+    # a student's checkout: notebooks and runs beside student_src, so the export packs notebooks/ and report/
+    shutil.copytree(ROOT / "notebooks", good / "notebooks")
+    (good / "runs" / "quick" / "task1").mkdir(parents=True)
+    (good / "runs" / "quick" / "task1" / "metrics.json").write_text(json.dumps(
+        {"task": "1", "world_size": 1, "global_batch_size": 8, "losses": [0.7, 0.6], "iter_times": [0.2, 0.1]}))
     bad = mutant(tmp_path / "bad", {"sync": """
         def gather_scatter_average(model, group=None):
             for g in _grads(model):
@@ -233,6 +238,10 @@ def test_export_zip_grades_each_task_from_its_folder(tmp_path):
             base = out_bad if task == "task2a" else out_good
             for f in sorted((base / task).rglob("*.py")):
                 zf.write(f, f.relative_to(base).as_posix())
+        for folder in ("notebooks", "report"):  # the hand-in's other half: the grader ignores it
+            for f in sorted((out_good / folder).rglob("*")):
+                zf.write(f, f.relative_to(out_good).as_posix())
+        assert {"notebooks/2b_allreduce.ipynb", "report/index.html"} <= set(zf.namelist())
     res = grade(zpath, tasks=parse_tasks("1,2a,2b"), settings=Settings(**FAST))
     assert not res.grader_errors
     # all_reduce in place on each .grad: the wrong collective, and wrong for a non-contiguous .grad

@@ -2,6 +2,7 @@
 CLOUDLAB.md name only what the export holds."""
 
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -59,7 +60,9 @@ def test_every_task_folder_carries_what_it_needs(exported):
         assert checked > 10 and problems == [], problems
     with zipfile.ZipFile(exported / "submission.zip") as zf:
         names = zf.namelist()
-    assert {n.split("/")[0] for n in names} == {f"task{t}" for t in TASKS}
+    # the code of every task, and the hand-in's other half (report/ only where this checkout has runs)
+    tops = {n.split("/")[0] for n in names}
+    assert {f"task{t}" for t in TASKS} | {"notebooks"} <= tops <= {f"task{t}" for t in TASKS} | {"notebooks", "report"}
     assert "task2a/data_scripts/make_synthetic_rte.py" in names and "task2a/requirements.txt" in names
 
 
@@ -130,3 +133,88 @@ def test_launch_sh_starts_one_rank_per_node(exported, small_rte, tmp_path):
     log0 = (exported / "logs" / "rank0.log").read_text()
     assert proc.returncode == 0, (proc.stdout, log0, (exported / "logs" / "rank1.log").read_text())
     assert "Task 2b (all_reduce)" in log0 and "on 2 rank(s)" in log0
+
+
+# ------------------------------------------------------------------ the hand-in: notebooks and report
+
+def _checkout(root: Path, runs=("quick",)) -> Path:
+    """A student's checkout as the export sees it: two saved notebooks (one run, one not), a
+    JupyterLab checkpoint, and a Task 1 and a Task 2b run per mode in ``runs``."""
+    import json
+
+    nb = root / "notebooks"
+    (nb / ".ipynb_checkpoints").mkdir(parents=True)
+    ran = {"cells": [{"cell_type": "code", "source": "check('1')", "outputs": [{"output_type": "stream", "text": "ok"}]},
+                     {"cell_type": "markdown", "source": "My answer: the losses agree to 1e-7."}], "nbformat": 4}
+    (nb / "1_single_node.ipynb").write_text(json.dumps(ran))
+    (nb / "2b_allreduce.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "source": "", "outputs": []}]}))
+    (nb / ".ipynb_checkpoints" / "1_single_node-checkpoint.ipynb").write_text("{}")
+    for mode in runs:
+        for task, world in (("1", 1), ("2b", 4)):
+            run = root / "runs" / mode / f"task{task}"
+            run.mkdir(parents=True)
+            (run / "metrics.json").write_text(json.dumps({"task": task, "world_size": world, "global_batch_size": 8,
+                                                          "losses": [0.7, 0.6, 0.5], "iter_times": [0.3, 0.2, 0.25]}))
+    return root
+
+
+def _handin(root: Path, out: Path) -> tuple[dict, list[str]]:
+    """Export with ``root`` as the checkout; the zip's files (name: bytes) and the lines it said."""
+    from student_src.export import export
+
+    said = []
+    export(out, root=root, say=said.append)
+    with zipfile.ZipFile(out / "submission.zip") as zf:
+        return {n: zf.read(n) for n in zf.namelist() if not n.startswith("task")}, said
+
+
+def test_the_zip_holds_the_notebooks_as_saved_and_a_report_built_from_the_runs(tmp_path, monkeypatch):
+    monkeypatch.delenv("KIT_RUNS_DIR", raising=False)
+    root = _checkout(tmp_path / "kit", runs=("quick",))
+    files, said = _handin(root, tmp_path / "out-quick")
+    assert files["notebooks/1_single_node.ipynb"] == (root / "notebooks" / "1_single_node.ipynb").read_bytes()
+    assert not any("checkpoint" in n for n in files)
+    assert {"report/index.html", "report/report.md", "report/time_per_iteration.png"} <= set(files)
+    assert said[0].startswith("notebooks/: 2 notebook(s)") and "never run: 2b_allreduce" in said[0]
+    assert said[1].startswith("no runs/full yet: report/ built from quick-mode runs"), said
+    assert said[-1].endswith("it holds your code, notebooks/ and report/")
+    # one page a TA opens offline: the tables, every plot embedded, nothing fetched from beside it
+    page = files["report/index.html"].decode()
+    assert "<table>" in page and "Results from <code>runs/quick</code>" in page
+    sources = re.findall(r'src="([^"]*)"', page)
+    pngs = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", files["report/report.md"].decode())
+    assert sources and len(sources) == len(pngs) and all(s.startswith("data:image/png;base64,") for s in sources)
+    assert "href=" not in page
+
+    _checkout(tmp_path / "kit2", runs=("quick", "full"))  # full-mode runs win
+    files, said = _handin(tmp_path / "kit2", tmp_path / "out-full")
+    assert said[1].startswith("report/: built from runs/full") and b"runs/full" in files["report/report.md"]
+
+
+def test_the_students_own_report_is_packed_as_built(tmp_path, monkeypatch):
+    monkeypatch.delenv("KIT_RUNS_DIR", raising=False)
+    root = _checkout(tmp_path / "kit", runs=("full",))
+    (root / "report").mkdir()
+    (root / "report" / "report.md").write_text("# My results\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    (root / "report" / "extra.txt").write_text("kept")
+    files, said = _handin(root, tmp_path / "out")
+    assert files["report/extra.txt"] == b"kept" and b"My results" in files["report/report.md"]
+    assert "<td class=\"num\">2</td>" in files["report/index.html"].decode()  # made from their report.md
+    assert said[1].startswith("report/: yours") and "older than your latest run" not in " ".join(said)
+    before = (root / "runs" / "full" / "task1" / "metrics.json").stat().st_mtime - 60
+    os.utime(root / "report" / "report.md", (before, before))  # built before the last full run: stale
+    _, said = _handin(root, tmp_path / "out2")
+    assert any("older than your latest run in runs/full" in line for line in said), said
+
+
+def test_without_runs_or_notebooks_the_export_says_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.delenv("KIT_RUNS_DIR", raising=False)
+    (tmp_path / "kit").mkdir()
+    files, said = _handin(tmp_path / "kit", tmp_path / "out")
+    assert files == {}
+    assert said[0].startswith("no notebooks/*.ipynb") and said[1].startswith("no runs: report/ not included")
+    assert said[-1].endswith("it holds your code only")
+    # an nbgrader assignment folder keeps its notebooks beside student_src: they are handed in too
+    (tmp_path / "kit" / "1_single_node.ipynb").write_text('{"cells": []}')
+    files, said = _handin(tmp_path / "kit", tmp_path / "out2")
+    assert set(files) == {"notebooks/1_single_node.ipynb"} and said[0].startswith("notebooks/: 1 notebook(s)")

@@ -6,6 +6,7 @@ functions on real runs.
 
 import csv
 import json
+import re
 import subprocess
 import sys
 
@@ -129,6 +130,10 @@ def test_report_command_writes_tables_and_plots(runs_dir, tmp_path, repo_root):
         assert width >= 300 and height >= 200, (name, width, height)
     text = (out / "report.md").read_text()
     assert "## Loss per step against Task 1" in text and "## Network traffic" in text and "| Task 1 | 1 | 0.6000" in text
+    # index.html: the same report on one page that needs nothing beside it (the plots embedded)
+    page = (out / "index.html").read_text()
+    assert "<h2>Network traffic: measured against expected</h2>" in page and "<td>Task 1</td>" in page
+    assert re.findall(r'src="([^"]{22})', page) == ["data:image/png;base64,"] * text.count("](")
 
 
 def test_report_command_on_missing_folder(tmp_path, repo_root):

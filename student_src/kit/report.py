@@ -13,6 +13,8 @@ into OUT:
 * ``dev_accuracy.csv``        evaluation after every epoch (Task 1 asks for it); report.md also
                               has Task 1's dev accuracy per slice (pattern / premise length, kit/slices.py)
 * ``traffic.csv/.png``        measured against expected bytes (Task 4 runs with ``--measure_traffic``)
+* ``index.html``              all of report.md in one page, the plots embedded: readable offline,
+                              the file a TA opens (``report_html.py``; the export packs it)
 
 The functions are importable too; the notebooks show the same tables as they go.
 """
@@ -214,8 +216,9 @@ def _write_csv(path: Path, headers: list, rows: list[list]) -> None:
 
 
 # --------------------------------------------------------------------------- the report
-def write_report(runs_dir, out) -> dict:
-    """Write report.md, the CSV tables and the PNG plots into ``out``; return ``{name: path}``."""
+def write_report(runs_dir, out, shown_as: str | None = None) -> dict:
+    """Write report.md, the CSV tables, the PNG plots and index.html into ``out``; return
+    ``{name: path}``. ``shown_as``: how the report's title names ``runs_dir`` (default: as given)."""
     from . import plots
 
     runs = load_runs(runs_dir)
@@ -251,7 +254,7 @@ def write_report(runs_dir, out) -> dict:
 
     scaling_files, scaling_md = scaling_section(runs, out)  # timelines, speed-up on the what-if curves
     written.update(scaling_files)
-    sections = [f"# Results from `{runs_dir}`", "", f"{len(runs)} run(s): " + (", ".join(runs) or "none"), ""]
+    sections = [f"# Results from `{shown_as or runs_dir}`", "", f"{len(runs)} run(s): " + (", ".join(runs) or "none"), ""]
     if evals:
         sections += ["## Dev accuracy after every epoch", "", eval_markdown(evals), ""]
     sections += slice_sections(runs)
@@ -266,19 +269,22 @@ def write_report(runs_dir, out) -> dict:
     sections += scaling_md
     (out / "report.md").write_text("\n".join(sections))
     written["report.md"] = out / "report.md"
+    from .report_html import HTML_NAME, write_html
+
+    written[HTML_NAME] = write_html(out)
     return written
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m student_src.kit.report", description=__doc__.splitlines()[0])
     p.add_argument("runs_dir", help="folder holding one sub-folder (with metrics.json) per run, e.g. runs/full")
-    p.add_argument("out", help="where report.md, the CSV tables and the PNG plots go")
+    p.add_argument("out", help="where report.md, index.html (one page, plots embedded), the CSV tables and the PNG plots go")
     args = p.parse_args(argv)
     if not Path(args.runs_dir).is_dir():
         print(f"error: {args.runs_dir} is not a folder", file=sys.stderr)
         return 2
     written = write_report(args.runs_dir, args.out)
-    if len(written) == 1:
+    if not load_runs(args.runs_dir):
         print(f"no metrics.json found under {args.runs_dir}: run a task with --output_dir first", file=sys.stderr)
     for name, path in written.items():
         print(f"wrote {path}")
