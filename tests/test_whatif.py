@@ -133,3 +133,42 @@ def test_cli_defaults_a_run_folder_compression_and_latency(tmp_path, capsys):
     slow = rows("--latency", "10ms")
     assert slow[key]["comm_s"] > plain[key]["comm_s"] + 0.01
     assert slow[("2b", 1, 1.0)]["comm_s"] == 0  # one worker sends nothing, whatever the latency
+
+
+def test_memory_mode_prints_the_papers_figures_and_json(capsys):
+    """`whatif --memory --params 7.5B --world_sizes 64 --precision mixed`: the ZeRO paper's 120, 31.4,
+    16.6 and 1.88 GB per rank; `--json` alone prints the rows instead of the table."""
+    assert main(["--memory", "--params", "7.5B", "--world_sizes", "64", "--precision", "mixed"]) == 0
+    out = capsys.readouterr().out
+    for strategy, gb in (("ddp", "120.00 GB"), ("zero1", "31.41 GB"), ("zero2", "16.64 GB"), ("fsdp", "1.88 GB")):
+        assert any(line.startswith(strategy) and gb in line for line in out.splitlines()), (strategy, out)
+    assert main(["--memory", "--params", "1000", "--world_sizes", "1,4", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by = {(r["strategy"], r["world_size"]): r for r in rows}
+    assert by[("ddp", 4)]["states"] == 16_000 and by[("zero2", 4)]["states"] == 4000 + 12_000 / 4
+    assert by[("fsdp", 4)]["saving"] == 4 and len(by[("zero1", 4)]["per_rank"]) == 4
+
+
+def test_memory_mode_on_a_kit_model_is_exact_per_tensor(tmp_path, capsys):
+    """tiny's word embedding is 95% of it: ZeRO-1 dealing whole tensors cannot halve the optimizer state."""
+    out = tmp_path / "memory.json"
+    assert main(["--memory", "--model", "tiny", "--world_sizes", "2", "--strategies", "ddp,zero1", "--json", str(out)]) == 0
+    assert "2,057,666 parameters in 41 tensors" in capsys.readouterr().out
+    ddp, zero1 = json.loads(out.read_text())
+    assert ddp["states"] == 16 * 2_057_666 and ddp["optimizer"] == 8 * 2_057_666
+    assert zero1["optimizer"] == 8 * 30522 * 64 and {r["optimizer"] for r in zero1["per_rank"]} == {8 * 30522 * 64, 8 * (2_057_666 - 30522 * 64)}
+
+
+@pytest.mark.parametrize("flags, message", [(["--memory"], "--params"), (["--memory", "--params", "lots"], "7.5B"),
+                                            (["--memory", "--params", "10", "--world_sizes", "0"], "positive"),
+                                            (["--memory", "--params", "10", "--strategies", "zero9"], "zero1")])
+def test_memory_mode_bad_input(flags, message, capsys):
+    assert main(flags) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_without_metrics_or_memory_it_says_which_to_give(capsys):
+    with pytest.raises(SystemExit):
+        main([])
+    err = capsys.readouterr().err
+    assert "--metrics" in err and "--memory" in err

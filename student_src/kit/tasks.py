@@ -57,6 +57,9 @@ class Task:
     traffic: str | None = None       # how a step's gradients travel (traffic_model.py): "gather_scatter"
                                      # through rank 0, "ring" (an all_reduce per tensor), "ring_buckets"
                                      # (one per bucket); None: no gradient traffic
+    memory: str | None = None        # what a rank holds (memory_model.py): "replicated" (every rank the whole
+                                     # model, gradients and optimizer state), "zero1" (optimizer state sharded),
+                                     # "zero2" (and gradients), "fsdp" (and parameters); None: not a training task
 
     @property
     def trains(self) -> bool:
@@ -77,21 +80,22 @@ _ROWS = (
     Task("0", "process group and warm-up collectives", "collectives",
          ("init_distributed", "ring_pass", "broadcast_from_root", "all_reduce_sum", "gather_to_root", "scatter_from_root"),
          "0_collectives", graded_from=("task0", "task1", "task2a", "task2b", "task3")),
-    Task("1", "single node", "train", ("train_step",), "1_single_node", color="#444444", sync="none", export=True),
+    Task("1", "single node", "train", ("train_step",), "1_single_node", color="#444444", sync="none", export=True,
+         memory="replicated"),
     Task("2", "non-overlapping data shards", "partition", ("build_train_loader",), "2a_gather_scatter",
          graded_from=("task2", "task2a", "task2b", "task3")),
     Task("2a", "gather/scatter", "sync", ("gather_scatter_average",), "2a_gather_scatter", color="#1f77b4",
          sync="function", collectives=frozenset({"gather", "scatter", "barrier"}), must_call=frozenset({"gather", "scatter"}),
-         export=True, single_node_equivalence=True, traffic="gather_scatter"),
+         export=True, single_node_equivalence=True, traffic="gather_scatter", memory="replicated"),
     Task("2b", "all_reduce", "sync", ("allreduce_average",), "2b_allreduce", color="#2ca02c",
          sync="function", collectives=frozenset({"all_reduce", "barrier"}), must_call=frozenset({"all_reduce"}),
-         export=True, single_node_equivalence=True, traffic="ring"),
+         export=True, single_node_equivalence=True, traffic="ring", memory="replicated"),
     Task("3", "DistributedDataParallel", "ddp", ("wrap_ddp",), "3_ddp", color="#d62728", sync="ddp", export=True,
-         single_node_equivalence=True, traffic="ring_buckets"),
+         single_node_equivalence=True, traffic="ring_buckets", memory="replicated"),
     Task("4", "traffic: what is communicated, and how many bytes", "profiling",
          ("tensor_nbytes", "expected_allreduce_bytes", "CommLog"), "4_traffic", graded_from=("task4", "task2b")),
     Task("5", "bucketed overlap (advanced)", "bucketed", ("BucketedDDP", "assign_buckets"), "5_bucketed",
-         color="#9467bd", sync="bucketed", extra_credit=True, traffic="ring_buckets"),
+         color="#9467bd", sync="bucketed", extra_credit=True, traffic="ring_buckets", memory="replicated"),
 )
 
 #: every task by id, in the assignment's order

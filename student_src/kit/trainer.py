@@ -41,6 +41,7 @@ from . import progress, student_api, tasks
 from .compression import register_ddp_compression, wire_dtype
 from .config import TrainConfig, per_worker_batch_size
 from .errors import KitError
+from .memory_meter import RunMemoryMeter
 from .metrics import write_metrics  # noqa: F401  (trainer.write_metrics: where runs write their results)
 from .timeline import recorder_for
 
@@ -220,11 +221,14 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
     history = kmetrics.History(ctx.world_size)
     parts = {"model": {"name": cfg.model_name_or_path, "parameters": count_parameters(model)}}
     if cfg.do_train:
+        memory = RunMemoryMeter(task.memory, model, ctx)  # sized before a task wraps or shards the model
         run = _prepare(cfg, ctx, model, train_ds, dev_ds, log, history)
+        memory.watch(run.model, run.optimizer)  # measures right after the first optimizer step
         _run_epochs(run)
         parts.update(batch=run.batch, **_communication(run))
         if run.recorder is not None:  # --timeline N
             parts["extra"] = run.recorder.results(ctx.world_size)
+        parts["extra"] = {**parts.get("extra", {}), "memory": memory.results()}  # every rank's bytes, gathered
     elif cfg.do_eval:
         result = evaluate(model, dev_ds, ctx, cfg.per_device_eval_batch_size)
         history.evaluated(0, result)

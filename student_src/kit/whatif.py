@@ -21,6 +21,7 @@ bandwidth times the efficiency, a the latency, N the workers):
 * fp16/bf16 compression halves every S_t.
 
     python -m student_src.kit.whatif --metrics runs/task1/metrics.json --latency 0.1ms --plot whatif.png
+    python -m student_src.kit.whatif --memory --model minilm --world_sizes 1,2,4,8   # bytes per rank
     from student_src.kit.whatif import predict, LinkModel, ComputeProfile
 """
 from __future__ import annotations
@@ -260,7 +261,7 @@ def format_table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m student_src.kit.whatif", description=__doc__.split("\n\n")[0])
-    p.add_argument("--metrics", required=True, help="a Task 1 run's metrics.json (or its --output_dir)")
+    p.add_argument("--metrics", help="a Task 1 run's metrics.json (or its --output_dir); needed except with --memory")
     p.add_argument("--rates", default="1gbit,10gbit,100gbit", help="link speeds, comma-separated (default %(default)s)")
     p.add_argument("--latency", default="0.1ms", help="latency per message (default %(default)s)")
     p.add_argument("--efficiency", type=float, default=GLOO_EFFICIENCY, help="fraction of the link collectives reach (default %(default)s)")
@@ -270,8 +271,25 @@ def main(argv=None) -> int:
     p.add_argument("--global_batch_size", type=int, help="fixed global batch (default: the run's batch)")
     p.add_argument("--bucket_cap_mb", type=float, default=25.0, help="Task 5's bucket size (default %(default)s)")
     p.add_argument("--plot", help="write the speed-up and efficiency curves to this PNG")
-    p.add_argument("--json", help="write the rows to this JSON file")
+    p.add_argument("--json", nargs="?", const="-", help="write the rows to this JSON file (no file: print them as JSON)")
+    memory = p.add_argument_group("memory per rank (--memory; whatif_memory.py, memory_model.py)")
+    memory.add_argument("--memory", action="store_true", help="predict the bytes per rank of DDP, ZeRO-1, ZeRO-2 and FSDP")
+    memory.add_argument("--model", help="a kit model (tiny, minilm) or any model name: exact, per tensor")
+    memory.add_argument("--params", help="or a bare parameter count (7.5e9, 7.5B, 110M): the ZeRO paper's arithmetic")
+    memory.add_argument("--world_sizes", default="1,2,4,8", help="ranks, comma-separated (default %(default)s)")
+    memory.add_argument("--precision", choices=("fp32", "mixed"), default="fp32",
+                        help="fp32 (the kit) or mixed: fp16/bf16 compute, fp32 master weights (default %(default)s)")
+    memory.add_argument("--optimizer", choices=("adamw", "sgd_momentum", "sgd"), default="adamw")
+    memory.add_argument("--strategies", default="ddp,zero1,zero2,fsdp", help="default %(default)s")
+    memory.add_argument("--partition", choices=("even", "flat", "greedy"),
+                        help="how shards are cut (default: whole tensors dealt greedily for ZeRO, flat for FSDP)")
     args = p.parse_args(argv)
+    if args.memory:
+        from .whatif_memory import run as memory_main
+
+        return memory_main(args)
+    if not args.metrics:
+        p.error("give --metrics (a Task 1 run's metrics.json), or --memory for the bytes per rank")
     try:
         compute, sizes, _ = load_run(args.metrics)
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -287,7 +305,9 @@ def main(argv=None) -> int:
           f"{compute.backward_s:.4f} s, optimizer {compute.optimizer_s:.4f} s; {len(sizes)} gradient tensors, "
           f"{sum(sizes) / 1e6:.2f} MB")
     print(format_table(rows))
-    if args.json:
+    if args.json == "-":
+        print(json.dumps(rows, indent=1))
+    elif args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.plot:
         from .whatif_plot import plot_scaling

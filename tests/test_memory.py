@@ -1,0 +1,181 @@
+"""Memory per rank: the model (memory_model.py) reproduces the ZeRO paper and cuts real models
+exactly; the meter (memory_meter.py) counts live storages once; every run records both."""
+
+import json
+
+import pytest
+import torch
+
+from student_src.kit import memory_model as mm
+from student_src.kit import tasks
+from student_src.kit.errors import KitError
+from student_src.kit.memory_meter import RunMemoryMeter, measure, optimizer_kind, optimizers_in
+
+
+# --------------------------------------------------------------------------- the model
+def test_the_zero_papers_figure_1_example():
+    """Rajbhandari et al. 2020, Figure 1: Ψ = 7.5 B, N = 64, mixed-precision Adam (K = 12)."""
+    gb = mm.paper_example()
+    assert gb == {"baseline": 120.0, "P_os": 31.40625, "P_os+g": 16.640625, "P_os+g+p": 1.875}
+    assert {k: round(v, 2) for k, v in gb.items()} == {"baseline": 120.0, "P_os": 31.41, "P_os+g": 16.64,
+                                                         "P_os+g+p": 1.88}
+    assert (round(gb["P_os"], 1), round(gb["P_os+g"], 1)) == (31.4, 16.6)  # as the paper prints them
+
+
+@pytest.mark.parametrize("psi, n", [(7.5e9, 64), (1e6, 4), (3.0, 3), (1e9, 1)])
+def test_the_papers_formulas_for_any_size_and_world(psi, n):
+    figures = mm.paper_figures(psi, n)
+    assert figures["baseline"] == pytest.approx(2 * psi + 2 * psi + 12 * psi)
+    assert figures["P_os"] == pytest.approx(4 * psi + 12 * psi / n)
+    assert figures["P_os+g"] == pytest.approx(2 * psi + 14 * psi / n)
+    assert figures["P_os+g+p"] == pytest.approx(16 * psi / n)
+    ddp = mm.per_rank("ddp", n, psi, precision="mixed", optimizer="adam")[0]
+    assert (ddp["params"], ddp["grads"], ddp["optimizer"]) == (2 * psi, 2 * psi, 12 * psi)
+
+
+def test_fp32_adamw_is_what_the_kit_runs_and_sgd_keeps_less():
+    psi, n = 1000, 4
+    ddp = mm.per_rank("replicated", n, psi)[0]  # fp32 AdamW by default
+    assert (ddp["params"], ddp["grads"], ddp["optimizer"], ddp["states"]) == (4 * psi, 4 * psi, 8 * psi, 16 * psi)
+    assert mm.per_rank("zero1", n, psi)[0]["states"] == 8 * psi + 8 * psi / n
+    assert mm.per_rank("zero2", n, psi)[0]["states"] == 4 * psi + 12 * psi / n
+    assert mm.per_rank("zero3", n, psi)[0]["states"] == 16 * psi / n
+    assert mm.per_rank("ddp", n, psi, optimizer="sgd")[0]["optimizer"] == 0
+    assert mm.per_rank("ddp", n, psi, optimizer="sgd_momentum")[0]["optimizer"] == 4 * psi
+    assert mm.per_rank("ddp", n, psi, optimizer="sgd", precision="bf16")[0]["optimizer"] == 4 * psi  # master copy
+    assert len(mm.per_rank("zero1", n, psi)) == n
+
+
+def test_real_models_are_cut_as_the_implementations_cut_them():
+    # greedy (ZeroRedundancyOptimizer): largest first, to the least-loaded rank, group after group
+    assert mm.shard_numels(2, groups=[[10, 5, 3], [2]], partition="greedy") == [10, 10]
+    assert mm.shard_numels(3, groups=[[4, 4, 4, 4]], partition="greedy") == [8, 4, 4]
+    rows = mm.per_rank("zero1", 2, groups=[[90, 6], [4]])
+    assert [r["optimizer"] for r in rows] == [8 * 90, 8 * 10]  # one big tensor: ranks differ
+    assert [r["params"] for r in rows] == [400, 400]
+    # flat: one vector cut in N equal pieces, the last padded
+    assert mm.shard_numels(4, groups=[[5, 5]], partition="flat") == [3, 3, 3, 3]
+    # FSDP: a flat shard per unit, the rest replicated, the largest unit gathered at a time
+    rows = mm.per_rank("fsdp", 2, units=[[10, 1], [5]], replicated=[2])
+    assert rows[0]["params"] == 4 * (6 + 3 + 2) and rows[0]["optimizer"] == 8 * 11
+    assert rows[0]["working_set"] == (4 + 4) * 11 and rows[0]["peak"] == rows[0]["states"] + 88
+    assert mm.per_rank("fsdp", 2, units=[[10, 1], [5]], units_in_flight=2)[0]["working_set"] == 8 * 16
+    assert mm.per_rank("fsdp", 1, units=[[10]])[0]["working_set"] == 0  # nothing to gather alone
+
+
+def test_model_layout_counts_tied_weights_once_and_finds_fsdp_units():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 10))
+    model[2].weight = model[0].weight
+    layout = mm.model_layout(model)
+    assert sum(layout["tensors"]) == 40 + 4 + 4 + 10
+    assert layout["units"] == [[40], [10]] and layout["replicated"] == [4, 4]
+    # the kit's AdamW groups go by name: decay, then no decay (biases; LayerNorm's weights only where
+    # the name says LayerNorm, as in BERT, not "1.weight" here)
+    assert layout["groups"] == [[40, 4], [4, 10]]
+
+
+def test_bad_input_says_what_to_give():
+    for call, match in ((lambda: mm.per_rank("zero4", 2, 10), "zero1"), (lambda: mm.per_rank("ddp", 0, 10), "world size"),
+                        (lambda: mm.per_rank("ddp", 2), "params"), (lambda: mm.per_rank("ddp", 2, 10, precision="fp8"), "mixed"),
+                        (lambda: mm.per_rank("ddp", 2, 10, optimizer="lion"), "adamw"),
+                        (lambda: mm.shard_numels(2, total=4, partition="odd"), "greedy")):
+        with pytest.raises(KitError, match=match):
+            call()
+
+
+def test_every_training_task_declares_what_a_rank_holds():
+    for task in tasks.TASKS.values():
+        if task.trains:
+            assert task.memory is not None, f"Task {task.id}: give its row memory=replicated|zero1|zero2|fsdp"
+            mm.strategy_name(task.memory)
+        else:
+            assert task.memory is None, task.id
+
+
+# --------------------------------------------------------------------------- the meter
+def _model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
+    model[1].weight = model[0].weight  # tied: one storage
+    return model
+
+
+def _step(model, optimizer):
+    model(torch.tensor([1, 2])).sum().backward()
+    optimizer.step()
+
+
+def test_the_meter_counts_each_storage_once():
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters())
+    assert measure(model, optimizer)["params"] == 4 * (40 + 10) and measure(model, optimizer)["grads"] == 0
+    _step(model, optimizer)
+    got = measure(model, optimizer)
+    steps = 2 * torch.tensor(0.0).element_size()  # AdamW's "step" counters, one scalar per parameter
+    assert (got["params"], got["grads"], got["optimizer"]) == (200, 200, 2 * 200 + steps)
+    assert got["total"] == 800 + steps and got["peak_rss"] > 10**6
+    optimizer.zero_grad()
+    assert measure(model, optimizer)["grads"] == 0
+    # a view of a flat buffer holds the whole buffer; a freed storage (FSDP between layers) holds nothing
+    flat = torch.zeros(100)
+    assert measure(params=[flat[:10], flat[10:20]])["params"] == 400
+    freed = torch.zeros(100)
+    freed.untyped_storage().resize_(0)
+    assert measure(params=[freed])["params"] == 0
+
+
+def test_the_meter_finds_optimizers_inside_wrappers_and_registered_tensors():
+    model = _model()
+    inner = torch.optim.AdamW(model.parameters())
+    _step(model, inner)
+    expected = measure(model, inner)["optimizer"]
+
+    class Wrapper:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    for wrapper in (Wrapper(local_optimizer=inner), Wrapper(optim=inner), [inner], Wrapper(optimizer=[Wrapper(inner=inner)])):
+        assert optimizers_in(wrapper)[-1] is inner
+        assert measure(model, wrapper)["optimizer"] == expected
+    assert optimizer_kind(Wrapper(optim=inner)) == "adamw"
+    assert optimizer_kind(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)) == "sgd_momentum"
+
+    shard = torch.zeros(7)
+    model.memory_tensors = lambda: {"params": [shard], "other": [torch.zeros(3)]}
+    got = measure(model, inner, extra=[torch.zeros(2), shard])  # the shard already counted under params
+    assert got["params"] == 200 + 28 and got["other"] == 4 * (3 + 2)
+
+
+def test_a_run_is_measured_after_its_first_optimizer_step():
+    """Before zero_grad: the gradients are there, and AdamW's states; world size 1 gathers nothing."""
+    class Ctx:
+        world_size, rank, device = 1, 0, torch.device("cpu")
+
+    model = _model()
+    meter = RunMemoryMeter("replicated", model, Ctx())
+    optimizer = torch.optim.AdamW(model.parameters())
+    meter.watch(model, optimizer)
+    for _ in range(2):
+        _step(model, optimizer)
+        optimizer.zero_grad()
+    out = meter.results()
+    assert out["when"] == "after the first optimizer step"
+    assert out["per_rank"][0]["grads"] == 200 and out["predicted"]["per_rank"][0]["states"] == 16 * 50
+    assert out["rel_error"] == [pytest.approx(2 * 4 / 800)]  # only AdamW's two 4-byte step counters are not in the model
+    assert json.loads(json.dumps(out)) == out
+
+
+def test_task1_records_its_memory_in_metrics(small_rte, tmp_path):
+    """An in-process Task 1 run on tiny writes ``memory`` into metrics.json, within 5% of the model."""
+    from student_src.kit.config import parse_config
+    from student_src.kit.trainer import run
+
+    cfg = parse_config(["--task", "1", "--model_name_or_path", "tiny", "--data_dir", str(small_rte),
+                        "--max_seq_length", "16", "--global_batch_size", "8", "--max_steps", "1", "--no_progress",
+                        "--output_dir", str(tmp_path / "out"), "--do_train"])
+    run(cfg)
+    memory = json.loads((tmp_path / "out" / "metrics.json").read_text())["memory"]
+    measured, predicted = memory["per_rank"][0], memory["predicted"]["per_rank"][0]
+    assert memory["predicted"]["strategy"] == "ddp" and predicted["states"] == 16 * 2_057_666
+    assert measured["grads"] == 4 * 2_057_666 and measured["peak_rss"] > measured["total"]
+    assert memory["max_rel_error"] < 0.05
