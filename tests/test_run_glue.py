@@ -248,7 +248,7 @@ def test_help_lists_every_flag_the_readme_names():
     readme = (ROOT / "README.md").read_text()
     shared = readme[readme.index("## For students"):readme.index("## For instructors")]
     named = set(re.findall(r"(?<![\w-])(--[a-z][a-z_]+)", shared))
-    named -= {"--nnodes", "--node_rank", "--nproc_per_node", "--master_addr", "--standalone", "--nodes", "--rate",
+    named -= {"--nnodes", "--node_rank", "--nproc_per_node", "--master_addr", "--standalone", "--max_restarts", "--nodes", "--rate",
               "--metrics", "--plot", "--rates", "--latency", "--compression"}  # torchrun's, cluster's, whatif's
     proc = subprocess.run([sys.executable, "-m", "student_src.run_glue", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)

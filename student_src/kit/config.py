@@ -67,6 +67,11 @@ class TrainConfig:
     # Task 5 and compression
     bucket_cap_mb: float = 25.0
     grad_compression: str = "none"
+    # checkpoints (student_src/kit/checkpoint.py)
+    save_every: int = 0
+    checkpoint_dir: str | None = None
+    resume: str | None = None
+    keep_checkpoints: int = 2
     config: str | None = None
 
     def to_dict(self) -> dict:
@@ -133,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timeline", type=int, help="record each rank's forward/backward/collectives/optimizer over N iterations (kit/timeline.py)")
     g.add_argument("--bucket_cap_mb", type=float, help="Task 5 bucket size in MB (default 25)")
     g.add_argument("--grad_compression", choices=("none", "fp16", "bf16"), help="Task 3/5: all-reduce gradients in half precision")
+
+    g = p.add_argument_group("checkpoints (student_src/kit/checkpoint.py)")
+    g.add_argument("--save_every", type=int, help="save a checkpoint every N steps")
+    g.add_argument("--checkpoint_dir", help="where checkpoints go (default OUTPUT_DIR/checkpoints)")
+    g.add_argument("--resume", help="continue from a checkpoint: a folder, or auto (the newest in --checkpoint_dir, if any)")
+    g.add_argument("--keep_checkpoints", type=int, help="keep the newest K checkpoints (default 2)")
     return p
 
 
@@ -218,6 +229,10 @@ def validate(cfg: TrainConfig) -> None:
         raise KitError("--timing_iters needs at least 2 iterations (the first is dropped)")
     if cfg.dist_timeout <= 0:
         raise KitError("--dist_timeout must be positive")
+    if cfg.save_every < 0 or cfg.keep_checkpoints < 1:
+        raise KitError("--save_every must be >= 0 and --keep_checkpoints >= 1")
+    if (cfg.save_every or cfg.resume == "auto") and not (cfg.checkpoint_dir or cfg.output_dir):
+        raise KitError("--save_every and --resume auto need a place for checkpoints: --checkpoint_dir DIR or --output_dir DIR")
     if not cfg.do_train and not cfg.do_eval:
         raise KitError("nothing to do: pass --do_train and/or --do_eval")
     if cfg.measure_traffic and not task.distributed:

@@ -290,7 +290,9 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
             where = (cfg.master_ip, cfg.master_port)
         if mode == "tcp":
             point_gloo_towards(where[0])
-        if where[0] and str(where[1]).isdigit():  # else the kit's own set-up says what is wrong
+        if mode == "env" and torchrun_restart() and rank == 0:
+            print(f"torchrun restart {torchrun_restart()}: the kit forms the group itself (see torchrun_attempt_store)", flush=True)
+        if where[0] and str(where[1]).isdigit() and not (mode == "env" and torchrun_restart()):  # else the kit's own set-up says what is wrong
             theirs = student_init(where[0], int(where[1]), rank, world_size, backend, timeout_s,
                                   agent_store=mode == "spawn",  # torchrun sets it for its workers itself
                                   check_world_size=mode == "tcp")  # spawn and torchrun agree by construction
@@ -333,7 +335,11 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
         if mode == "file":
             rank, world_size = cfg.local_rank, cfg.world_size
         try:
-            dist.init_process_group(backend, init_method=init, timeout=_timeout(timeout_s), **kwargs)
+            if mode == "env":
+                dist.init_process_group(backend, store=torchrun_attempt_store(timeout_s), rank=rank,
+                                        world_size=world_size, timeout=_timeout(timeout_s))
+            else:
+                dist.init_process_group(backend, init_method=init, timeout=_timeout(timeout_s), **kwargs)
         except dist.DistError as exc:
             raise KitError(f"process group init via {init} failed: {str(exc).splitlines()[0]}") from None
         if device.type == "cuda":
@@ -356,6 +362,25 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
 
 
 _HAD_GROUP = [False]  # a process group was destroyed in this process (``exit_process``)
+
+
+def torchrun_restart() -> int:
+    """How many times torchrun (``--max-restarts``) has restarted this group: 0 on the first attempt."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(count) if count.isdigit() else 0
+
+
+def torchrun_attempt_store(timeout_s: float):
+    """torchrun's store, under a prefix of its own for this attempt.
+
+    torchrun's workers share its agent's store, and a restarted group (``--max-restarts``) finds
+    there the keys the dead group wrote: with torch 2.13 the new ranks read the old ranks' gloo
+    addresses and fail with "Connection refused" (pytorch#167288). A prefix per attempt
+    (``TORCHELASTIC_RESTART_COUNT``) gives each group clean keys. A student's ``init_distributed``
+    (``tcp://``) cannot add one, so a restarted group is formed here, by the kit."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=_timeout(timeout_s))
+    return dist.PrefixStore(f"kit/attempt_{torchrun_restart()}", store)
 
 
 def cleanup() -> None:

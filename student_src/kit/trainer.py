@@ -38,6 +38,7 @@ import torch.distributed as dist
 from . import launch as klaunch
 from . import metrics as kmetrics
 from . import progress, student_api, tasks
+from .checkpoint import Checkpointer
 from .compression import register_ddp_compression, wire_dtype
 from .config import TrainConfig, per_worker_batch_size
 from .errors import KitError
@@ -289,15 +290,18 @@ def _traffic_meter(cfg, ctx):
 def _run_epochs(run: Run) -> None:
     """Train ``run.total_steps`` steps, evaluating after every epoch; record into ``run.history``."""
     cfg, ctx = run.cfg, run.ctx
+    checkpoints = Checkpointer(run)  # --save_every, --resume (checkpoint.py)
+    checkpoints.resume()
     run.bar = progress.StepBar(ctx.rank == 0 and not cfg.no_progress, run.total_steps, f"task {cfg.task}", run.log)
     if run.meter is not None:
         run.meter.start()  # runs its own barrier, so every rank starts counting together
     try:
-        for epoch in range(run.epochs):
+        for epoch in range(checkpoints.start_epoch, run.epochs):
             if hasattr(run.loader.sampler, "set_epoch"):
                 run.loader.sampler.set_epoch(epoch)
-            for batch in run.loader:
+            for batch in checkpoints.batches(run.loader, epoch):  # a resumed run skips the batches it trained on
                 _step(run, batch, epoch)
+                checkpoints.after_step()
                 if run.steps_done >= run.total_steps:
                     break
             if run.meter is not None:
@@ -391,7 +395,7 @@ def check_output_dir(cfg: TrainConfig) -> None:
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise KitError(f"--output_dir {out} is a file; give a folder")
-    if out.is_dir() and any(out.iterdir()) and not cfg.overwrite_output_dir:
+    if out.is_dir() and any(out.iterdir()) and not cfg.overwrite_output_dir and not cfg.resume:
         raise KitError(f"--output_dir {out} is not empty; pass --overwrite_output_dir or choose another folder")
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,163 @@
+"""Checkpoint and resume (student_src/kit/checkpoint.py): a resumed run repeats the uninterrupted
+run's losses step by step, on one rank, at another world size, after a torchrun restart, and
+after a crash in the middle of a save."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import checkpoint_helpers
+from student_src.kit import checkpoint
+from student_src.kit.config import parse_config
+from student_src.kit.errors import KitError
+from student_src.kit.launch import launch
+from student_src.kit.trainer import run
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 1e-6
+
+
+def _argv(small_rte, out, *extra, task="1", steps=12, batch=32):
+    return ["--task", task, "--model_name_or_path", "tiny", "--data_dir", str(small_rte), "--max_seq_length", "32",
+            "--global_batch_size", str(batch), "--max_steps", str(steps), "--no_progress", "--num_threads", "1",
+            "--output_dir", str(out), *map(str, extra)]
+
+
+def _assert_same_losses(a, b):
+    assert len(a) == len(b), (len(a), len(b))
+    worst = max(abs(x - y) for x, y in zip(a, b))
+    assert worst <= TOL, f"largest step difference {worst:.2e}: {a} vs {b}"
+
+
+@pytest.fixture(scope="module")
+def single(small_rte, tmp_path_factory):
+    """Task 1, 12 steps of 32 (8 steps an epoch, so it crosses an epoch and its evaluation),
+    dropout on (the random generators must be restored too), a checkpoint every 4 steps."""
+    out = tmp_path_factory.mktemp("single")
+    metrics = run(parse_config(_argv(small_rte, out, "--dropout", "0.1", "--save_every", "4", "--keep_checkpoints", "3")))
+    return out, metrics
+
+
+def test_resume_on_one_rank_repeats_the_run_step_by_step(single, small_rte, tmp_path):
+    out, whole = single
+    ckpts = out / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step-12"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-12", "step-4", "step-8"]
+    # step 4: in the middle of epoch 1; step 8: epoch 1 done, its evaluation not yet
+    for step in (4, 8):
+        resumed = run(parse_config(_argv(small_rte, tmp_path / f"from-{step}", "--dropout", "0.1",
+                                         "--resume", ckpts / f"step-{step}")))
+        _assert_same_losses(whole["losses"], resumed["losses"])  # the first `step` from the checkpoint, then trained
+        assert resumed["rank_losses"] == [resumed["losses"]]
+        assert [e["epoch"] for e in resumed["eval"]] == [1, 2]
+        assert resumed["eval"][-1]["loss"] == pytest.approx(whole["eval"][-1]["loss"], abs=TOL)
+
+
+def test_a_crash_between_write_and_rename_leaves_the_previous_checkpoint(small_rte, tmp_path, monkeypatch, single):
+    publish, calls = checkpoint._publish, []
+
+    def crash_on_second_save(tmp, final):
+        calls.append(final.name)
+        if len(calls) == 2:
+            raise RuntimeError("simulated crash: every rank wrote step-8, none renamed it yet")
+        publish(tmp, final)
+
+    monkeypatch.setattr(checkpoint, "_publish", crash_on_second_save)
+    argv = _argv(small_rte, tmp_path, "--dropout", "0.1", "--save_every", "4")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(parse_config(argv))
+    ckpts = tmp_path / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step-4"
+    leftovers = [p.name for p in ckpts.iterdir() if p.name.startswith("step-8")]
+    assert len(leftovers) == 1 and ".tmp-" in leftovers[0] and (ckpts / leftovers[0] / "kit.json").is_file()
+    assert checkpoint.latest(ckpts) == ckpts / "step-4"
+    monkeypatch.setattr(checkpoint, "_publish", publish)
+    resumed = run(parse_config(argv + ["--resume", "auto"]))  # what a restarted run does
+    _assert_same_losses(single[1]["losses"], resumed["losses"])
+    assert not list(ckpts.glob("*.tmp-*"))  # the next save cleared the unfinished one
+
+
+def test_resume_auto_without_a_checkpoint_starts_fresh(small_rte, tmp_path):
+    metrics = run(parse_config(_argv(small_rte, tmp_path, "--dropout", "0", "--resume", "auto", steps=2)))
+    assert len(metrics["losses"]) == 2
+
+
+def test_wrong_or_damaged_checkpoints_are_refused_in_one_line(single, small_rte, tmp_path):
+    ckpts = single[0] / "checkpoints"
+    cases = [
+        (["--seed", "7"], ckpts, "another run's checkpoint (saved with seed 42; this run has seed 7)"),
+        (["--model_name_or_path", "minilm"], ckpts, "another run's checkpoint"),
+        ([], tmp_path, "no checkpoint there"),
+    ]
+    damaged = tmp_path / "damaged"
+    shutil.copytree(ckpts / "step-4", damaged)
+    (damaged / "__0_0.distcp").unlink()
+    cases.append(([], damaged, "damaged or incomplete"))
+    for extra, where, message in cases:
+        argv = _argv(small_rte, tmp_path / "out", "--dropout", "0.1", "--resume", where, "--overwrite_output_dir")
+        with pytest.raises(KitError) as err:
+            run(parse_config(argv + extra))
+        assert message in str(err.value) and len(str(err.value).splitlines()) == 1, str(err.value)
+
+
+def test_save_every_needs_a_folder():
+    with pytest.raises(KitError, match="--checkpoint_dir DIR or --output_dir DIR"):
+        parse_config(["--save_every", "5"])
+
+
+# --------------------------------------------------------------------------- several ranks
+@pytest.fixture(scope="module")
+def two_ranks(small_rte, tmp_path_factory):
+    """Task 3 on 2 ranks, global batch 16, 6 steps, dropout off, a checkpoint every 3 steps."""
+    out = tmp_path_factory.mktemp("two")
+    argv = _argv(small_rte, out, "--dropout", "0", "--do_train", "--world_size", 2, "--spawn", "--save_every", 3,
+                 task="3", steps=6, batch=16)
+    return out, run(parse_config(argv))
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_four_with_the_same_losses(two_ranks, small_rte, tmp_path):
+    out, whole = two_ranks
+    argv = _argv(small_rte, tmp_path, "--dropout", "0", "--do_train", "--world_size", 4, "--spawn",
+                 "--resume", out / "checkpoints" / "step-3", task="3", steps=6, batch=16)
+    resumed = run(parse_config(argv))
+    assert resumed["world_size"] == 4 and resumed["global_batch_size"] == 16
+    _assert_same_losses(whole["losses"], resumed["losses"])
+    # ranks 2 and 3 did not exist before the resume: no per-rank loss of theirs for steps 1-3
+    assert [r[:3].count(None) for r in resumed["rank_losses"]] == [0, 0, 3, 3]
+
+
+def test_torchrun_restarts_a_killed_rank_and_finishes_with_the_uninterrupted_loss(two_ranks, small_rte, tmp_path):
+    """Rank 1 of 4 SIGKILLs itself after step 4 (checkpoint at step 3); torchrun --max-restarts 1
+    restarts the group, which resumes from step 3 (--resume auto)."""
+    script = Path(sys.executable).with_name("torchrun")
+    torchrun = [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    marker = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KIT_TEST_KILL_AT_STEP": "4", "KIT_TEST_KILL_MARKER": str(marker)}
+    argv = _argv(small_rte, tmp_path / "out", "--dropout", "0", "--do_train", "--save_every", 3, "--resume", "auto",
+                 "--dist_timeout", 60, task="3", steps=6, batch=16)
+    proc = subprocess.run([*torchrun, "--standalone", "--nproc_per_node", "4", "--max-restarts", "1",
+                           checkpoint_helpers.__file__, *argv], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=400)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert marker.is_file(), "rank 1 never killed itself"
+    assert "torchrun restart 1" in proc.stdout and re.search(r"resumed from .*step-3 at step 3/6", proc.stdout), proc.stdout
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    _assert_same_losses(two_ranks[1]["losses"], metrics["losses"])
+
+
+def test_sharded_optimizer_state_saved_on_two_ranks_loads_on_four(tmp_path):
+    """checkpoint.py's contract for sharded optimizers (sharded_state_dict / load_sharded_state_dict):
+    each of 4 ranks gets the AdamW moments of the parameters it owns now, though 2 ranks saved them."""
+    saved = launch(checkpoint_helpers.save_toy, 2, args=(str(tmp_path),), threads_per_rank=1, timeout=120)
+    loaded = launch(checkpoint_helpers.load_toy, 4, args=(str(tmp_path),), threads_per_rank=1, timeout=120)
+    for state in loaded:
+        assert state["steps_done"] == 2
+        assert all(a.equal(b) for a, b in zip(state["params"], saved[0]["params"]))
+        assert all(state["exp_avg"][i].equal(saved[0]["exp_avg"][i]) for i in saved[0]["exp_avg"])
+        assert any(m.abs().sum() > 0 for m in state["exp_avg"].values())
