@@ -61,6 +61,8 @@ def test_real_models_are_cut_as_the_implementations_cut_them():
     assert rows[0]["working_set"] == (4 + 4) * 11 and rows[0]["peak"] == rows[0]["states"] + 88
     assert mm.per_rank("fsdp", 2, units=[[10, 1], [5]], units_in_flight=2)[0]["working_set"] == 8 * 16
     assert mm.per_rank("fsdp", 1, units=[[10]])[0]["working_set"] == 0  # nothing to gather alone
+    # a task row says how its implementation cuts: "zero1" (the default, greedy) or "zero1:flat"
+    assert mm.parse_spec("zero1") == ("zero1", None) and mm.parse_spec("zero3:flat") == ("fsdp", "flat")
 
 
 def test_model_layout_counts_tied_weights_once_and_finds_fsdp_units():
@@ -87,7 +89,7 @@ def test_every_training_task_declares_what_a_rank_holds():
     for task in tasks.TASKS.values():
         if task.trains:
             assert task.memory is not None, f"Task {task.id}: give its row memory=replicated|zero1|zero2|fsdp"
-            mm.strategy_name(task.memory)
+            mm.parse_spec(task.memory)
         else:
             assert task.memory is None, task.id
 
@@ -179,3 +181,26 @@ def test_task1_records_its_memory_in_metrics(small_rte, tmp_path):
     assert memory["predicted"]["strategy"] == "ddp" and predicted["states"] == 16 * 2_057_666
     assert measured["grads"] == 4 * 2_057_666 and measured["peak_rss"] > measured["total"]
     assert memory["max_rel_error"] < 0.05
+
+
+def test_the_plot_puts_measured_beside_predicted_per_task_and_world_size():
+    from student_src.kit.memory_plot import memory_bars, memory_markdown, memory_rows
+
+    def run(task, n, opt):
+        per_rank = [{"params": 400, "grads": 400, "optimizer": opt[r], "peak_rss": 10**8} for r in range(n)]
+        predicted = [{"params": 400, "grads": 400, "optimizer": 800 // n if task == "6" else 800, "working_set": 0}
+                     for _ in range(n)]
+        return {"task": task, "world_size": n, "model": {"name": "tiny"},
+                "memory": {"per_rank": per_rank, "max_rel_error": 0.01,
+                           "predicted": {"strategy": "zero1" if task == "6" else "ddp", "per_rank": predicted}}}
+
+    runs = {"task3": run("3", 2, [800, 800]), "task6": run("6", 2, [400, 410]), "old": {"task": "1"}}
+    rows = memory_rows(runs)
+    assert [(r["run"], r["strategy"]) for r in rows] == [("task3", "ddp"), ("task6", "zero1")]
+    assert rows[1]["measured"]["optimizer"] == 410  # the busiest rank
+    fig = memory_bars(rows)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 2 * 2 * 3  # runs x (measured, predicted) x parts
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["Task 3 N=2\n(ddp)", "Task 6 N=2\n(zero1)"]
+    assert memory_markdown(rows).splitlines()[-1].endswith("| task6 | 2 | zero1 | 0.00 / 0.00 / 0.00 | 0.00 / 0.00 / 0.00 | 1.000% | 100 |")
+    assert memory_bars([]).axes[0].texts[0].get_text() == "no run recorded memory yet"

@@ -197,8 +197,9 @@ class RunMemoryMeter:
         if self.strategy is None:
             return None
         kind = optimizer_kind(self.optimizer)
-        rows = memory_model.for_model(self.strategy, self.ctx.world_size, self.layout, optimizer=kind)
-        return {"strategy": memory_model.strategy_name(self.strategy), "precision": "fp32", "optimizer": kind,
+        strategy, partition = memory_model.parse_spec(self.strategy)
+        rows = memory_model.for_model(strategy, self.ctx.world_size, self.layout, optimizer=kind, partition=partition)
+        return {"strategy": strategy, "partition": partition or "default", "precision": "fp32", "optimizer": kind,
                 "per_rank": rows}
 
     def results(self) -> dict:

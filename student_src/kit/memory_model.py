@@ -100,6 +100,15 @@ def strategy_name(strategy: str) -> str:
     return key
 
 
+def parse_spec(spec: str) -> tuple[str, Optional[str]]:
+    """A task table's ``memory`` entry -> (strategy, partition): ``"zero1"`` -> ("zero1", None: the
+    strategy's default), ``"zero1:flat"`` -> ("zero1", "flat") for an implementation that cuts flat."""
+    strategy, _, partition = str(spec).partition(":")
+    if partition and partition not in PARTITIONS:
+        raise KitError(f"unknown partition {partition!r} in {spec!r}; choose one of {', '.join(PARTITIONS)}")
+    return strategy_name(strategy), partition or None
+
+
 def get_precision(name) -> Precision:
     """``"fp32"``, ``"mixed"`` (or ``"fp16"``/``"bf16"``, which mean mixed) -> its ``Precision``."""
     if isinstance(name, Precision):

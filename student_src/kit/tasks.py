@@ -59,7 +59,9 @@ class Task:
                                      # (one per bucket); None: no gradient traffic
     memory: str | None = None        # what a rank holds (memory_model.py): "replicated" (every rank the whole
                                      # model, gradients and optimizer state), "zero1" (optimizer state sharded),
-                                     # "zero2" (and gradients), "fsdp" (and parameters); None: not a training task
+                                     # "zero2" (and gradients), "fsdp" (and parameters); ":flat" or ":greedy" after
+                                     # it says how shards are cut (default greedy whole tensors for ZeRO, flat per
+                                     # unit for FSDP); None: not a training task
 
     @property
     def trains(self) -> bool:
