@@ -16,7 +16,7 @@ the prediction; peak RSS (the whole process) is reported, never compared.
 (``fully_shard`` on every Linear and Embedding) on the same models, through
 ``torch_reference.py`` under torchrun: a check of the model itself before Tasks 6 and 7 exist.
 
-Writes ``results/results.json``, ``results/results.md`` (the table copied into README.md) and
+Writes ``results/memory.json``, ``results/memory.md`` (the table copied into README.md) and
 ``results/memory.png`` (``student_src/kit/memory_plot.py``, as the report would draw the runs).
 """
 from __future__ import annotations
@@ -94,7 +94,7 @@ def table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['task']} | {r['model']} | {r['world_size']} | | FAILED: see results.json | | | no | |")
+            lines.append(f"| {r['task']} | {r['model']} | {r['world_size']} | | FAILED: see memory.json | | | no | |")
             continue
         lines.append(f"| {r['task']} | {r['model']} | {r['world_size']} | {r['strategy']} | "
                      f"{' / '.join(mb(s) for s in r['measured_states'])} | {' / '.join(mb(s) for s in r['predicted_states'])} | "
@@ -144,8 +144,8 @@ def main(argv=None) -> int:
                 for n in (int(x) for x in args.world_sizes.split(",")):
                     rows.append(run_torch(kind, model, n))
                     print(table(rows[-1:]).splitlines()[-1], flush=True)
-    (RESULTS / "results.json").write_text(json.dumps(rows, indent=1))
-    (RESULTS / "results.md").write_text(table(rows) + "\n")
+    (RESULTS / "memory.json").write_text(json.dumps(rows, indent=1))
+    (RESULTS / "memory.md").write_text(table(rows) + "\n")
     plot()
     print(table(rows))
     return 0 if all(r.get("within_5pct") for r in rows) else 1
