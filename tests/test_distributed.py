@@ -143,6 +143,7 @@ def test_ranks_started_with_the_multi_node_flags_share_the_hosts_cores(small_rte
     assert [p.returncode for p in procs] == [0, 0], outputs
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["ranks_on_host"] == 2
+    assert len(metrics["memory"]["per_rank"]) == 2 and metrics["memory"]["max_rel_error"] < 0.05  # gathered, as predicted
     assert metrics["threads"] == max(1, available_cores() // 2)
     assert f"{max(1, available_cores() // 2)} thread(s) per rank, 2 rank(s) on this host" in outputs[0]
 
