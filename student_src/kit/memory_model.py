@@ -234,17 +234,6 @@ def paper_example() -> dict:
     return {k: v / 1e9 for k, v in paper_figures(7.5e9, 64).items()}
 
 
-def summary(strategy: str, world_size: int, **kwargs) -> dict:
-    """``per_rank`` plus what a table needs: the busiest rank and the totals over all ranks."""
-    rows = per_rank(strategy, world_size, **kwargs)
-    busiest = max(rows, key=lambda r: r["peak"])
-    return {"strategy": strategy_name(strategy), "world_size": world_size,
-            "precision": get_precision(kwargs.get("precision", "fp32")).name,
-            "optimizer": kwargs.get("optimizer", "adamw"), "per_rank": rows,
-            "max_states": max(r["states"] for r in rows), "max_peak": busiest["peak"],
-            "all_ranks_states": sum(r["states"] for r in rows)}
-
-
 # --------------------------------------------------------------------------- from a model
 def model_layout(model, fsdp_policy=None) -> dict:
     """The keyword arguments ``per_rank`` needs for a live ``model``: its trainable tensors, its
