@@ -28,7 +28,11 @@ def runs_dir(tmp_path):
     t1 = _metrics("1", [0.7, 0.6, 0.5], [2.0] + [1.0] * 44, world_size=1,
                   eval=[{"epoch": 1, "accuracy": 0.6, "loss": 0.65}])
     t2b = _metrics("2b", [0.7, 0.6 + 1e-7, 0.5], [3.0, 0.5, 0.7])
-    t3 = _metrics("3", [0.7, 0.6, 0.5, 0.4], [3.0, 0.4, 0.4, 0.4], batch=32)  # different batch: not comparable
+    part = {"params": 4_000_000, "grads": 4_000_000, "optimizer": 8_000_000}
+    memory = {"per_rank": [{**part, "optimizer": 8_000_100, "peak_rss": 450_000_000}] * 4,
+              "predicted": {"strategy": "replicated", "per_rank": [part] * 4}, "max_rel_error": 6.25e-6}
+    t3 = _metrics("3", [0.7, 0.6, 0.5, 0.4], [3.0, 0.4, 0.4, 0.4], batch=32,  # different batch: not comparable
+                  memory=memory)
     traffic = {"iterations": 4, "world_size": 4, "interface": "lo", "expected_bytes": 4_000_000,
                "measured_bytes": 4_100_000, "expected_payload_bytes": 3_900_000, "ratio": 1.025}
     t4 = _metrics("2b", [0.7, 0.6, 0.5, 0.4], [1, 1, 1, 1], batch=16, traffic=traffic, comm={"bytes_per_step": 1_000_000})
@@ -123,13 +127,15 @@ def test_report_command_writes_tables_and_plots(runs_dir, tmp_path, repo_root):
     losses = table("loss_vs_task1.csv")
     assert [r["step"] for r in losses] == ["1", "2", "3"] and float(losses[1]["Task 1"]) == 0.6
     # the plots are real images of a readable size (IHDR: width and height, big-endian)
-    for name in ("loss_vs_task1.png", "time_per_iteration.png", "traffic.png"):
+    for name in ("loss_vs_task1.png", "time_per_iteration.png", "traffic.png", "memory.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG), name
         width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
         assert width >= 300 and height >= 200, (name, width, height)
     text = (out / "report.md").read_text()
     assert "## Loss per step against Task 1" in text and "## Network traffic" in text and "| Task 1 | 1 | 0.6000" in text
+    # memory per rank, measured beside predicted (the busiest rank of Task 3's run, in MB)
+    assert "| task3 | 4 | replicated | 4.00 / 4.00 / 8.00 | 4.00 / 4.00 / 8.00 | 0.001% | 450 |" in text
     # index.html: the same report on one page that needs nothing beside it (the plots embedded)
     page = (out / "index.html").read_text()
     assert "<h2>Network traffic: measured against expected</h2>" in page and "<td>Task 1</td>" in page

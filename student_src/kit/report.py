@@ -250,6 +250,13 @@ def write_report(runs_dir, out, shown_as: str | None = None) -> dict:
         (out / "traffic.png").write_bytes(plots.to_png(plots.traffic_bars(traffic)))
         written.update({k: out / k for k in ("traffic.csv", "traffic.png")})
 
+    from .memory_plot import memory_bars, memory_markdown, memory_rows
+
+    memory = memory_rows(runs)  # bytes per rank, measured beside the memory model's prediction
+    if memory:
+        (out / "memory.png").write_bytes(plots.to_png(memory_bars(memory)))
+        written["memory.png"] = out / "memory.png"
+
     from .scaling_report import scaling_section
 
     scaling_files, scaling_md = scaling_section(runs, out)  # timelines, speed-up on the what-if curves
@@ -266,6 +273,8 @@ def write_report(runs_dir, out, shown_as: str | None = None) -> dict:
                      "![time per iteration](time_per_iteration.png)", ""]
     if traffic:
         sections += ["## Network traffic: measured against expected", "", traffic_markdown(traffic), "", "![traffic](traffic.png)", ""]
+    if memory:
+        sections += ["## Memory per rank: measured against predicted", "", memory_markdown(memory), "", "![memory](memory.png)", ""]
     sections += scaling_md
     (out / "report.md").write_text("\n".join(sections))
     written["report.md"] = out / "report.md"
