@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from autograder import registry  # noqa: E402
 from autograder.runner import grade  # noqa: E402
 
-STUDENT_MODULES = ["train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py"]
+STUDENT_MODULES = ["train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py", "resume.py"]
 
 TASK_1 = {"1.lowers_loss", "1.returns_detached_loss", "1.steps_optimizer_and_scheduler", "1.fresh_gradients",
           "1.sync_before_clip_and_step", "1.clips_gradients", "1.public_returns_detached_loss",
@@ -44,6 +44,8 @@ TASK_2 = {"2.shards_disjoint_complete", "2.per_worker_batch_size", "2.set_epoch_
           "2.equal_steps_per_rank"}
 TASK_3 = {"3.returns_ddp", "3.params_identical_across_ranks", "3.loss_matches_single_node"}
 TASK_4 = {"4.tensor_nbytes", "4.expected_allreduce_bytes", "4.comm_log_records"}
+TASK_8 = {"8.public_resume_matches", "8.adamw_state", "8.scheduler_state", "8.rng_state", "8.data_position",
+          "8.fresh_process"}
 POINTS = tomllib.loads((ROOT / "autograder" / "points.toml").read_text())["points"]
 
 
@@ -246,6 +248,39 @@ ZOO = {
             return round((world_size - 1) * nbytes / world_size)  # forgot the all-gather phase: (N-1)/N
         """,
         {"4.expected_allreduce_bytes"}, "expected_allreduce_bytes"),
+    # ------------------------------------------------------------------ 8
+    "8_forgets_rng": ("resume", "8", """
+        def capture_training_state(model, optimizer, scheduler, step, epoch, batches_done):
+            return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                    "position": (step, epoch, batches_done)}  # no random generators: dropout draws other masks
+
+        def restore_training_state(state, model, optimizer, scheduler):
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            if scheduler is not None:
+                scheduler.load_state_dict(state["scheduler"])
+            return tuple(state["position"])
+        """,
+        # only the runs with dropout on
+        {"8.rng_state", "8.public_resume_matches", "8.fresh_process"}, "random generators"),
+    "8_forgets_scheduler": ("resume", "8", """
+        _capture = capture_training_state
+
+        def capture_training_state(model, optimizer, scheduler, step, epoch, batches_done):
+            return _capture(model, optimizer, None, step, epoch, batches_done)  # the warm-up starts again
+        """,
+        {"8.scheduler_state", "8.public_resume_matches", "8.fresh_process"}, "scheduler's state"),
+    "8_numpy_array_in_state": ("resume", "8", """
+        _capture, _restore = capture_training_state, restore_training_state
+
+        def capture_training_state(model, optimizer, scheduler, step, epoch, batches_done):
+            state = _capture(model, optimizer, scheduler, step, epoch, batches_done)
+            state["rng"]["numpy"] = np.random.get_state()  # an ndarray inside: weights_only=True refuses it
+            return state
+        """,
+        # resumes exactly in the same process; only the fresh process with weights_only=True sees it
+        {"8.fresh_process"}, "weights_only=True"),
 }
 
 #: checks a zoo entry may fail or pass depending on the secrets (a function of the grading key and the
@@ -256,7 +291,7 @@ ZOO = {
 #: 1.3e-4, and below ~0.001 % the gradient check's 1e-5 + 1e-5 x |mean| no longer sees it.
 MAY_ALSO_LOSE = {"2b_off_by_a_tolerance": {"2b.loss_matches_single_node"}}
 
-ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "4": TASK_4}
+ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "4": TASK_4, "8": TASK_8}
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))

@@ -15,6 +15,15 @@ and how many of its batches were consumed, so the resumed run skips exactly thos
 generators (Python, NumPy, torch, per rank); the step counter; and the history so far, so that
 ``metrics.json`` of a resumed run is whole.
 
+Who decides what is saved: Task 8 (``student_src/resume.py``). Once the student's
+``capture_training_state`` / ``restore_training_state`` are implemented, the kit saves the dict
+the first returns (with DCP, as below) and restores with the second, for every run whose
+optimizer is a ``torch.optim`` optimizer: one source of truth, and a student whose capture
+forgets the scheduler sees their own resumed run drift. While they are still TODOs (the
+release), and for a sharded optimizer (its contract below), the kit saves its own state
+(``_state``); ``kit.json`` records which (``saved_by``), and a checkpoint is loaded the way it
+was saved.
+
 Layout of ``DIR``::
 
     DIR/step-N/        one checkpoint: torch.distributed.checkpoint (DCP) files (.metadata and one
@@ -79,6 +88,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import faults
 from .errors import KitError
 
 FORMAT = 1
@@ -200,6 +210,65 @@ def _state(run) -> dict:
             "rng": {f"rank{run.ctx.rank}": rng_state(run.ctx.device)}}
 
 
+# --------------------------------------------------------------------------- Task 8: the student's pair
+_TODO_SAID = [False]
+
+
+def _student_pair(run):
+    """Task 8's ``(capture_training_state, restore_training_state)`` where they apply (a
+    ``torch.optim`` optimizer without a sharded contract), else None."""
+    from . import student_api
+
+    if not isinstance(run.optimizer, torch.optim.Optimizer) or any(callable(getattr(run.optimizer, n, None)) for n in ("sharded_state_dict", "full_state_dict")):
+        return None
+    return student_api.optional(lambda: (student_api.function("8", "capture_training_state"),
+                                         student_api.function("8", "restore_training_state")))
+
+
+def _student_state(run, epoch: int, batches_done: int) -> dict | None:
+    """The student's ``capture_training_state`` of ``run``, or None while it is a TODO (said once)."""
+    from . import student_api
+
+    pair = _student_pair(run)
+    if pair is None:
+        return None
+    try:
+        state = pair[0](run.base_model, run.optimizer, run.scheduler, run.steps_done, epoch, batches_done)
+    except NotImplementedError as exc:
+        if not student_api.is_todo(exc):
+            raise
+        if run.ctx.rank == 0 and not _TODO_SAID[0]:
+            run.log("Task 8's capture_training_state (student_src/resume.py) is still a TODO: the kit saves its own state")
+        _TODO_SAID[0] = True
+        return None
+    if not isinstance(state, dict) or not state:
+        raise KitError(f"capture_training_state (student_src/resume.py) returned {type(state).__name__}, not a "
+                       "non-empty dict; see its docstring (python -m autograder check --tasks 8)")
+    return state
+
+
+def _student_load(run, path: Path, meta: dict) -> dict:
+    """Load a checkpoint the student's capture wrote: DCP fills a template made by the same
+    capture on this fresh run, then the student's restore puts it back. Returns the random
+    generators' state the restore set (``Checkpointer.batches`` re-applies it after skipping)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    pair = _student_pair(run)
+    if pair is None:
+        raise KitError(f"{path} was saved by your capture_training_state (student_src/resume.py), which is not "
+                       "available now (a TODO again?); restore it, or start fresh without --resume")
+    _init_optim_state(run.optimizer)  # AdamW's entries exist, so the template names every one the checkpoint has
+    template = {"student": pair[0](run.base_model, run.optimizer, run.scheduler, 0, 0, 0)}
+    _load_dcp(dcp, template, path)
+    got = pair[1](template["student"], run.base_model, run.optimizer, run.scheduler)
+    saved = (meta["steps_done"], meta["epoch"], meta["batches_done"])
+    if not isinstance(got, (tuple, list)) or tuple(got) != saved:
+        raise KitError(f"restore_training_state (student_src/resume.py) returned {got!r:.80} but {path} was saved "
+                       f"at (step, epoch, batches_done) = {saved}; see its docstring")
+    return rng_state(run.ctx.device)
+
+
 # --------------------------------------------------------------------------- collectives (or none)
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -267,10 +336,12 @@ def save(run, directory: Path, epoch: int, batches_done: int) -> Path:
     if rank == 0:
         tmp.mkdir(parents=True, exist_ok=False)
     _barrier()
-    _dcp(dcp.save, _state(run), tmp)
+    student = _student_state(run, epoch, batches_done)
+    _dcp(dcp.save, {"student": student} if student is not None else _state(run), tmp)
     if rank == 0:
         h = run.history
-        meta = {"format": FORMAT, **identity(run), "world_size": run.ctx.world_size, "steps_done": run.steps_done,
+        meta = {"format": FORMAT, **identity(run), "saved_by": "student" if student is not None else "kit",
+                "world_size": run.ctx.world_size, "steps_done": run.steps_done,
                 "epoch": epoch, "batches_done": batches_done, "steps_per_epoch": run.batch["steps_per_epoch"],
                 "total_steps": run.total_steps, "saved_at": time.time(),
                 "history": {"losses": h.losses, "rank_losses": h.rank_losses, "iter_times": h.iter_times, "eval": h.eval}}
@@ -316,27 +387,10 @@ def load(run, path: Path, meta: dict) -> dict:
 
     check_identity(path, meta, run)
     run.base_model.zero_grad(set_to_none=True)  # torch's template needs grad-free parameters (state_dict._init_optim_state)
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-
-    get_optimizer, load_optimizer = _optimizer_hooks(run.optimizer)
-    source = f"rank{run.ctx.rank % meta['world_size']}"
-    state = {"model": get_model_state_dict(run.base_model), "optimizer": get_optimizer(run.base_model),
-             "scheduler": run.scheduler.state_dict() if run.scheduler is not None else {},
-             "rng": {source: rng_state(run.ctx.device)}}
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: not caught by `except Exception`
-
-    try:
-        _dcp(dcp.load, state, path)
-    except (Exception, CheckpointException) as exc:  # DCP gathers every rank's traceback; the last line is the cause
-        cause = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
-        raise KitError(f"cannot load checkpoint {path} ({cause}); it is damaged or incomplete: "
-                       "resume from another step-N or delete it") from None
-    set_model_state_dict(run.base_model, state["model"])
-    load_optimizer(run.base_model, state["optimizer"])
-    if run.scheduler is not None:
-        run.scheduler.load_state_dict(state["scheduler"])
-        for group, lr in zip(run.optimizer.param_groups, run.scheduler.get_last_lr()):
-            group["lr"] = lr  # the scheduler's rate, even where the optimizer's own state does not carry it
+    if meta.get("saved_by") == "student":
+        rng = _student_load(run, path, meta)
+    else:
+        rng = _kit_load(run, path, meta)
     history = meta["history"]
     run.history.losses[:] = history["losses"]
     run.history.iter_times[:] = history["iter_times"]
@@ -346,6 +400,37 @@ def load(run, path: Path, meta: dict) -> dict:
     run.history.rank_losses[:] = [list(saved[r]) if r < len(saved) else [None] * steps
                                   for r in range(run.ctx.world_size)]
     run.steps_done = meta["steps_done"]
+    return rng
+
+
+def _load_dcp(dcp, state: dict, path: Path) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: not caught by `except Exception`
+
+    try:
+        _dcp(dcp.load, state, path)
+    except (Exception, CheckpointException) as exc:  # DCP gathers every rank's traceback; the last line is the cause
+        cause = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+        raise KitError(f"cannot load checkpoint {path} ({cause}); it is damaged or incomplete: "
+                       "resume from another step-N or delete it") from None
+
+
+def _kit_load(run, path: Path, meta: dict) -> dict:
+    """Load a checkpoint of the kit's own state (``_state``); return this rank's saved generators."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    get_optimizer, load_optimizer = _optimizer_hooks(run.optimizer)
+    source = f"rank{run.ctx.rank % meta['world_size']}"
+    state = {"model": get_model_state_dict(run.base_model), "optimizer": get_optimizer(run.base_model),
+             "scheduler": run.scheduler.state_dict() if run.scheduler is not None else {},
+             "rng": {source: rng_state(run.ctx.device)}}
+    _load_dcp(dcp, state, path)
+    set_model_state_dict(run.base_model, state["model"])
+    load_optimizer(run.base_model, state["optimizer"])
+    if run.scheduler is not None:
+        run.scheduler.load_state_dict(state["scheduler"])
+        for group, lr in zip(run.optimizer.param_groups, run.scheduler.get_last_lr()):
+            group["lr"] = lr  # the scheduler's rate, even where the optimizer's own state does not carry it
     return state["rng"][source]
 
 
@@ -410,3 +495,4 @@ class Checkpointer:
         run = self.run
         if self.every and self.directory is not None and run.steps_done % self.every == 0:
             save(run, self.directory, self.epoch, self.batches_done)
+        faults.maybe_kill(run.ctx.rank, run.steps_done, self.directory)  # KIT_KILL_AT_STEP: a lost node, on purpose
