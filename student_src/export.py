@@ -92,6 +92,9 @@ LAUNCH_SH = r'''#!/usr/bin/env bash
 # becomes GLOO_SOCKET_IFNAME so gloo uses the experimental network, not the control network.
 # REMOTE_DIR is where this folder lives on every node (default: the same path as here).
 # Logs go to logs/rank<i>.log; Ctrl-C stops every rank.
+# Checkpoints: every SAVE_EVERY steps (default 50; 0: none) into CHECKPOINT_DIR (default
+# REMOTE_DIR/checkpoints/task$TASK), which must be a folder every node sees (NFS, CloudLab's
+# /proj/...); running the same command again after a lost node resumes from the newest one.
 set -euo pipefail
 TASK=${1:?usage: ./launch.sh TASK "node0 node1 ..." [IFNAME] [-- flags]}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -106,6 +109,10 @@ MASTER_IP=${MASTER_IP:-10.10.1.1}
 MASTER_PORT=${MASTER_PORT:-$((20000 + RANDOM % 20000))}
 REMOTE_DIR=${REMOTE_DIR:-$HERE}
 PY=${PYTHON:-python3}
+SAVE_EVERY=${SAVE_EVERY:-50}
+CHECKPOINT_DIR=${CHECKPOINT_DIR:-$REMOTE_DIR/checkpoints/task$TASK}
+RESUME=""
+[[ $SAVE_EVERY != 0 ]] && RESUME="--save_every $SAVE_EVERY --checkpoint_dir $CHECKPOINT_DIR --resume auto"
 mkdir -p logs
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
@@ -113,7 +120,7 @@ trap cleanup INT TERM EXIT
 for i in "${!NODES[@]}"; do
   env_prefix=""
   [[ -n $IFNAME ]] && env_prefix="GLOO_SOCKET_IFNAME=$IFNAME"
-  cmd="cd $REMOTE_DIR/task$TASK && $env_prefix $PY run_glue.py --task $TASK --master_ip $MASTER_IP --master_port $MASTER_PORT --world_size ${#NODES[@]} --local_rank $i ${EXTRA[*]:-}"
+  cmd="cd $REMOTE_DIR/task$TASK && $env_prefix $PY run_glue.py --task $TASK --master_ip $MASTER_IP --master_port $MASTER_PORT --world_size ${#NODES[@]} --local_rank $i $RESUME ${EXTRA[*]:-}"
   echo "rank $i on ${NODES[$i]}: $cmd"
   ssh -o BatchMode=yes "${NODES[$i]}" "$cmd" > "logs/rank$i.log" 2>&1 &
   pids+=($!)

@@ -133,6 +133,15 @@ def test_launch_sh_starts_one_rank_per_node(exported, small_rte, tmp_path):
     log0 = (exported / "logs" / "rank0.log").read_text()
     assert proc.returncode == 0, (proc.stdout, log0, (exported / "logs" / "rank1.log").read_text())
     assert "Task 2b (all_reduce)" in log0 and "on 2 rank(s)" in log0
+    # a relaunch after a lost node resumes: launch.sh saves every SAVE_EVERY steps and passes --resume auto
+    assert "--save_every 50" in proc.stdout and "--resume auto" in proc.stdout
+    env["SAVE_EVERY"], env["MASTER_PORT"] = "1", str(_free_port())
+    again = subprocess.run(proc.args, cwd=exported, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and (exported / "checkpoints" / "task2b" / "latest").read_text().strip() == "step-2"
+    again = subprocess.run(proc.args, cwd=exported, env=dict(env, MASTER_PORT=str(_free_port())),
+                           capture_output=True, text=True, timeout=300)
+    log0 = (exported / "logs" / "rank0.log").read_text()
+    assert again.returncode == 0 and "resumed from" in log0 and "at step 2/2" in log0, log0
 
 
 # ------------------------------------------------------------------ the hand-in: notebooks and report

@@ -130,7 +130,8 @@ def test_slurm_script_runs_one_torchrun_per_node(exported, small_rte, tmp_path):
     env = {k: v for k, v in _env().items() if not k.startswith("SLURM_")}
     env.update(PATH=f"{fake_bin}:{os.environ['PATH']}", SRUN_LOG=str(log), PYTHON=sys.executable,
                SLURM_JOB_ID="4242", SLURM_NNODES="2", SLURM_JOB_NODELIST="127.0.0.1,127.0.0.1",
-               SLURM_SUBMIT_DIR=str(exported), MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+               SLURM_SUBMIT_DIR=str(exported), MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1",
+               SAVE_EVERY="1", CHECKPOINT_DIR=str(tmp_path / "checkpoints"))
     args = ["--model_name_or_path", "tiny", "--data_dir", str(small_rte), "--max_seq_length", "32",
             "--global_batch_size", "8", "--max_steps", "2", "--do_train", "--no_progress", "--dist_timeout", "60"]
     proc = subprocess.run(["bash", str(exported / "slurm.sbatch"), "2b", *args], cwd=tmp_path, env=env,
@@ -139,6 +140,8 @@ def test_slurm_script_runs_one_torchrun_per_node(exported, small_rte, tmp_path):
     assert proc.returncode == 0, (proc.stdout, proc.stderr, node0)
     assert "task 2b on 2 node(s), master 127.0.0.1:" in proc.stdout
     assert "Task 2b (all_reduce)" in node0 and "on 2 rank(s)" in node0
+    # checkpoints in the shared folder, so submitting the job again resumes (--resume auto)
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-2"
 
 
 def test_write_cluster_files_writes_three_files(tmp_path):

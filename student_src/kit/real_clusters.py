@@ -117,11 +117,15 @@ export MASTER_ADDR
 export MASTER_PORT=${{MASTER_PORT:-$((20000 + ${{SLURM_JOB_ID:-0}} % 20000))}}
 export PY=${{PYTHON:-python3}} TASK HERE NNODES
 export RUN_FLAGS="$*"
+# checkpoints every SAVE_EVERY steps (0: none) in this shared folder: submitting the job again resumes
+SAVE_EVERY=${{SAVE_EVERY:-50}}
+export RESUME=""
+[[ $SAVE_EVERY != 0 ]] && RESUME="--save_every $SAVE_EVERY --checkpoint_dir ${{CHECKPOINT_DIR:-$HERE/checkpoints/task$TASK}} --resume auto"
 echo "job ${{SLURM_JOB_ID:-?}}: task $TASK on $NNODES node(s), master $MASTER_ADDR:$MASTER_PORT"
 srun --nodes "$NNODES" --ntasks "$NNODES" --ntasks-per-node 1 bash -c '
   cd "$HERE/task$TASK" && exec "$PY" -m torch.distributed.run --nnodes "$NNODES" --nproc_per_node 1 \
     --node_rank "$SLURM_NODEID" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
-    run_glue.py --task "$TASK" $RUN_FLAGS'
+    run_glue.py --task "$TASK" $RESUME $RUN_FLAGS'
 '''
 
 
