@@ -9,6 +9,9 @@ functions through the same path). Grading Task 8 is tests/test_check_zoo.py's.
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +118,34 @@ def test_the_injected_fault_kills_the_planned_rank_once(tmp_path):
     again = subprocess.run([sys.executable, "-c", code, str(ROOT)], env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "survived" in again.stdout  # the restarted run trains on
     assert faults.planned(0) is None  # no KIT_KILL_AT_STEP here: nothing planned
+
+
+# --------------------------------------------------------------------------- the emulated cluster loses a node
+def test_kill_node_asks_for_a_command_that_resumes():
+    from student_src.kit import cluster
+
+    cluster._check_fault(["python", "run_glue.py"], None, None, 4)  # no fault: anything goes
+    for args, says in (((["run_glue.py"], 1, 5, 4), "--save_every N --resume auto"),
+                       ((["--save_every", "1", "--resume", "auto"], 4, 5, 4), "nodes 0..3"),
+                       ((["--save_every", "1", "--resume", "auto"], 1, None, 4), "--at-step"),
+                       ((["x"], None, 5, 4), "needs --kill-node")):
+        with pytest.raises(checkpoint.KitError, match=re.escape(says)):
+            cluster._check_fault(*args)
+
+
+@pytest.mark.skipif(not (sys.platform == "linux" and os.geteuid() == 0 and shutil.which("ip")),
+                    reason="the emulated cluster needs root, Linux and ip")
+def test_a_lost_node_is_restarted_once_and_the_group_finishes(capsys):
+    """Node 1 dies after 'step 3' on the first attempt; the restarted group (same command) finishes."""
+    from student_src.kit import cluster, cluster_net
+
+    code = ("import os, sys; sys.path.insert(0, sys.argv[1]); from student_src.kit import faults\n"
+            "faults.maybe_kill(int(os.environ['DPK_NODE']), 3, None)\n")
+    try:
+        res = cluster.run([sys.executable, "-c", code, str(ROOT), "--save_every", "1", "--resume", "auto"], nodes=2,
+                          timeout=120, append_args=False, prefix="dpk8-", kill_node=1, at_step=3)
+    finally:
+        cluster_net.destroy("dpk8-")
+    assert [a["failed"] is not None for a in res["attempts"]] == [True, False]
+    assert res["attempts"][0]["returncodes"][1] == -9 and res["returncodes"] == [0, 0]
+    assert "restart 1 of 1" in capsys.readouterr().err

@@ -15,12 +15,20 @@ would on a real node), and ends every rank if one fails, on Ctrl-C, or at ``--ti
 If no cluster is up, ``run`` brings one up for the run and takes it down afterwards.
 ``isolate`` runs one command (e.g. 4 ``--spawn`` ranks) with a private loopback, so a loopback
 traffic measurement counts only that run's bytes.
+
+A lost node, on purpose: ``run --kill-node I --at-step S -- python run_glue.py ... --save_every N
+--resume auto`` makes node I's rank SIGKILL itself right after step S (``faults.py``), once; the
+runner stops the other ranks, as a real job loses its group, and with ``--restarts K`` (default 1
+with ``--kill-node``) starts the same command on every node again, which resumes from the newest
+checkpoint (``benchmarks/fault_tolerance/README.md``). The checkpoint folder is shared, as NFS
+is on a real cluster: the nodes are network namespaces on one file system.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,18 +133,50 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _fault_env(kill_node: Optional[int], at_step: Optional[int], marker_dir: str) -> dict:
+    """The environment that makes node ``kill_node``'s rank die after ``at_step`` (``faults.py``)."""
+    from student_src.kit import faults
+
+    if kill_node is None:
+        return {}
+    return {faults.ENV_STEP: str(at_step), faults.ENV_RANK: str(kill_node),
+            faults.ENV_MARKER: os.path.join(marker_dir, f"killed-node{kill_node}-step{at_step}")}
+
+
+def _check_fault(command: list[str], kill_node: Optional[int], at_step: Optional[int], n: int) -> None:
+    if kill_node is None:
+        if at_step is not None:
+            raise KitError("--at-step needs --kill-node (which node to lose)")
+        return
+    if not 0 <= kill_node < n:
+        raise KitError(f"--kill-node {kill_node}: the run has nodes 0..{n - 1}")
+    if at_step is None or at_step < 1:
+        raise KitError("--kill-node needs --at-step S (S >= 1): the step after which the node dies")
+    if "--resume" not in command or "--save_every" not in command:
+        raise KitError("--kill-node: add --save_every N --resume auto to the command, so that the restarted "
+                       "group resumes from its last checkpoint instead of starting again")
+
+
 def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
         rate: Optional[str] = None, delay: Optional[str] = None, append_args: bool = True,
-        traffic_json: Optional[str] = None, prefix: str = net.DEFAULT_PREFIX) -> dict:
-    """Run ``command`` as rank i in node i; return {"returncodes", "traffic", "seconds"}.
+        traffic_json: Optional[str] = None, prefix: str = net.DEFAULT_PREFIX,
+        kill_node: Optional[int] = None, at_step: Optional[int] = None, restarts: Optional[int] = None) -> dict:
+    """Run ``command`` as rank i in node i; return {"returncodes", "traffic", "seconds", "attempts"}.
 
     Uses the cluster that is up (``nodes`` may be fewer than its size), or brings up a temporary
-    one of ``nodes`` nodes (with ``rate``/``delay``) and removes it afterwards.
+    one of ``nodes`` nodes (with ``rate``/``delay``) and removes it afterwards. ``kill_node`` and
+    ``at_step``: that node's rank dies after that step (once); ``restarts`` (default 1 with a
+    kill, else 0): how many times a failed group is started again, on a new port.
     """
+    import tempfile
+
     net.require_privileges()
     if not command:
         raise KitError("nothing to run: put the command after `--`, e.g. "
                        "cluster run -- python run_glue.py --task 2b")
+    restarts = (1 if kill_node is not None else 0) if restarts is None else restarts
+    if restarts < 0:
+        raise KitError(f"--restarts must be 0 or more, got {restarts}")
     spec = net.load_spec(prefix)
     temporary = spec is None
     if temporary:
@@ -147,49 +187,63 @@ def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
     lock = threading.Lock()
-    result = {"nodes": n, "command": command, "returncodes": [None] * n, "traffic": []}
+    result = {"nodes": n, "command": command, "returncodes": [None] * n, "traffic": [], "attempts": []}
     old_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    markers = tempfile.mkdtemp(prefix="dpk-faults-")
     try:
         if n < 1 or n > spec.nodes:
             raise KitError(f"--nodes {n}: the cluster that is up has {spec.nodes} nodes")
+        _check_fault(command, kill_node, at_step, n)
         for sig in old_handlers:           # Ctrl-C and `kill` both end the ranks and clean up
             signal.signal(sig, _raise_interrupt)
-        port = free_port_in(spec.node_ns(0))
         before = [net.link_bytes(spec.node_ns(i)) for i in range(n)]
         t0 = time.monotonic()
-        for i in range(n):
-            extra = ["--master_ip", spec.address(0), "--master_port", str(port),
-                     "--world_size", str(n), "--local_rank", str(i)] if append_args else []
-            # gloo binds to the address its hostname resolves to (127.0.0.1 here, as on many
-            # machines): point it at the node's eth0, as students do with GLOO_SOCKET_IFNAME.
-            env = dict(os.environ, DPK_NODE=str(i), DPK_NODE_IP=spec.address(i),
-                       GLOO_SOCKET_IFNAME="eth0", TP_SOCKET_IFNAME="eth0",
-                       PYTHONUNBUFFERED="1")
-            p = subprocess.Popen(["ip", "netns", "exec", spec.node_ns(i), *command, *extra],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 bufsize=1, env=env, start_new_session=True)
-            procs.append(p)
-            th = threading.Thread(target=_pump, args=(p, f"[node{i}]", lock), daemon=True)
-            th.start()
-            pumps.append(th)
         deadline = t0 + timeout
-        failed = None
-        while True:
-            codes = [p.poll() for p in procs]
-            bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                failed = f"rank {bad[0]} (node{bad[0]}) exited with code {codes[bad[0]]}; stopping the others"
+        for attempt in range(restarts + 1):
+            if attempt:
+                with lock:
+                    print(f"[cluster] restart {attempt} of {restarts}: the same command on every node, "
+                          "which resumes from its last checkpoint", file=sys.stderr, flush=True)
+            started = time.monotonic()
+            procs[:] = []
+            port = free_port_in(spec.node_ns(0))
+            for i in range(n):
+                extra = ["--master_ip", spec.address(0), "--master_port", str(port),
+                         "--world_size", str(n), "--local_rank", str(i)] if append_args else []
+                # gloo binds to the address its hostname resolves to (127.0.0.1 here, as on many
+                # machines): point it at the node's eth0, as students do with GLOO_SOCKET_IFNAME.
+                env = dict(os.environ, DPK_NODE=str(i), DPK_NODE_IP=spec.address(i),
+                           GLOO_SOCKET_IFNAME="eth0", TP_SOCKET_IFNAME="eth0",
+                           PYTHONUNBUFFERED="1")
+                env.update(_fault_env(kill_node, at_step, markers))
+                p = subprocess.Popen(["ip", "netns", "exec", spec.node_ns(i), *command, *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     bufsize=1, env=env, start_new_session=True)
+                procs.append(p)
+                th = threading.Thread(target=_pump, args=(p, f"[node{i}]", lock), daemon=True)
+                th.start()
+                pumps.append(th)
+            failed = None
+            while True:
+                codes = [p.poll() for p in procs]
+                bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+                if bad:
+                    failed = f"rank {bad[0]} (node{bad[0]}) exited with code {codes[bad[0]]}; stopping the others"
+                    break
+                if all(c == 0 for c in codes):
+                    break
+                if time.monotonic() > deadline:
+                    failed = f"--timeout {timeout:g}s reached; stopping all ranks"
+                    break
+                time.sleep(0.2)
+            if failed:
+                with lock:
+                    print(f"[cluster] {failed}", file=sys.stderr, flush=True)
+                _kill_all(procs)
+            result["attempts"].append({"attempt": attempt, "seconds": time.monotonic() - started,
+                                       "failed": failed, "returncodes": [p.returncode for p in procs]})
+            if not failed or time.monotonic() > deadline:
                 break
-            if all(c == 0 for c in codes):
-                break
-            if time.monotonic() > deadline:
-                failed = f"--timeout {timeout:g}s reached; stopping all ranks"
-                break
-            time.sleep(0.2)
-        if failed:
-            with lock:
-                print(f"[cluster] {failed}", file=sys.stderr, flush=True)
-            _kill_all(procs)
         result["seconds"] = time.monotonic() - t0
         after = [net.link_bytes(spec.node_ns(i)) for i in range(n)]
         for i in range(n):
@@ -210,6 +264,7 @@ def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
         result["returncodes"] = [p.returncode for p in procs] + [None] * (n - len(procs))
         if temporary:
             net.destroy(prefix)
+        shutil.rmtree(markers, ignore_errors=True)
     if traffic_json:
         with open(traffic_json, "w") as f:
             json.dump(result, f, indent=2)
@@ -276,6 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not append --master_ip/--master_port/--world_size/--local_rank "
                         "(the command reads $DPK_NODE instead)")
     r.add_argument("--traffic_json", help="write each node's eth0 bytes (and return codes) here")
+    r.add_argument("--kill-node", "--kill_node", dest="kill_node", type=int,
+                   help="lose this node: its rank SIGKILLs itself after --at-step (once)")
+    r.add_argument("--at-step", "--at_step", dest="at_step", type=int, help="the step after which --kill-node dies")
+    r.add_argument("--restarts", type=int,
+                   help="start a failed group again this many times (default: 1 with --kill-node, else 0); "
+                        "the command must resume (--save_every N --resume auto)")
     r.add_argument("command", nargs=argparse.REMAINDER)
     q = sub.add_parser("isolate", help="run a command with a private loopback: isolate [--timeout S] -- CMD ...")
     q.add_argument("--timeout", type=float, default=1800)
@@ -302,8 +363,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
             res = run(cmd, args.nodes, args.timeout, args.rate, args.delay, not args.no_append,
-                      args.traffic_json, args.prefix)
+                      args.traffic_json, args.prefix, args.kill_node, args.at_step, args.restarts)
             print(traffic_table(res))
+            if len(res["attempts"]) > 1:
+                print("attempts: " + ", ".join(f"{a['seconds']:.1f} s" + (" (failed)" if a["failed"] else "")
+                                               for a in res["attempts"]) + f"; {res['seconds']:.1f} s in all")
             return 0 if all(c == 0 for c in res["returncodes"]) else 1
         return 0
     except KitError as e:
