@@ -6,7 +6,7 @@ Runs the same 4-node Task 3 job twice under ``python -m student_src.kit.cluster 
 uninterrupted, once with ``--kill-node I --at-step S`` (node I's rank SIGKILLs itself after step
 S; the runner stops the others and starts the group again, which resumes with ``--resume auto``).
 Both save every ``--save_every`` steps, so the difference in wall time is the failure's cost
-alone. Writes ``results/results.json`` and ``results/results.md``; the runs' logs and
+alone. Writes ``results/fault_tolerance.json`` and ``results/results.md``; the runs' logs and
 ``metrics.json`` go to ``results/runs/``.
 """
 
@@ -61,7 +61,7 @@ def main() -> int:
     result = {"args": vars(args), "uninterrupted": whole, "lost_node": lost, "max_abs_loss_diff": diff,
               "time_lost_s": round(lost["wall_s"] - whole["wall_s"], 2), "resumed_from_step": resumed_from}
     OUT.mkdir(exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps(result, indent=1))
+    (OUT / "fault_tolerance.json").write_text(json.dumps(result, indent=1))
     md = ["| run | wall time (s) | restarts | final loss |", "|---|---:|---:|---:|",
           f"| uninterrupted | {whole['wall_s']:.1f} | 0 | {whole['final_loss']:.6f} |",
           f"| node {args.kill_node} lost after step {args.at_step} | {lost['wall_s']:.1f} | {lost['restarts']} | "
