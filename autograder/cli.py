@@ -8,6 +8,8 @@
 
 ``grade`` exits 0 whenever it could grade: a student's failure is a score, not a crash. It
 always writes the results file, with an "autograder failed" entry if the grader broke.
+``check`` (students) exits 1 when a check fails and says so in its last line, so that
+``make test && make export`` stops.
 
 SIGTERM (a platform's time limit, a TA's kill) or SIGINT at any moment leaves a truthful results
 file: the handler is installed before anything heavy is imported; ``grade`` writes a "grading did
@@ -36,12 +38,11 @@ from . import leftovers  # light too: what _exit_now kills and removes
 def _settings(args):
     from .pool import Settings
     s = Settings()
-    if getattr(args, "timeout", None):
-        s.timeout = float(args.timeout)
+    if getattr(args, "timeout", None):  # one fixed CPU deadline for every check, not the derived ones
+        s.timeout, s.fixed_timeout = float(args.timeout), True
         s.timeout_after_timeout = min(s.timeout_after_timeout, s.timeout)
-        s.stall = min(s.stall, max(2.0, s.timeout / 2))
     if getattr(args, "stall", None):
-        s.stall = float(args.stall)
+        s.stall, s.fixed_stall = float(args.stall), True
     return s
 
 
@@ -312,11 +313,18 @@ def cmd_grade(args, public_only: bool = False) -> int:
         print(results.table())
         if args.results:
             print(f"results written to {args.results}")
-    return 0
+    if public_only:  # check: a failed check fails the command (make test && make export stops)
+        passed, line = results.check_verdict(tasks)
+        print(line, file=sys.stderr if args.json_only else sys.stdout, flush=True)
+        return 0 if passed else 1
+    return 0  # grade: a student's failure is a score, not a failed command
 
 
 def cmd_check(args) -> int:
-    """The public subset on a local checkout (what students run before they submit)."""
+    """The public subset on a local checkout (what students run before they submit).
+
+    Exits 1 when a check that counts failed (the required tasks', and an extra-credit task's
+    when ``--tasks`` names it), with one line that says how many; 0 when they all passed."""
     args.results = getattr(args, "results", None)
     return cmd_grade(args, public_only=True)
 
@@ -349,8 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
         from .task_table import tasks as task_table
 
         sp.add_argument("--tasks", help=f"comma-separated tasks to grade ({','.join(task_table.ids())}); default all")
-        sp.add_argument("--timeout", type=float, help="seconds per test before it fails (default 60)")
-        sp.add_argument("--stall", type=float, help="seconds without progress on the waiting ranks that count as a deadlock (default 10)")
+        sp.add_argument("--timeout", type=float, help="CPU seconds per test before it fails, for every test (default: "
+                        "10 x what the reference solution needs, at least 3; see autograder/README.md)")
+        sp.add_argument("--stall", type=float, help="seconds without progress on the waiting ranks that count as a "
+                        "deadlock, for every test (default: from the reference, at least 3)")
         sp.add_argument("--json-only", action="store_true", help="print results.json to stdout instead of the table")
         sp.add_argument("--quiet", action="store_true", help="no progress lines")
         sp.add_argument("--sandbox", choices=("auto", "bwrap", "user", "process", "fallback"), default="auto",

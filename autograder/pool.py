@@ -10,8 +10,8 @@ and decides how the check ended (``SandboxGroup.wait``):
 * a rank died (``os._exit``, a crash, ``sys.exit`` in a thread...): exiting is never a pass;
 * some ranks are still inside the check but none of them used any CPU for ``stall`` seconds:
   they are waiting for each other (a deadlock); dump their stacks, report where, kill;
-* a rank's main thread used ``timeout`` CPU seconds (an infinite loop), or the wall clock passed
-  ``wall_factor`` times that: dump stacks, report where, kill;
+* a rank's main thread used the check's CPU deadline (an infinite loop), or the wall clock passed
+  the check's wall limit: dump stacks, report where, kill (the limits: ``deadlines.py``);
 * a rank printed more than ``flood_bytes``: kill.
 
 Whatever happened, ``kill`` ends the check: every process in the sandbox but its server dies.
@@ -38,12 +38,25 @@ _prefix_counter = itertools.count()
 
 @dataclass
 class Settings:
-    """Time limits of a grading run (seconds)."""
+    """Time limits of a grading run (seconds). Per check they come from the reference solution's own
+    cost where one is recorded (``deadlines.py``: factor x cost, with a floor); ``timeout`` and
+    ``stall`` are the fixed limits of a check with no recorded cost, or of every check when
+    ``fixed_timeout`` / ``fixed_stall`` (``--timeout`` / ``--stall``)."""
 
-    timeout: float = 60.0        # per check: CPU seconds of the busiest rank
-    wall_factor: float = 4.0     # ... and at most this many times as many seconds of wall time
-    timeout_after_timeout: float = 15.0  # per check, once a test of the same task timed out
+    timeout: float = 60.0        # per check: CPU seconds of the busiest rank's main thread
+    fixed_timeout: bool = False  # True: ``timeout`` for every check, not the derived deadline
+    cpu_factor: float = 10.0     # derived: this many times the reference's CPU seconds ...
+    cpu_floor: float = 3.0       # ... and never under this (times the machine's speed)
+    cpu_floor_after: float = 0.5  # ... once a test of the same task hit a deadline
+    timeout_after_timeout: float = 15.0  # fixed: per check, once a test of the same task hit a deadline
+    wall_factor: float = 4.0     # and at most this many times the CPU deadline in wall time ...
+    wall_floor: float = 30.0     # ... but never under this (a loaded machine) ...
+    wall_floor_after: float = 20.0  # ... or this, once a test of the same task hit a deadline
     stall: float = 10.0          # no CPU progress on every rank still inside a check = deadlock
+    fixed_stall: bool = False    # True: ``stall`` for every check
+    stall_factor: float = 2.0    # derived: this many times the reference's longest idle window, + 1 s ...
+    stall_floor: float = 3.0     # ... and never under this
+    stall_floor_after: float = 2.0  # ... or this, once a test of the same task hit a deadline
     grace: float = 1.0           # after one rank failed, how long the others may still finish
     start_timeout: float = 180.0  # the sandbox's server imports torch once (slow disks, busy machines)
     flood_bytes: int = 32 << 20   # output per rank per check before the check is stopped
@@ -60,6 +73,8 @@ class Outcome:
     message: str = ""
     outputs: list = field(default_factory=list)  # per rank: captured output text
     elapsed: float = 0.0
+    cpu: float = 0.0         # CPU seconds the busiest rank's main thread used (what the deadline counts)
+    idle: float = 0.0        # the longest time every rank still inside went without CPU progress
 
 
 class PoolError(RuntimeError):
@@ -260,10 +275,11 @@ class SandboxGroup:
         time.sleep(0.4)
         return {r: where_from_dump(self.captures[r].raw_tail()) for r in ranks}
 
-    def run(self, job: dict, timeout: float) -> Outcome:
-        """Send ``job`` to every rank and wait for all of them (see the module docstring)."""
+    def run(self, job: dict, limits) -> Outcome:
+        """Send ``job`` to every rank and wait for all of them (see the module docstring).
+        ``limits``: a ``deadlines.Limits``, or CPU seconds (the settings' stall and wall factor)."""
         self.submit(job)
-        return self.wait(timeout)
+        return self.wait(limits)
 
     def submit(self, job: dict) -> None:
         """Send ``job`` to every rank (each with its own secret); ``wait`` collects the reports."""
@@ -279,9 +295,13 @@ class SandboxGroup:
             except (OSError, ValueError):
                 pass
 
-    def wait(self, timeout: float) -> Outcome:
+    def wait(self, limits) -> Outcome:
         """Wait for the submitted job on every rank (see the module docstring)."""
         s = self.settings
+        if not hasattr(limits, "cpu"):
+            from .deadlines import Limits
+            limits = Limits(cpu=float(limits), stall=s.stall, wall=float(limits) * s.wall_factor)
+        timeout, stall = limits.cpu, limits.stall
         t0 = self._t0
         reports: list = [None] * self.world_size
         dead: dict[int, int | None] = {}
@@ -340,20 +360,23 @@ class SandboxGroup:
                 c = self._cpu(r)
                 if c < 0 or c - cpu[r] > 0.02:
                     cpu[r], progress[r] = c, now
-            if now - t0 > s.stall and all(now - progress[r] > s.stall for r in pending):
+            outcome.idle = max(outcome.idle, min(now - progress[r] for r in pending))
+            if now - t0 > stall and all(now - progress[r] > stall for r in pending):
                 where = self._dump_stacks(sorted(pending))
                 done = [r for r in range(self.world_size) if r not in pending]
                 outcome.problem = "deadlock"
-                outcome.message = _stall_message(sorted(pending), done, where, s.stall)
+                outcome.message = _stall_message(sorted(pending), done, where, stall)
                 break
             used = max((self._main_cpu(r) - main_start[r] for r in pending if main_start[r] >= 0), default=0.0)
-            if used > timeout or now - t0 > timeout * s.wall_factor:
+            if used > timeout or now - t0 > limits.wall:
                 where = self._dump_stacks(sorted(pending))
                 outcome.problem = "timeout"
-                outcome.message = (f"did not finish within {timeout:g} s of CPU time (an endless loop?); "
-                                   + "; ".join(f"rank {r} was at {w or 'an unknown place'}" for r, w in where.items()))
+                outcome.message = _timeout_message(limits, used, now - t0) + "; ".join(
+                    f"rank {r} was at {w or 'an unknown place'}" for r, w in where.items())
                 break
         outcome.elapsed = time.monotonic() - t0
+        outcome.cpu = max((self._main_cpu(r) - main_start[r] for r in range(self.world_size) if main_start[r] >= 0),
+                          default=0.0)
         if outcome.problem is not None:
             time.sleep(0.05)
             outcome.outputs = [cap.text() for cap in self.captures]
@@ -379,13 +402,25 @@ def _death_message(dead: dict) -> str:
             "(sys.exit / os._exit / exit()); exiting is not a pass.")
 
 
+def _timeout_message(limits, used: float, elapsed: float) -> str:
+    """Why the check was stopped: its CPU deadline (with what the reference needed, when the
+    deadline came from it), or the wall-clock ceiling."""
+    if used > limits.cpu:
+        ref = getattr(limits, "reference", None)
+        why = (f"the reference solution needs {ref:.2f} s for this check; an endless loop?" if ref is not None
+               else "an endless loop?")
+        return f"did not finish within {round(limits.cpu, 1):g} s of CPU time ({why}); "
+    return (f"did not finish within {round(limits.wall, 1):g} s of wall time (its main thread used only "
+            f"{used:.1f} s of CPU: waiting for something that never comes, while a thread keeps busy?); ")
+
+
 def _stall_message(pending, done, where, stall) -> str:
     at = "; ".join(f"rank {r} was waiting at {w or 'an unknown place'}" for r, w in where.items())
     if done:
         lead = (f"deadlock: rank(s) {', '.join(map(str, done))} finished but rank(s) "
-                f"{', '.join(map(str, pending))} made no progress for {stall:g} s")
+                f"{', '.join(map(str, pending))} made no progress for {round(stall, 1):g} s")
     else:
-        lead = f"deadlock: no rank made progress for {stall:g} s"
+        lead = f"deadlock: no rank made progress for {round(stall, 1):g} s"
     return (lead + " — every rank must call the same collectives in the same order "
             f"(a rank that skips one, or calls a different one, leaves the others waiting). {at}")
 

@@ -19,12 +19,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import points as _points
 
 MAX_TEST_OUTPUT = 8000
+#: the table's width in columns (JupyterLab wraps wider output; so do 100-column terminals)
+TABLE_WIDTH = 100
 
 
 def _clip(text: str, limit: int = MAX_TEST_OUTPUT) -> str:
@@ -150,6 +153,29 @@ class Results:
     def score_line(self) -> str:
         return _score_line(self.tests)
 
+    def check_verdict(self, asked: set[str] | None = None) -> tuple[bool, str]:
+        """``check``'s outcome: (every check that counts passed, the one line that says so).
+
+        Extra-credit checks count only when their task was asked for by name (``--tasks 5``): a
+        student who leaves the advanced task out still gets a passing ``make test``. A skipped
+        check (its task is not in this kit) is not a failure; an autograder failure is.
+        """
+        ran = [t for t in self.tests if not t.output.startswith("skipped:")]
+        counts = [t for t in ran if not t.extra_credit or (asked is not None and t.task in asked)]
+        failed = [t for t in counts if not t.passed]
+        optional = [t for t in ran if t not in counts and not t.passed]
+        later = (f" ({len(optional)} extra-credit check(s) of Task {', '.join(sorted({t.task for t in optional}))} "
+                 "failed too: optional)") if optional else ""
+        if self.grader_errors or self.stopped:
+            return False, ("the checks could not all run (see 'autograder failed' above): "
+                           "this is not a pass; run make test again, then tell the course staff")
+        if failed:
+            return False, (f"{len(failed)} of {len(counts)} checks failed{later}: fix what 'What went wrong' "
+                           "says above, then run make test again")
+        if not counts:
+            return True, "no check ran" + later
+        return True, f"all {len(counts)} checks passed{later}"
+
     def _notes(self) -> list[str]:
         lines = []
         if self.stopped:
@@ -203,34 +229,59 @@ class Results:
                 "stdout_visibility": _points.setting("stdout_visibility"), "extra_data": self.extra_data(),
                 "tests": tests}
 
-    def table(self, messages: bool = True) -> str:
-        """The readable table printed after grading, with each failure's message below it."""
-        rows = [("task", f"{'test id':<31} what it checks", "score", "time", "result")]
+    def table(self, messages: bool = True, width: int = TABLE_WIDTH) -> str:
+        """The readable table printed after grading, with each failure's message below it.
+
+        No line is wider than ``width`` (100: JupyterLab's output and a terminal show it without
+        wrapping): a test's id and title share one column and wrap inside it, the score, time and
+        result stay on the test's first line; long lines above and below wrap with an indent.
+        Nothing is cut: every title and message is there in full.
+        """
+        rows = []
         for t in self.tests:
             skipped = t.output.startswith("skipped:")
-            rows.append((t.task + ("*" if t.extra_credit else ""), f"{t.id:<31} {t.title}",
-                         f"{t.score:g}/{t.max_score:g}", f"{t.elapsed:.1f}s",
-                         "skipped" if skipped else ("passed" if t.passed else "FAILED")))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        widths[1] = min(widths[1], 96)
-        out = [f"isolation: {self.isolation}"] if self.isolation else []
-        for i, r in enumerate(rows):
-            title = r[1] if len(r[1]) <= widths[1] else r[1][: widths[1] - 3] + "..."
-            out.append(f"{r[0]:<{widths[0]}}  {title:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:>{widths[3]}}  {r[4]}")
-            if i == 0:
-                out.append("-" * len(out[-1]))
-        out.append("-" * len(out[-1]))
+            rows.append((t.task + ("*" if t.extra_credit else ""), f"{t.id}  {t.title}", f"{t.score:g}/{t.max_score:g}",
+                         f"{t.elapsed:.1f}s", "skipped" if skipped else ("passed" if t.passed else "FAILED")))
+        head = ("task", "test id  what it checks", "score", "time", "result")
+        widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+        widths[1] = max(30, width - (widths[0] + widths[2] + widths[3] + widths[4] + 8))
+        out = _wrap(f"isolation: {self.isolation}", width) if self.isolation else []
+        lines = [_row(head, widths)]
+        lines.append("-" * len(lines[0]))
+        for r in rows:
+            text = textwrap.wrap(r[1], widths[1], subsequent_indent="    ", break_on_hyphens=False) or [""]
+            lines.append(_row((r[0], text[0], *r[2:]), widths))
+            lines += [_row(("", more, "", "", ""), widths).rstrip() for more in text[1:]]
+        lines.append("-" * len(lines[0]))
+        out += lines
         if any(t.extra_credit for t in self.tests):
             out.append("* extra credit: adds to the score, not to the maximum")
-        out.append(self.summary().removeprefix(f"isolation: {self.isolation}\n" if self.isolation else ""))
+        out += _wrap(self.summary().removeprefix(f"isolation: {self.isolation}\n" if self.isolation else ""), width)
         if messages:
             failed = [t for t in self.tests if not t.passed]
             if failed:
                 out.append("\nWhat went wrong:")
                 for t in failed:
-                    body = t.output.replace("\n", "\n    ")
-                    out.append(f"  [{t.id}] {t.title}\n    {body}")
+                    out += _wrap(f"[{t.id}] {t.title}", width, indent="  ", more="    ")
+                    out += _wrap(t.output, width, indent="    ", more="  ")
         return "\n".join(out)
+
+
+def _row(cells, widths) -> str:
+    task, text, score, elapsed, result = cells
+    return (f"{task:<{widths[0]}}  {text:<{widths[1]}}  {score:>{widths[2]}}  {elapsed:>{widths[3]}}  "
+            f"{result}").rstrip()
+
+
+def _wrap(text: str, width: int, indent: str = "", more: str = "  ") -> list[str]:
+    """``text``'s lines, each wrapped to ``width`` columns: ``indent`` first, ``more`` on the lines a
+    long one wraps onto (the text's own line breaks and indentation stay)."""
+    out = []
+    for line in text.splitlines() or [""]:
+        own = line[: len(line) - len(line.lstrip())]
+        out += textwrap.wrap(line.strip(), width, initial_indent=indent + own, subsequent_indent=indent + own + more,
+                             break_on_hyphens=False) or [""]
+    return out
 
 
 def write_json_atomic(path: str | os.PathLike, data: dict) -> Path:

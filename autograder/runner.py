@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .task_table import tasks as task_table
 
-from . import leftovers, registry, seeding
+from . import deadlines, leftovers, registry, seeding
 from .points import PointsError, check_file as check_points_file, points_for, visibility_for
 from .pool import PoolError, SandboxGroup, Settings
 from .results import Results, TestResult
@@ -71,11 +71,13 @@ def select_checks(tasks: set[str] | None, public_only: bool) -> list[registry.Ch
 
 def grade(submission_path, tasks: set[str] | None = None, settings: Settings | None = None,
           public_only: bool = False, progress=None,
-          sandbox: str = "auto") -> Results:
+          sandbox: str = "auto", observe=None) -> Results:
     """Grade ``submission_path``; never raises for anything the student's code does.
 
     ``sandbox``: the isolation level for student code (``auto`` takes the strongest this host
-    allows; see ``autograder.sandbox``). Every check gets fresh ranks.
+    allows; see ``autograder.sandbox``). Every check gets fresh ranks, with deadlines from the
+    reference solution's own cost (``deadlines.py``). ``observe(check, outcome)``, if given, sees
+    what every check's ranks did (``deadlines.record`` measures the costs with it).
     """
     from .sandbox import GraderFiles, choose, SandboxError
     settings = settings or Settings()
@@ -109,6 +111,8 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             threading.Thread(target=_import_quietly, args=("transformers.models.bert.modeling_bert",),
                              daemon=True).start()
         pools = Pools(settings, workdir, isolation, transformers=needs_bert)
+        costs = deadlines.load_costs()
+        speed = deadlines.Speed(costs["calibration_cpu_s"])  # timed while the sandbox starts
         checks = select_checks(tasks, public_only)
         sub = Submission(submission_path, workdir)
         results.header = sub.describe()
@@ -143,7 +147,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             _readable_by_all(workdir)
         if isolation.level == "process":
             guard = GraderFiles(_grader_roots() + [sub.workspace(src) for _, src in runnable])
-        timed_out: dict[str, bool] = {}
+        hit: dict[str, bool] = {}  # tasks where a test hit a deadline (an endless loop, a deadlock)
 
         for c, src, skip in plan:
             pts = points_for(c)
@@ -156,13 +160,14 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             tc = time.monotonic()
             secrets = seeding.check_secrets(key, digests[src.label], c.id, c.world_size)
             job = {"kind": "check", "check": c.id, "workspace": str(sub.workspace(src)), "seed": 0, "secrets": secrets}
-            timeout = c.timeout or settings.timeout
-            if timed_out.get(c.task):  # an endless loop usually hits every test of the task
-                timeout = min(timeout, settings.timeout_after_timeout)
-            group = None
+            # an endless loop or a deadlock usually hits every test of the task: after one, the lower floors
+            limits = deadlines.limits_for(c, settings, costs, speed.value(), after_hit=hit.get(c.task, False))
+            group = outcome = None
             try:
                 group = pools.group(c.world_size)
-                outcome = group.run(job, timeout)
+                outcome = group.run(job, limits)
+                if observe is not None:
+                    observe(c, outcome)
                 verdict = judge(c, outcome, secrets)
             except PoolError as exc:
                 verdict = Verdict(False, f"autograder problem (not your code): {exc}")
@@ -170,8 +175,8 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             finally:
                 if group is not None:
                     group.kill()
-            if not verdict.passed and "did not finish within" in verdict.message:
-                timed_out[c.task] = True
+            if not verdict.passed and outcome is not None and outcome.problem in ("timeout", "deadlock"):
+                hit[c.task] = True
             results.add(TestResult.of(c, pts if verdict.passed else 0.0, pts, verdict.passed, verdict.message,
                                       visibility_for(c), time.monotonic() - tc, source=src.shown()))
         if pools:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -98,6 +99,8 @@ def test_solution_gets_full_marks(solution_results):
     wrong = {t["number"]: t["max_score"] for t in required if t["max_score"] != table[t["number"]]}
     assert not wrong, wrong
     assert "score" in proc.stdout and "passed" in proc.stdout  # the readable table
+    wide = [line for line in proc.stdout.splitlines() if len(line) > 100]
+    assert not wide, wide  # JupyterLab and a 100-column terminal show it unwrapped
 
 
 def test_every_task_is_graded(solution_results):
@@ -209,10 +212,95 @@ def test_after_a_timeout_the_tasks_other_tests_get_the_short_deadline(tmp_path):
             while True:
                 pass
     """})
-    res = grade(sub, tasks={"4"}, settings=Settings(timeout=6.0, timeout_after_timeout=2.0, stall=2.0, grace=0.5))
+    res = grade(sub, tasks={"4"}, settings=Settings(timeout=6.0, timeout_after_timeout=2.0, stall=2.0, grace=0.5,
+                                                   fixed_timeout=True))
     out = {t.id: t.output for t in res.tests}
     assert "did not finish within 6 s of CPU time" in out["4.tensor_nbytes"], out
     assert "did not finish within 2 s of CPU time" in out["4.expected_allreduce_bytes"], out
+
+
+def test_deadlines_come_from_the_references_cost():
+    """autograder/README.md: a check's CPU deadline is cpu_factor x the reference's CPU seconds,
+    at least cpu_floor, times this machine's speed; its deadlock window grows with the reference's
+    own idle time; after a test of the task hit a deadline, the lower floors; --timeout / --stall
+    and a check's own timeout= are fixed; a check with no recorded cost gets the fixed ones."""
+    from types import SimpleNamespace
+
+    from autograder.deadlines import limits_for, load_costs
+
+    s = Settings()
+    costs = {"checks": {"cheap": {"cpu": 0.03, "idle": 0.0}, "heavy": {"cpu": 0.9, "idle": 0.1},
+                        "waits": {"cpu": 0.05, "idle": 7.0}}}
+    check = lambda id, timeout=None: SimpleNamespace(id=id, timeout=timeout)  # noqa: E731
+    cheap = limits_for(check("cheap"), s, costs)
+    assert (cheap.cpu, cheap.stall, cheap.derived, cheap.reference) == (s.cpu_floor, s.stall_floor, True, 0.03)
+    assert cheap.wall == max(s.wall_floor, s.wall_factor * s.cpu_floor)
+    assert limits_for(check("heavy"), s, costs).cpu == pytest.approx(s.cpu_factor * 0.9)
+    assert limits_for(check("heavy"), s, costs, speed=2.0).cpu == pytest.approx(2 * s.cpu_factor * 0.9)
+    assert limits_for(check("waits"), s, costs).stall == pytest.approx(s.stall_factor * 7.0 + 1.0)
+    after = limits_for(check("cheap"), s, costs, after_hit=True)
+    assert (after.cpu, after.stall, after.wall) == (s.cpu_floor_after, s.stall_floor_after, s.wall_floor_after)
+    assert limits_for(check("heavy"), s, costs, after_hit=True).cpu == pytest.approx(s.cpu_factor * 0.9)
+    unknown = limits_for(check("new"), s, costs)
+    assert (unknown.cpu, unknown.stall, unknown.derived) == (s.timeout, s.stall, False)
+    assert limits_for(check("new"), s, costs, after_hit=True).cpu == s.timeout_after_timeout
+    assert limits_for(check("cheap", timeout=8), s, costs).cpu == 8
+    fixed = Settings(timeout=20.0, stall=4.0, fixed_timeout=True, fixed_stall=True)
+    assert (limits_for(check("heavy"), fixed, costs).cpu, limits_for(check("heavy"), fixed, costs).stall) == (20.0, 4.0)
+    # the recorded table (a check added since has none: it gets the fixed --timeout until someone
+    # runs python -m autograder.deadlines --record)
+    recorded = load_costs()
+    assert recorded["calibration_cpu_s"] > 0 and {"2b.mean_4_ranks", "2a.mean_4_ranks"} <= set(recorded["checks"])
+
+
+def test_check_exits_1_when_a_check_that_counts_failed():
+    """autograder/README.md: `check` fails when a required check fails, or an extra-credit one of a
+    task named in --tasks, or the grader itself; a skipped check is no failure."""
+    from types import SimpleNamespace
+
+    from autograder.results import Results, TestResult
+
+    def result(id, passed, extra=False, output=""):
+        c = SimpleNamespace(id=id, task=id.split(".")[0], title="t")
+        return TestResult.of(c, 1.0 if passed else 0.0, 1.0, passed, output, "visible", extra_credit=extra)
+
+    res = Results(tests=[result("1.a", True), result("1.b", False), result("5.c", False, extra=True),
+                         result("6.d", False, output="skipped: not in this kit")])
+    ok, line = res.check_verdict(None)
+    assert not ok and line.startswith("1 of 2 checks failed (1 extra-credit check(s) of Task 5 failed too")
+    res.tests[1] = result("1.b", True)
+    assert res.check_verdict(None) == (True, "all 2 checks passed (1 extra-credit check(s) of Task 5 failed too: optional)")
+    assert res.check_verdict({"1", "5"})[0] is False
+    res.grader_errors.append("boom")
+    assert res.check_verdict(None)[0] is False
+
+
+def test_check_table_fits_100_columns_and_keeps_everything():
+    """The table wraps every title and message inside 100 columns, and cuts nothing."""
+    from types import SimpleNamespace
+
+    from autograder import registry
+    from autograder.results import Results, TestResult
+
+    registry.discover()
+    checks = registry.all_checks()
+    long = ("not implemented yet: TODO(task 2b): average every parameter's gradient over all ranks with "
+            "dist.all_reduce(SUM), then divide by the world size (student_src/sync.py:120 in allreduce_average)\n"
+            "  at student_src/sync.py:120 in allreduce_average: raise NotImplementedError('TODO(task 2b): ' + 'x' * 80)")
+    res = Results(isolation="bwrap: " + "a sandbox that is described at length; " * 6, header="graded: student_src")
+    for i, c in enumerate(checks):
+        res.add(TestResult.of(c, 0.0 if i % 2 else 1.0, 1.0, not i % 2, long if i % 2 else "", elapsed=123.4))
+    res.add(TestResult.of(SimpleNamespace(id="9.x" * 20, task="9", title="word " * 40), 0, 1, False, long,
+                          "visible", extra_credit=False))
+    table = res.table()
+    assert max(len(line) for line in table.splitlines()) <= 100
+    # each row's id and title, read back across its lines (the score, time and result cells removed)
+    cells = re.compile(r"\s+[\d.]+/[\d.]+\s+[\d.]+s\s+(passed|FAILED|skipped)$")
+    flat = " ".join(" ".join(cells.sub("", line) for line in table.splitlines()).split())
+    for c in checks + [res.tests[-1]]:
+        assert f"{c.id} {' '.join(c.title.split())}" in flat, c.id
+    assert flat.count(" ".join(long.split())) == sum(1 for t in res.tests if not t.passed)
+    assert " ".join(res.isolation.split()) in flat
 
 
 def test_export_zip_grades_each_task_from_its_folder(tmp_path):

@@ -163,16 +163,19 @@ def test_grading_the_release_gives_zero_with_messages(release):
     for t in graded:
         assert not t.passed and t.output.strip(), t.id
         assert "not implemented" in t.output or "NotImplementedError" in t.output, (t.id, t.output[:300])
+    assert max(len(line) for line in res.table().splitlines()) <= 100  # the table of every FAILED row and TODO
     # (no test waited for a deadline: each failed on its NotImplementedError, asserted above; the
     # grading's wall time is a figure for benchmarks/, not an assertion)
 
 
 def test_public_check_runs_in_the_release(release):
-    """`python -m autograder check` inside the release: public checks only, all failing (TODOs)."""
+    """`python -m autograder check` inside the release: public checks only, all failing (TODOs), so it
+    exits 1 and its last line (stderr, with --json-only) says how many failed."""
     proc = subprocess.run([sys.executable, "-m", "autograder", "check", ".", "--tasks", "1,4", "--json-only"],
                           cwd=release, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(release)))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("7 of 7 checks failed"), proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     ids = {t["number"] for t in data["tests"]}
     assert ids == {"1.lowers_loss", "4.tensor_nbytes", "1.public_returns_detached_loss",
