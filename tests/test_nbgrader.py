@@ -63,7 +63,7 @@ def _students(homes: dict[str, Path], cmd: list[str]) -> None:
         assert proc.returncode == 0, f"{student}: {' '.join(cmd)}: {out[-2000:]}\n{err[-3000:]}"
 
 
-SOLVED = ("collectives.py", "train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py")
+SOLVED = ("collectives.py", "train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py", "resume.py")
 
 
 def _clips_before_sync(text: str) -> str:
