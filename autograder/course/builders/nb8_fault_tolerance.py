@@ -25,7 +25,8 @@ it saves and resumes (while they are TODOs it saves its own state).
     nb.md("""
 ## Lose a rank
 
-The cell below trains Task 3 (DDP) on the local ranks twice: once uninterrupted, then with rank 1
+The cell below trains Task 3 (DDP: your `wrap_ddp`, `train_step` and loader, so Tasks 1, 2 and 3 come
+first) on the local ranks twice: once uninterrupted, then with rank 1
 killed (`SIGKILL`, like a node losing power) right after step `KILL_AT`. Watch the per-rank bars:
 rank 1 stops, the launcher ends the others (a collective with a dead peer never completes), and
 the same command starts again with `--resume auto`. The second attempt loads the newest
