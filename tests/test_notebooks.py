@@ -17,6 +17,7 @@ notebooks itself, in this venv, as before.
 
 import ast
 import base64
+import json
 import os
 import re
 import subprocess
@@ -83,6 +84,26 @@ def test_nbgrader_metadata(name):
     for c in nb.cells:  # solutions only in answer cells; everything else is read-only
         if c not in answers and c not in params:
             assert SOLUTION not in c.source and c.metadata["nbgrader"]["locked"], c.source[:60]
+
+
+def test_markdown_needs_no_mathjax():
+    """An HTML export (``jupyter nbconvert --to html``) renders TeX only where MathJax loads from its
+    CDN: offline, ``$$...$$`` shows raw. Formulas are plain text and Unicode (code spans may hold ``$``)."""
+    for name in NOTEBOOKS:
+        for c in _load(name).cells:
+            if c.cell_type == "markdown":
+                prose = re.sub(r"```.*?```|`[^`]*`", "", c.source, flags=re.S)
+                assert "$" not in prose and "\\frac" not in prose, f"{name}: {c.source[:80]}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_run_cells_name_what_they_need_first(name):
+    """Every run goes through ``kit.run_task`` (which checks the tasks it needs: test_notebook_needs.py),
+    and nothing after it reads a run's folder behind the kit's back (stale numbers after a failed run)."""
+    code = "\n".join(c.source for c in _load(name).cells if c.cell_type == "code")
+    assert "from student_src.kit.trainer" not in code and "scaling_report import" not in code
+    if any(t.trains for t in tasks.for_notebook(name)):
+        assert "kit.run_task(" in code
 
 
 def test_the_kit_never_imports_the_grader():
@@ -191,6 +212,16 @@ def _executed(name, request):
 
 
 WALK = [pytest.mark.student_walk] if FROM_THE_WALK else []  # reads the walk's executed copies (run last)
+
+
+@(pytest.mark.student_walk if FROM_THE_WALK else pytest.mark.skip(reason="reads the student walk's venv"))
+def test_students_lab_hides_nbgrader_instructor_menus(student_walk):
+    """``make setup`` in the release disables nbgrader's instructor plugins in the student's env
+    (formgrader, create-assignment, courses); the student's own (validate, assignments) stay."""
+    page = student_walk.venv / "etc" / "jupyter" / "labconfig" / "page_config.json"
+    disabled = {k for k, v in json.loads(page.read_text()).get("disabledExtensions", {}).items() if v}
+    assert {"@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:course-list"} <= disabled
+    assert not disabled & {"@jupyter/nbgrader:validate-assignment", "@jupyter/nbgrader:assignment-list"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=WALK) for n in SELECTED])

@@ -20,6 +20,13 @@ Why it is built this way:
   skipped: grading runs the checks only, in seconds, on the submission's own ``student_src``.
 * Checking a TODO is the grader's job, not the kit's: a notebook's check cell calls
   ``autograder.notebook.check`` itself (the kit never imports the grader).
+* A run cell says in one line what it needs: before any rank starts, ``run_task`` looks for the
+  release's TODO stubs in the tasks the run needs (``tasks.py``'s ``needs_tasks``, then the task
+  itself; ``student_api.run_blocker``), prints which to fill in first and returns None. A run that
+  fails prints its error briefly (one rank's traceback, the student's frames) and returns None too.
+  Either way it leaves no ``metrics.json`` behind, and the result cells after it say that the run
+  did not happen instead of showing an older run's numbers.
+* Quick mode's timings mean little (``QUICK_NOTE``): every cell that shows them says so.
 
 Environment variables: ``KIT_NOTEBOOK_QUICK`` (1/0), ``KIT_RUNS_DIR`` (where runs go, default
 ``<kit>/runs``), ``KIT_DATA_DIR`` (GLUE RTE folder, default ``<kit>/data/glue_data/RTE``),
@@ -33,7 +40,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import tasks
+from . import student_api, tasks
+from .errors import KitError
 from .progress import RunMonitor
 
 ENV_QUICK, ENV_RUNS, ENV_DATA, ENV_ROOT = "KIT_NOTEBOOK_QUICK", "KIT_RUNS_DIR", "KIT_DATA_DIR", "KIT_ROOT"
@@ -46,6 +54,9 @@ QUICK_FLAGS = ["--model_name_or_path", "tiny", "--max_seq_length", "32", "--glob
 FULL_FLAGS = ["--model_name_or_path", "minilm", "--max_seq_length", "128", "--global_batch_size", "64",
               "--num_train_epochs", "3", "--dropout", "0", "--logging_steps", "10"]
 QUICK_STEPS = 3
+#: said under every timing, speed-up and what-if curve a quick-mode notebook shows
+QUICK_NOTE = ("Quick mode (tiny model): a step's compute is too small for communication to pay off, so 2a, 2b and 3 "
+              "look slower than Task 1 and the what-if speed-up is ~0; the report's numbers come from QUICK = False (MiniLM).")
 
 
 # --------------------------------------------------------------------------- set-up
@@ -172,20 +183,34 @@ def _without(flags: list, extra: list) -> list:
     return out
 
 
+#: runs (by name) whose last attempt in this kernel did not finish: a TODO came first, or the run failed
+_NOT_RUN: set[str] = set()
+
+
 def run_task(task: str, steps: int | None = None, name: str | None = None, extra=(), world_size: int | None = None,
              title: str | None = None) -> dict | None:
     """Run one task through the launcher with live widgets; return rank 0's metrics.
 
     ``extra``: more ``run_glue`` flags, e.g. ``["--measure_traffic"]`` or ``["--bucket_cap_mb", "1"]``.
     Writes ``metrics.json`` to ``runs/<mode>/<name or taskX>/``. Returns None (and trains
-    nothing) while nbgrader executes the notebook.
+    nothing) while nbgrader executes the notebook, while a task the run needs is still a TODO
+    (one line says which), or when the run fails (its error, briefly). A run that does not
+    finish leaves no ``metrics.json``: no table shows an older run's numbers as this one's.
     """
-    from .config import parse_config
-    from .trainer import run
-
     if grading():
         print(f"nbgrader is executing this notebook: Task {task} is not trained here")
         return None
+    s = session()
+    key = run_name(str(task), name)
+    _NOT_RUN.add(key)
+    (s.runs_dir / key / "metrics.json").unlink(missing_ok=True)
+    blocker = student_api.run_blocker(task, student_dir=s.root / "student_src")
+    if blocker:
+        print(blocker)
+        return None
+    from .config import parse_config
+    from .trainer import run
+
     argv = task_argv(task, steps=steps, name=name, extra=extra, world_size=world_size)
     cfg = parse_config(argv)
     title = title or (f"Task {task}: {tasks.get(task).title} on {cfg.world_size} rank(s), {cfg.model_name_or_path}"
@@ -194,11 +219,65 @@ def run_task(task: str, steps: int | None = None, name: str | None = None, extra
     monitor.note("python -m student_src.run_glue " + " ".join(argv))
     try:
         metrics = run(cfg, on_event=monitor)
-    except BaseException as exc:
+    except KitError as exc:  # a rank's error, a TODO reached, bad input, a timeout: said briefly
+        monitor.fail(exc)
+        print(brief_error(task, exc), file=sys.stderr)
+        return None
+    except BaseException as exc:  # the kit's own bug, or the kernel interrupted: the whole traceback
         monitor.fail(exc)
         raise
     monitor.finish(metrics)
+    _NOT_RUN.discard(key)
     return metrics
+
+
+def brief_error(task: str, exc: BaseException) -> str:
+    """A failed run's error, short: the message, and of a rank's traceback only the frames in the
+    student's files (or the last frame if none is) and the exception's line."""
+    details = getattr(exc, "details", None)
+    if not details:
+        return f"Task {task}'s run failed: {str(exc).strip()}"
+    last_block = details.strip().split("Traceback (most recent call last):")[-1].splitlines()
+    frames, i = [], 0
+    while i < len(last_block) and not last_block[i].startswith("  File "):
+        i += 1
+    while i < len(last_block) and last_block[i].startswith("  "):
+        frame = [last_block[i]]
+        i += 1
+        while i < len(last_block) and last_block[i].startswith("    "):  # the code line, ^^^ markers
+            frame.append(last_block[i])
+            i += 1
+        frames.append(frame)
+    ending = [line for line in last_block[i:] if line.strip()]
+    ours = [f for f in frames if student_api.is_student_file(f[0].split('"')[1] if '"' in f[0] else f[0])]
+    where = "in your code" if ours else "where it stopped"
+    return "\n".join([f"Task {task}'s run failed on rank {getattr(exc, 'rank', '?')} ({where}):",
+                      *[line for f in (ours or frames[-1:]) for line in f], *(ending or [str(exc).strip()])])
+
+
+def did_not_run(task: str, name: str | None = None) -> bool:
+    """True (after saying so in one line) if this kernel's last attempt at that run did not finish."""
+    key = run_name(str(task), name)
+    if key in _NOT_RUN:
+        print(f"Task {task}'s run{f' [{name}]' if name else ''} did not happen (the run cell above says why): nothing to show.")
+        return True
+    return False
+
+
+def forget_runs(prefix: str) -> None:
+    """Delete the ``metrics.json`` of this mode's runs named ``prefix*`` (a cell that runs them all
+    again): until a run makes one again, its result cells say it did not happen."""
+    if grading():
+        return
+    for path in sorted(session().runs_dir.glob(f"{prefix}*/metrics.json")):
+        path.unlink(missing_ok=True)
+        _NOT_RUN.add(path.parent.name)
+
+
+def quick_note() -> None:
+    """Say what quick mode's timings mean (nothing in full mode)."""
+    if session().quick:
+        print(QUICK_NOTE)
 
 
 def load_metrics(task: str, name: str | None = None) -> dict | None:
@@ -236,9 +315,8 @@ def show_results(task: str, metrics: dict | None = None, name: str | None = None
         print("nbgrader is executing this notebook: results are not computed here")
         return
     s = session()
-    metrics = metrics or load_metrics(task, name)
+    metrics = _this_run(task, metrics, name)
     if metrics is None:
-        print(f"no run of Task {task} yet: run the cell above first")
         return
     runs = {}
     if str(task) != "1":
@@ -259,7 +337,45 @@ def show_results(task: str, metrics: dict | None = None, name: str | None = None
     if rows:
         display(Markdown(f"### Time per iteration, every task so far (`{s.runs_dir}`)\n\n" + report.timing_markdown(rows)))
         display(Image(plots.to_png(plots.time_per_iteration(rows))))
+        quick_note()
     print(f"all tables and plots for your report: python -m student_src.kit.report {s.runs_dir} report/")
+
+
+def _this_run(task: str, metrics: dict | None, name: str | None = None) -> dict | None:
+    """The run a result cell shows: ``metrics``, else the saved one; None (said in one line) if
+    this kernel's last attempt did not finish or there is none."""
+    if metrics is not None:
+        return metrics
+    if did_not_run(task, name):
+        return None
+    metrics = load_metrics(task, name)
+    if metrics is None:
+        print(f"no run of Task {task}{f' [{name}]' if name else ''} yet: run the cell above first")
+    return metrics
+
+
+def show_timeline(task: str, metrics: dict | None = None, name: str | None = None) -> None:
+    """Each rank's forward, backward, collectives and optimizer step of a run made with
+    ``--timeline N`` (``runs/<mode>/timeline_<task>.png``)."""
+    from .scaling_report import show_timeline as draw
+
+    if grading():
+        return
+    metrics = _this_run(task, metrics, name)
+    if metrics is not None:
+        draw(metrics, session().runs_dir / f"timeline_{task}.png")
+        quick_note()
+
+
+def show_scaling() -> list[dict]:
+    """The what-if model's speed-up curves from Task 1's compute, with this mode's runs as dots."""
+    from .scaling_report import show_scaling as draw
+
+    if grading():
+        return []
+    points = draw(session().runs_dir)
+    quick_note()
+    return points
 
 
 def show_figure(fig) -> None:
@@ -287,8 +403,13 @@ def predict_traffic(world_size: int | None = None) -> dict | None:
 
     if grading():
         return None
-    tensor_nbytes, expected_allreduce_bytes = traffic_functions()
     s = session()
+    left = student_api.todos_left("4", names=PREDICTION, student_dir=s.root / "student_src")
+    if left:
+        print(f"Task 4's prediction needs its own TODOs done first: fill in {' and '.join(map(str, left))}, "
+              "then run this cell again.")
+        return None
+    tensor_nbytes, expected_allreduce_bytes = traffic_functions(fresh=True)
     n = world_size or s.world_size
     cfg = parse_config(task_argv("2b", s))
     model = load_model(cfg.model_name_or_path, num_labels=2, dropout=0.0)
@@ -305,19 +426,62 @@ def predict_traffic(world_size: int | None = None) -> dict | None:
     return {"tensors": len(sizes), "grad_bytes": total, "sent_per_rank": per_rank, "all_ranks": n * per_rank}
 
 
+#: the Task 4 functions the prediction calls (its CommLog is the run's, and optional)
+PREDICTION = ("tensor_nbytes", "expected_allreduce_bytes")
+
+
+def your_prediction(model_name: str, world_size: int, scope: str = "loopback") -> float | str:
+    """Task 4: the bytes per iteration YOUR functions predict for a run's ``traffic`` block, or
+    "TODO" while they are TODOs: every gradient's ring all_reduce, summed over the ranks (what a
+    loopback interface counts) or, on a real NIC, one rank's sent + received."""
+    from .models import load_model
+
+    if student_api.todos_left("4", names=PREDICTION, student_dir=session().root / "student_src"):
+        return "TODO"
+    tensor_nbytes, expected_allreduce_bytes = student_api.traffic_functions(fresh=True)
+    model = load_model(model_name, num_labels=2, dropout=0.0)
+    try:
+        per_rank = sum(expected_allreduce_bytes(tensor_nbytes(p), world_size) for p in model.parameters() if p.requires_grad)
+    except NotImplementedError as exc:
+        if student_api.is_todo(exc):
+            return "TODO"
+        raise
+    return per_rank * (world_size if scope.startswith("loopback") else 2)
+
+
 def show_traffic(prefix: str = "traffic_") -> list[dict]:
-    """Task 4, after measuring: measured against expected bytes of every ``traffic_*`` run."""
+    """Task 4, after measuring: every ``traffic_*`` run's measured bytes against YOUR prediction
+    (``your_prediction``) and the kit's (headers and the loss all_gather included)."""
     from IPython.display import Image, Markdown, display
 
     from . import plots, report
 
     if grading():
         return []
-    runs = {n: m for n, m in report.load_runs(session().runs_dir).items() if n.startswith(prefix)}
+    s = session()
+    missing = sorted(k for k in _NOT_RUN if k.startswith(prefix))
+    if missing:
+        print(f"the runs {', '.join(missing)} did not happen (the run cell above says why): nothing to show for them.")
+    runs = {n: m for n, m in report.load_runs(s.runs_dir).items() if n.startswith(prefix)}
     rows = report.traffic_rows(runs)
     if not rows:
-        print("no traffic runs yet: run the cell above (it passes --measure_traffic)")
+        if not missing:
+            print("no traffic runs yet: run the cell above (it passes --measure_traffic)")
         return rows
-    display(Markdown(report.traffic_markdown(rows)))
+    predicted = {}  # (model, world size, scope) -> your bytes per iteration, or "TODO"
+    for r in rows:
+        m = runs[r["run"]]
+        key = (m["config"]["model_name_or_path"], r["world_size"], m["traffic"].get("scope", "loopback"))
+        if key not in predicted:
+            predicted[key] = your_prediction(*key)
+        r["your_mb_per_iter"] = predicted[key] if predicted[key] == "TODO" else predicted[key] / 1e6
+    table = [[r["label"], r["global_batch_size"], r["your_mb_per_iter"], r["expected_mb_per_iter"], r["measured_mb_per_iter"],
+              r["measured_mb_per_iter"] / r["your_mb_per_iter"] if r["your_mb_per_iter"] not in ("TODO", 0) else "-",
+              r["ratio"]] for r in rows]
+    display(Markdown(report.markdown_table(["run", "global batch", "your prediction MB/iter", "kit's prediction MB/iter",
+                                            "measured MB/iter", "measured / yours", "measured / kit's"], table, digits=3)
+                     + "\n\n_your prediction: the ring all_reduce of every gradient (your `expected_allreduce_bytes` of your "
+                       "`tensor_nbytes`), summed over the ranks as loopback counts them; the kit's adds the loss all_gather, "
+                       "the barriers and ~340 bytes of headers per message (`kit/traffic_model.py`)._"))
     display(Image(plots.to_png(plots.traffic_bars(rows))))
     return rows

@@ -48,7 +48,7 @@ def measured_speedups(runs: dict, reference: dict) -> list[dict]:
 
 def speedup_figure(runs: dict, reference: dict, out: Path) -> dict:
     from .whatif import LinkModel, compute_from_metrics, predict, tensor_sizes
-    from .whatif_plot import plot_scaling
+    from .whatif_plot import model_note, plot_scaling
 
     try:
         compute = compute_from_metrics(reference)
@@ -62,7 +62,8 @@ def speedup_figure(runs: dict, reference: dict, out: Path) -> dict:
         rows += predict(compute, sizes, LinkModel(gbit * 1e9, LATENCY_S), tasks, (1, 2, 4, 8, 16, 32, 64),
                         reference.get("global_batch_size"))
     plot_scaling(rows, out / "speedup.png", measured=measured,
-                 title=f"predicted (lines: {', '.join(f'{g:g}' for g in RATES_GBIT)} Gbit/s, {LATENCY_S * 1e3:g} ms) and measured (dots)")
+                 title=f"predicted (lines: {', '.join(f'{g:g}' for g in RATES_GBIT)} Gbit/s, {LATENCY_S * 1e3:g} ms) and measured (dots)",
+                 note=model_note(reference["model"]["name"]))
     return {"speedup.png": out / "speedup.png"}
 
 

@@ -25,42 +25,55 @@ raises the release's ``NotImplementedError("TODO(task 2b): ...")`` stops with a
 ``StudentTodo`` (a one-line ``KitError`` naming the task, the file and line, and the TODO)
 instead of a traceback (``todos``). Optional parts (Task 0's ``init_distributed``, Task 4's
 ``CommLog``) are probed instead (``optional``): while they are TODOs the kit uses its own.
+
+Before a notebook starts ranks it asks ``run_blocker(task)``: the tasks the run needs (the task
+table's ``needs_tasks``, then the task itself) whose functions still hold the release's stub, in
+one line saying which TODOs to do first. That reads the student's files rather than importing
+them, so a TODO filled in and saved counts at once, whatever the kernel imported earlier.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import inspect
 import traceback
+from dataclasses import dataclass
+from pathlib import Path
 
 from . import tasks
 from .errors import KitError
 
 PACKAGE = "student_src"
+#: the student modules' folder (the ``student_src`` this kit belongs to: the one the ranks import)
+STUDENT_DIR = Path(__file__).resolve().parents[1]
 
 
 class StudentTodo(KitError):
     """A student function the run needs still raises ``NotImplementedError`` (a TODO)."""
 
 
-def module(name: str):
-    """``student_src/<name>.py``, imported (once per process; spawned ranks import it fresh)."""
-    return importlib.import_module(f"{PACKAGE}.{name}")
+def module(name: str, fresh: bool = False):
+    """``student_src/<name>.py``, imported (once per process; spawned ranks import it fresh).
+    ``fresh``: import it again, so a notebook kernel sees the student's latest edit."""
+    mod = importlib.import_module(f"{PACKAGE}.{name}")
+    return importlib.reload(mod) if fresh else mod
 
 
-def function(task_id, name: str | None = None):
+def function(task_id, name: str | None = None, fresh: bool = False):
     """The student function ``name`` (default: the task's first) of ``task_id``, from its module."""
     task = tasks.get(task_id)
     name = name or task.functions[0]
-    fn = getattr(module(task.module), name, None)
+    fn = getattr(module(task.module, fresh=fresh), name, None)
     if not callable(fn):
         raise KitError(f"student_src/{task.module}.py has no {name}: keep the name and signature of the template "
                        f"(Task {task.id})")
     return fn
 
 
-def _is_student_file(filename: str) -> bool:
+def is_student_file(filename: str) -> bool:
+    """``filename`` (a traceback's) is one of the student's modules, not the kit's."""
     path = filename.replace("\\", "/")
     return f"/{PACKAGE}/" in path and f"/{PACKAGE}/kit/" not in path
 
@@ -69,7 +82,7 @@ def is_todo(exc: BaseException) -> bool:
     """``exc`` is a student TODO: a ``NotImplementedError`` raised by a student module's own line
     (the release's stubs), not one that torch raised inside a student's call."""
     frames = traceback.extract_tb(exc.__traceback__)
-    return isinstance(exc, NotImplementedError) and bool(frames) and _is_student_file(frames[-1].filename)
+    return isinstance(exc, NotImplementedError) and bool(frames) and is_student_file(frames[-1].filename)
 
 
 def todo_error(exc: NotImplementedError, task_id) -> StudentTodo:
@@ -90,6 +103,81 @@ def todos(task_id):
         if not is_todo(exc):
             raise
         raise todo_error(exc, task_id) from None
+
+
+@dataclass(frozen=True)
+class Todo:
+    """A release stub still in a student function: ``raise NotImplementedError("TODO(task 2): ...")``."""
+
+    task: str       # the task it belongs to ("2")
+    function: str   # "build_train_loader", or "CommLog.record" for a method
+    path: str       # "student_src/partition.py"
+    line: int
+    tag: str        # "TODO(task 2)", as the file says it
+
+    def __str__(self) -> str:
+        return f"{self.function} in {self.path} ({self.tag})"
+
+
+def _stub_tag(node) -> str | None:
+    """``"TODO(task 2)"`` if ``node`` is the release's stub (``autograder/strip.py`` writes it), else None."""
+    if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+            and getattr(node.exc.func, "id", None) == "NotImplementedError" and node.exc.args):
+        return None
+    text = node.exc.args[0].value if isinstance(node.exc.args[0], ast.Constant) else None
+    return text.split(":", 1)[0] if isinstance(text, str) and text.startswith("TODO(") else None
+
+
+def todos_left(task_id, names=None, student_dir=None) -> list[Todo]:
+    """The release's TODO stubs still in ``task_id``'s functions (``names``: only those), in file order.
+
+    Read from the file, not imported (see the module docstring). A method counts for its class
+    (``CommLog.record``). A file that is missing or does not parse has none here: the run then
+    shows the real error.
+    """
+    task = tasks.get(task_id)
+    path = Path(student_dir or STUDENT_DIR) / f"{task.module}.py"
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    wanted = set(names or task.functions)
+    found = []
+    for top in tree.body:
+        if not (isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and top.name in wanted):
+            continue
+        defs = [top] if not isinstance(top, ast.ClassDef) else [
+            d for d in top.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for d in defs:
+            stub = next((n for n in ast.walk(d) if _stub_tag(n)), None)
+            if stub is not None:
+                name = d.name if d is top else f"{top.name}.{d.name}"
+                found.append(Todo(task.id, name, f"{PACKAGE}/{path.name}", stub.lineno, _stub_tag(stub)))
+    return sorted(found, key=lambda t: t.line)
+
+
+def run_blocker(task_id, student_dir=None) -> str | None:
+    """One line naming the TODOs a training run of ``task_id`` would stop on, or None if there are none.
+
+    Each task the run needs that still has a TODO (the task table's ``needs_tasks``, then the task
+    itself, in the assignment's order) is named with its first TODO: "Task 2b's run needs Task 2
+    first: fill in build_train_loader in student_src/partition.py (TODO(task 2)), then run this cell
+    again."
+    """
+    task = tasks.get(task_id)
+    needed = sorted({*task.needs_tasks, task.id}, key=tasks.order)
+    firsts = [left[0] for left in (todos_left(t, student_dir=student_dir) for t in needed) if left]
+    if not firsts:
+        return None
+    if [t.task for t in firsts] == [task.id]:
+        what = "its own TODO done first"
+    else:
+        what = f"Task{'s' if len(firsts) > 1 else ''} {_and([t.task for t in firsts])} first"
+    return f"Task {task.id}'s run needs {what}: fill in {_and([str(t) for t in firsts])}, then run this cell again."
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def optional(probe, default=None):
@@ -133,9 +221,10 @@ def comm_log():
     return optional(probe)
 
 
-def traffic_functions():
-    """Task 4's ``(tensor_nbytes, expected_allreduce_bytes)`` (the notebook's prediction)."""
-    return function("4", "tensor_nbytes"), function("4", "expected_allreduce_bytes")
+def traffic_functions(fresh: bool = False):
+    """Task 4's ``(tensor_nbytes, expected_allreduce_bytes)`` (the notebook's prediction);
+    ``fresh``: from the file as it is now (a notebook kernel re-imports it)."""
+    return function("4", "tensor_nbytes", fresh=fresh), function("4", "expected_allreduce_bytes")
 
 
 def accepts(fn, parameter: str) -> bool:

@@ -2,9 +2,9 @@
 
 The training loop (which student function syncs gradients), the flags (``--task`` choices and
 their messages), the report and plots (order, colours), the export (which task folders), the
-notebooks (titles) and the grader (which student module a task grades, which submission
-folders it is graded from, which collectives a sync may call, what is extra credit, what the
-release's TODOs say) all take what they need from ``TASKS`` below.
+notebooks (titles; which tasks a run needs done first) and the grader (which student module a task
+grades, which submission folders it is graded from, which collectives a sync may call, what is
+extra credit, what the release's TODOs say) all take what they need from ``TASKS`` below.
 
 Adding a task means a row here, its student module (``student_src/<module>.py``), its checks
 (``autograder/checks/`` and ``autograder/public/``) and its notebook
@@ -62,6 +62,9 @@ class Task:
                                      # "zero2" (and gradients), "fsdp" (and parameters); ":flat" or ":greedy" after
                                      # it says how shards are cut (default greedy whole tensors for ZeRO, flat per
                                      # unit for FSDP); None: not a training task
+    needs_tasks: tuple[str, ...] = ()  # the other tasks whose student code its run calls (train_step, the loader):
+                                       # a notebook's run cell checks them, and its own, for TODOs before it starts
+                                       # ranks (Task 0's init_distributed has a kit fallback: no run needs it)
 
     @property
     def trains(self) -> bool:
@@ -88,16 +91,18 @@ _ROWS = (
          graded_from=("task2", "task2a", "task2b", "task3")),
     Task("2a", "gather/scatter", "sync", ("gather_scatter_average",), "2a_gather_scatter", color="#1f77b4",
          sync="function", collectives=frozenset({"gather", "scatter", "barrier"}), must_call=frozenset({"gather", "scatter"}),
-         export=True, single_node_equivalence=True, traffic="gather_scatter", memory="replicated"),
+         export=True, single_node_equivalence=True, traffic="gather_scatter", memory="replicated",
+         needs_tasks=("1", "2")),
     Task("2b", "all_reduce", "sync", ("allreduce_average",), "2b_allreduce", color="#2ca02c",
          sync="function", collectives=frozenset({"all_reduce", "barrier"}), must_call=frozenset({"all_reduce"}),
-         export=True, single_node_equivalence=True, traffic="ring", memory="replicated"),
+         export=True, single_node_equivalence=True, traffic="ring", memory="replicated", needs_tasks=("1", "2")),
     Task("3", "DistributedDataParallel", "ddp", ("wrap_ddp",), "3_ddp", color="#d62728", sync="ddp", export=True,
-         single_node_equivalence=True, traffic="ring_buckets", memory="replicated"),
+         single_node_equivalence=True, traffic="ring_buckets", memory="replicated", needs_tasks=("1", "2")),
     Task("4", "traffic: what is communicated, and how many bytes", "profiling",
          ("tensor_nbytes", "expected_allreduce_bytes", "CommLog"), "4_traffic", graded_from=("task4", "task2b")),
     Task("5", "bucketed overlap (advanced)", "bucketed", ("BucketedDDP", "assign_buckets"), "5_bucketed",
-         color="#9467bd", sync="bucketed", extra_credit=True, traffic="ring_buckets", memory="replicated"),
+         color="#9467bd", sync="bucketed", extra_credit=True, traffic="ring_buckets", memory="replicated",
+         needs_tasks=("1", "2")),
     # Task 8 is extra credit because it arrived mid-term: required, it would change the maximum under students who
     # had finished. Not a training task of its own (sync None, no export folder): the kit's checkpoints call its
     # two functions in every training task's run (kit/checkpoint.py).

@@ -12,10 +12,19 @@ from typing import Optional
 from .plots import task_color
 
 RATE_STYLES = ["-", "--", ":", "-."]
+#: the subtitle of curves made from a run of the tiny model (the notebooks' quick mode): its speed-ups mean little
+TINY_NOTE = ("tiny model (quick mode): too little compute per step for communication to pay off, so the speed-up "
+             "is ~0; the report's numbers come from QUICK = False (MiniLM)")
 
 
-def plot_scaling(rows: list[dict], path, measured: Optional[list[dict]] = None, title: str = "") -> Path:
-    """Write a two-panel PNG (speed-up, efficiency against N, log-2 x axis) to ``path``."""
+def model_note(model_name) -> str:
+    """What the curves of a run of ``model_name`` need said under their title ("" for most models)."""
+    return TINY_NOTE if model_name == "tiny" else ""
+
+
+def plot_scaling(rows: list[dict], path, measured: Optional[list[dict]] = None, title: str = "", note: str = "") -> Path:
+    """Write a two-panel PNG (speed-up, efficiency against N, log-2 x axis) to ``path``; ``note``:
+    a second title line (``model_note``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,7 +55,8 @@ def plot_scaling(rows: list[dict], path, measured: Optional[list[dict]] = None, 
         ax.grid(alpha=0.3)
     ax_e.set_ylim(0, 1.05)
     ax_s.legend(fontsize=7, loc="upper left")
-    fig.suptitle(title or "predicted scaling (lines)" + (" and measured runs (dots)" if measured else ""))
+    fig.suptitle((title or "predicted scaling (lines)" + (" and measured runs (dots)" if measured else ""))
+                 + (f"\n{note}" if note else ""), fontsize=10 if note else None)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

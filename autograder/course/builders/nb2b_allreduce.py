@@ -15,7 +15,7 @@ gloo runs a **ring** all_reduce: the tensor is cut in N chunks; in N−1 rounds 
 chunk to its neighbour and adds (reduce-scatter), in N−1 more rounds the finished chunks travel
 round (all-gather). Bytes **one rank sends** for a tensor of S bytes:
 
-$$\\text{sent per rank} = 2\\,\\frac{N-1}{N}\\,S \\quad(\\approx 2S \\text{ whatever } N)$$
+> **sent per rank = 2 · (N−1)/N · S** (≈ 2S whatever N)
 
 | per step, gradient of S bytes | gather/scatter (2a) | ring all_reduce (2b) |
 |---|---|---|

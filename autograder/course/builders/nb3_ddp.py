@@ -26,7 +26,7 @@ def build() -> NB:
     nb.code('kit.show_results("3", m3)')
     nb.md("Each rank's forward, backward, bucket all_reduces and optimizer step over two iterations "
           "(`--timeline 2`): do the buckets' all_reduces overlap backward, or wait for its end?")
-    nb.code('from student_src.kit.scaling_report import show_timeline\nshow_timeline(m3, S.runs_dir / "timeline_3.png")')
+    nb.code('kit.show_timeline("3", m3)')
     nb.md("## Questions for your report")
     nb.question("**Q1.** Compare the time per iteration of 2a, 2b and 3 (40 iterations, first dropped). Explain the differences (see the PyTorch Distributed paper, VLDB 2020).",
                 "DDP is fastest: bucketing amortises the per-call latency of ~200 small all_reduces, and overlapping the "

@@ -24,7 +24,7 @@ Step time goes from *compute + communication* (2b) towards *max(compute, communi
     nb.code('kit.show_results("5", m5)')
     nb.md("Each rank's forward, backward, bucket all_reduces and optimizer step over two iterations "
           "(`--timeline 2`): do the buckets' all_reduces overlap backward, or wait for its end?")
-    nb.code('from student_src.kit.scaling_report import show_timeline\nshow_timeline(m5, S.runs_dir / "timeline_5.png")')
+    nb.code('kit.show_timeline("5", m5)')
     nb.md("## Questions for your report")
     nb.question("**Q1.** How does the bucket size change the time per iteration? Try 0.5, 5 and 25 MB.",
                 "Tiny buckets approach Task 2b (many calls, each paying latency); one huge bucket cannot start before "
