@@ -1,4 +1,4 @@
-"""The loss-equivalence runs (hidden; never shipped): the student's 2a, 2b and 3 train the
+"""The loss-equivalence runs (hidden; never shipped): the student's 2a, 2b, 3 and 6 train the
 ``tiny`` BERT exactly like one node.
 
 The setup: the kit's ``tiny`` BERT (dropout 0, seeded identically on every rank), ``STEPS``
@@ -9,6 +9,11 @@ ranks' shares together. Averaging the gradients of equal-sized shards gives exac
 batch's gradient, so the mean over ranks of the local losses must equal the single-node loss on
 the global batch at every step, and after the steps every replica must give the single-node
 model's loss on a probe batch.
+
+A task replaces one part of the run (``distributed_run``'s arguments, chosen by its ``sync`` kind in
+``checks/equivalence.py``): the gradient sync (2a, 2b), the model wrapper (3), or the optimizer
+(6: the student's ``ShardedOptimizer`` around SGD, the gradients averaged by ``average_gradients``,
+the grader's own all_reduce, so that a bug in 2b is not charged again).
 
 Why the shares come from the secrets: with a fixed global batch that every rank can rebuild
 (this module is importable in a rank), a ``sync`` that never communicates could compute the
@@ -89,11 +94,28 @@ def single_node(secrets: list[int]) -> dict:
     return {"losses": losses, "probe": probe_loss(model, probe_batch())}
 
 
-def distributed_run(ctx, sync=None, wrap=None) -> dict:
-    """Rank side: the same run on this rank's rows, with the student's ``sync`` or ``wrap``."""
+def average_gradients(model) -> None:
+    """The grader's own gradient mean (rank side): all_reduce(SUM) / world size, skipping None."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)
+
+
+def sgd(params):
+    """The reference run's optimizer: plain SGD at ``LR``."""
+    return torch.optim.SGD(params, lr=LR)
+
+
+def distributed_run(ctx, sync=None, wrap=None, optimizer=sgd) -> dict:
+    """Rank side: the same run on this rank's rows, with the student's ``sync``, ``wrap`` or
+    ``optimizer`` (a function of the parameters returning the optimizer that steps)."""
     model = tiny_model()
     trained = wrap(model) if wrap is not None else model
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = optimizer(model.parameters())
     losses = [trusted_step(trained, rank_batch(ctx.secret, s, ctx.world_size), opt, sync=sync).item()
               for s in range(STEPS)]
     return {"losses": losses, "probe": probe_loss(model, probe_batch())}

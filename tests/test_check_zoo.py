@@ -27,8 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from autograder import registry  # noqa: E402
 from autograder.runner import grade  # noqa: E402
+from autograder.task_table import tasks as task_table  # noqa: E402
 
-STUDENT_MODULES = ["train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py", "resume.py"]
+STUDENT_MODULES = [f"{m}.py" for m in task_table.modules()]  # every task's module (the task table)
 
 TASK_1 = {"1.lowers_loss", "1.returns_detached_loss", "1.steps_optimizer_and_scheduler", "1.fresh_gradients",
           "1.sync_before_clip_and_step", "1.clips_gradients", "1.public_returns_detached_loss",
@@ -44,6 +45,8 @@ TASK_2 = {"2.shards_disjoint_complete", "2.per_worker_batch_size", "2.set_epoch_
           "2.equal_steps_per_rank"}
 TASK_3 = {"3.returns_ddp", "3.params_identical_across_ranks", "3.loss_matches_single_node"}
 TASK_4 = {"4.tensor_nbytes", "4.expected_allreduce_bytes", "4.comm_log_records"}
+TASK_6 = {"6.public_shards_and_matches_adamw", "6.matches_adamw_4_ranks", "6.state_sharded_4_ranks",
+          "6.float64_3_ranks", "6.world_size_1", "6.loss_matches_single_node"}
 TASK_8 = {"8.public_resume_matches", "8.adamw_state", "8.scheduler_state", "8.rng_state", "8.data_position",
           "8.fresh_process"}
 POINTS = tomllib.loads((ROOT / "autograder" / "points.toml").read_text())["points"]
@@ -248,6 +251,44 @@ ZOO = {
             return round((world_size - 1) * nbytes / world_size)  # forgot the all-gather phase: (N-1)/N
         """,
         {"4.expected_allreduce_bytes"}, "expected_allreduce_bytes"),
+    # ------------------------------------------------------------------ 6
+    "6_wraps_adamw_without_sharding": ("sharded_optimizer", "6", """
+        class ShardedOptimizer(torch.optim.Optimizer):  # full AdamW on every rank: trains right, saves nothing
+            def __init__(self, params, optimizer_cls, **kwargs):
+                super().__init__(params, defaults=dict(kwargs))
+                self.local_optimizer = optimizer_cls(self.param_groups, **kwargs)
+
+            def step(self, closure=None):
+                return self.local_optimizer.step(closure)
+        """,
+        # every sharding test and the broadcast it never needed (4 ranks); one rank and the losses pass
+        {"6.state_sharded_4_ranks", "6.public_shards_and_matches_adamw", "6.float64_3_ranks", "6.matches_adamw_4_ranks"},
+        "on more than one rank"),
+    "6_forgets_to_broadcast": ("sharded_optimizer", "6", """
+        _step = ShardedOptimizer.step
+
+        def _no_broadcast(self, closure=None):
+            world, self.world_size = self.world_size, 1  # the solution's step without its broadcasts
+            try:
+                return _step(self, closure)
+            finally:
+                self.world_size = world
+
+        ShardedOptimizer.step = _no_broadcast
+        """,
+        # each rank updates only its own shard; the others keep stale weights (one rank: nothing to send)
+        TASK_6 - {"6.state_sharded_4_ranks", "6.world_size_1"}, "from the rank that owns it"),
+    "6_ignores_the_schedulers_lr": ("sharded_optimizer", "6", """
+        def _stale_lr(self, closure=None):  # settings copied once, at construction: the scheduler's lr never arrives
+            self.local_optimizer.step()
+            for group in self.param_groups:
+                for p in group["params"]:
+                    dist.broadcast(p.data, src=self.owner[id(p)])
+
+        ShardedOptimizer.step = _stale_lr
+        """,
+        # SGD at a constant lr in the loss check: unaffected
+        TASK_6 - {"6.state_sharded_4_ranks", "6.loss_matches_single_node"}, "the lr the scheduler sets"),
     # ------------------------------------------------------------------ 8
     "8_forgets_rng": ("resume", "8", """
         def capture_training_state(model, optimizer, scheduler, step, epoch, batches_done):
@@ -291,7 +332,7 @@ ZOO = {
 #: 1.3e-4, and below ~0.001 % the gradient check's 1e-5 + 1e-5 x |mean| no longer sees it.
 MAY_ALSO_LOSE = {"2b_off_by_a_tolerance": {"2b.loss_matches_single_node"}}
 
-ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "4": TASK_4, "8": TASK_8}
+ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "4": TASK_4, "6": TASK_6, "8": TASK_8}
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))

@@ -1,4 +1,4 @@
-"""Loss equivalence: with dropout off, Task 1 at batch B and Tasks 2a/2b/3 at N x B/N give the
+"""Loss equivalence: with dropout off, Task 1 at batch B and Tasks 2a/2b/3/6 at N x B/N give the
 same global loss at every step (floating-point error only). This is true by construction:
 same seed, the same permutation split across ranks, fixed padding, sync before clipping."""
 
@@ -26,7 +26,7 @@ def single_node(small_rte, tmp_path_factory):
     return _losses(small_rte, tmp_path_factory.mktemp("single"), "1")
 
 
-@pytest.mark.parametrize("task, world_size", [("2a", 4), ("2b", 4), ("3", 4), ("2b", 2), ("3", 2)])
+@pytest.mark.parametrize("task, world_size", [("2a", 4), ("2b", 4), ("3", 4), ("6", 4), ("2b", 2), ("3", 2)])
 def test_distributed_losses_match_single_node(single_node, small_rte, tmp_path, task, world_size):
     metrics = _losses(small_rte, tmp_path, task, world_size)
     assert metrics["world_size"] == world_size and metrics["global_batch_size"] == 16

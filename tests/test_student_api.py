@@ -75,8 +75,13 @@ def test_optional_parts_are_probed(monkeypatch):
 def test_setup_task_follows_the_tables_sync_kind():
     model = torch.nn.Linear(2, 2)
     cfg = parse_config(["--task", "2a"])
-    same, sync, log = setup_task(cfg, model, None)
-    assert same is model and sync.__name__ == "gather_scatter_average" and log is None
-    same, sync, log = setup_task(parse_config(["--task", "2b"]), model, None)
-    assert same is model and log is not None and callable(sync)
-    assert setup_task(parse_config(["--task", "1"]), model, None) == (model, None, None)
+    setup = setup_task(cfg, model, None)
+    assert setup.model is model and setup.sync_gradients.__name__ == "gather_scatter_average" and setup.comm_log is None
+    setup = setup_task(parse_config(["--task", "2b"]), model, None)
+    assert setup.model is model and setup.comm_log is not None and callable(setup.sync_gradients)
+    setup = setup_task(parse_config(["--task", "1"]), model, None)
+    assert (setup.model, setup.sync_gradients, setup.comm_log) == (model, None, None)
+    assert type(setup.optimizer) is torch.optim.AdamW
+    setup = setup_task(parse_config(["--task", "6"]), model, None)  # the optimizer slot: Task 6's, 2b's sync
+    assert type(setup.optimizer).__name__ == "ShardedOptimizer" and isinstance(setup.optimizer, torch.optim.Optimizer)
+    assert setup.model is model and setup.comm_log is not None and callable(setup.sync_gradients)

@@ -1,43 +1,55 @@
-"""Hidden checks: the student's 2a, 2b and 3 train the ``tiny`` BERT exactly like one node.
+"""Hidden checks: every task whose row says ``single_node_equivalence=True`` trains the ``tiny``
+BERT exactly like one node (2a, 2b, 3, 6: one check each, from the task table).
 
 4 ranks run the same steps, each on its own secret-seeded share of every global batch, with the
-student's gradient sync (2a, 2b) or the student's DDP wrapper (3), using the grader's own
-training step, so that a bug in Task 1's ``train_step`` is not charged again here. The judge
+student's part plugged into the grader's own training step (so that a bug in Task 1's
+``train_step`` is not charged again here). What the student's part replaces follows the row's
+``sync`` kind (``RUNS``): the gradient sync (2a, 2b), the model wrapper (3), or the optimizer (6:
+``ShardedOptimizer`` around SGD, gradients averaged by the grader's own all_reduce). The judge
 trains the single-node reference on all the shares in the grader's own process
 (``references.single_node``; see ``references.py`` for why the shares are secret).
 """
 
 from autograder import fixtures, references
 from autograder.registry import define_check
+from autograder.task_table import tasks as task_table
+
+PROMISE = "gives the same losses as single-node training on the whole batch (within 1e-4)"
 
 
-def _sync_check(task: str, fn_name: str):
-    @define_check(f"{task}.loss_matches_single_node", task=task, world_size=4, needs="sync", points=3,
-           title=f"{fn_name}: tiny BERT on 4 ranks matches single-node losses (within 1e-4)",
-           promise="gives the same losses as single-node training on the whole batch (within 1e-4)")
+def _sharded_optimizer(cls):
+    import torch
+
+    return {"sync": references.average_gradients,
+            "optimizer": lambda params: cls(params, torch.optim.SGD, lr=references.LR)}
+
+
+#: sync kind -> how the student's first function joins ``references.distributed_run``
+RUNS = {
+    "function": lambda fn: {"sync": fn},
+    "ddp": lambda fn: {"wrap": fn},
+    "sharded_optimizer": _sharded_optimizer,
+}
+#: what each kind's docstring says about the run (``promise=``)
+PROMISES = {"sharded_optimizer": "training the ``tiny`` BERT on 4 ranks with ``ShardedOptimizer`` around SGD gives the same "
+                                 "losses as single-node training on the whole batch (within 1e-4)"}
+
+
+def _equivalence_check(task):
+    name = task.functions[0]
+
+    @define_check(f"{task.id}.loss_matches_single_node", task=task.id, world_size=4, needs=task.module, points=3,
+                  title=f"{name}: tiny BERT on 4 ranks matches single-node losses (within 1e-4)",
+                  promise=PROMISES.get(task.sync, PROMISE))
     def run(ctx):
-        fn = fixtures.student_function(ctx, "sync", fn_name)
-        return references.distributed_run(ctx, sync=fn)
+        student = fixtures.student_function(ctx, task.module, name)
+        return references.distributed_run(ctx, **RUNS[task.sync](student))
 
     @run.judge
     def _(payloads, secrets):
-        references.judge_equivalence(payloads, secrets, fn_name)
+        references.judge_equivalence(payloads, secrets, name)
 
     return run
 
 
-gather_scatter = _sync_check("2a", "gather_scatter_average")
-allreduce = _sync_check("2b", "allreduce_average")
-
-
-@define_check("3.loss_matches_single_node", task="3", world_size=4, needs="ddp", points=3,
-       title="wrap_ddp: tiny BERT on 4 ranks matches single-node losses (within 1e-4)",
-       promise="gives the same losses as single-node training on the whole batch (within 1e-4)")
-def ddp_equivalence(ctx):
-    wrap = fixtures.student_function(ctx, "ddp", "wrap_ddp")
-    return references.distributed_run(ctx, wrap=wrap)
-
-
-@ddp_equivalence.judge
-def _(payloads, secrets):
-    references.judge_equivalence(payloads, secrets, "wrap_ddp")
+CHECKS = {t.id: _equivalence_check(t) for t in task_table.TASKS.values() if t.single_node_equivalence}

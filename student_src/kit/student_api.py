@@ -16,6 +16,7 @@ student module              what the kit calls                                wh
 ``profiling.py`` (4)        ``CommLog()``, ``tensor_nbytes``,                 the loop (2b), the
                             ``expected_allreduce_bytes``                      Task 4 notebook
 ``bucketed.py`` (5)         ``BucketedDDP(model, bucket_cap_mb, compression)``  ``setup_task``
+``sharded_optimizer.py`` (6)  ``ShardedOptimizer(groups, AdamW, **settings)``  ``setup_task``
 ==========================  ================================================  =================
 
 Which function belongs to which task comes from the task table (``tasks.py``).

@@ -25,6 +25,11 @@ student package.
                   the kit adds ``--grad_compression``'s hook;
 * ``"bucketed"``  the task's first function is a wrapper class taking ``bucket_cap_mb`` and
                   ``compression``; its ``finish_gradient_synchronization`` is the sync.
+* ``"sharded_optimizer"``  the task's first function is an optimizer class,
+                  ``cls(param_groups, optimizer_cls, **kwargs)`` (a ``torch.optim.Optimizer``), that
+                  replaces the kit's AdamW (the scheduler drives it); the gradients are averaged
+                  before its step by the sync of the first of ``needs_tasks`` whose kind is
+                  ``"function"`` (Task 6: Task 2b's ``allreduce_average``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from dataclasses import dataclass
 
 #: the ``sync`` kinds that wrap the model (``--grad_compression`` applies to them)
 WRAPPERS = ("ddp", "bucketed")
+#: every ``sync`` kind the training loop knows (module docstring; ``trainer.setup_task``)
+SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer")
 #: the colour of a task without one of its own (plots)
 DEFAULT_COLOR = "#888888"
 
@@ -56,7 +63,8 @@ class Task:
     single_node_equivalence: bool = False  # grading compares its losses with a single-node run (tiny BERT)
     traffic: str | None = None       # how a step's gradients travel (traffic_model.py): "gather_scatter"
                                      # through rank 0, "ring" (an all_reduce per tensor), "ring_buckets"
-                                     # (one per bucket); None: no gradient traffic
+                                     # (one per bucket), "ring_broadcast" (ring all_reduces, then every parameter
+                                     # broadcast from its owner: ZeRO-1); None: no gradient traffic
     memory: str | None = None        # what a rank holds (memory_model.py): "replicated" (every rank the whole
                                      # model, gradients and optimizer state), "zero1" (optimizer state sharded),
                                      # "zero2" (and gradients), "fsdp" (and parameters); ":flat" or ":greedy" after
@@ -103,6 +111,13 @@ _ROWS = (
     Task("5", "bucketed overlap (advanced)", "bucketed", ("BucketedDDP", "assign_buckets"), "5_bucketed",
          color="#9467bd", sync="bucketed", extra_credit=True, traffic="ring_buckets", memory="replicated",
          needs_tasks=("1", "2")),
+    # Task 6 is extra credit for now, for the reason Task 8 is (it arrived mid-term: required, it would raise the
+    # maximum under students who had finished); points.toml's [tasks] extra_credit makes it required for a new course.
+    Task("6", "sharded optimizer state (ZeRO-1)", "sharded_optimizer", ("ShardedOptimizer", "assign_owners"),
+         "6_sharded_optimizer", color="#17becf", sync="sharded_optimizer",
+         collectives=frozenset({"broadcast", "barrier"}), must_call=frozenset({"broadcast"}), extra_credit=True,
+         export=True, single_node_equivalence=True, traffic="ring_broadcast", memory="zero1",
+         needs_tasks=("1", "2", "2b")),
     # Task 8 is extra credit because it arrived mid-term: required, it would change the maximum under students who
     # had finished. Not a training task of its own (sync None, no export folder): the kit's checkpoints call its
     # two functions in every training task's run (kit/checkpoint.py).

@@ -162,6 +162,9 @@ def collective_traffic(op: str, nbytes: int, world_size: int) -> Traffic:
     return models[op](nbytes, world_size)
 
 
+#: the task table's ``traffic`` values this model knows (``step_traffic``; None: no gradient traffic)
+PATTERNS = (None, "gather_scatter", "ring", "ring_buckets", "ring_broadcast")
+
 LOGGING_COLLECTIVE = ("all_gather", 16)
 """What the kit's trainer sends per step for logging: an all_gather of (loss, seconds) float64."""
 
@@ -211,6 +214,8 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
     * 2a: one gather + one scatter through rank 0 per gradient tensor;
     * 2b: one ring all_reduce per gradient tensor;
     * 3 / 5 (DDP, bucketed): one ring all_reduce per bucket (same total bytes as 2b);
+    * 6 (ZeRO-1, ``ring_broadcast``): 2b's all_reduces, then every parameter broadcast once from
+      the rank that owns it (``zero1_owners``): about 1.5x 2b's bytes;
       (the task table's ``traffic`` column says which; a task not in it is modelled as 2b)
     * plus the collective the trainer does for logging (``logging = (op, nbytes)``; the kit's
       trainer all-gathers (loss, seconds) as float64: ``("all_gather", 16)``; a float32 loss
@@ -227,12 +232,30 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
     elif pattern == "ring_buckets" and bucket_nbytes:
         for s in bucket_nbytes:
             t = t + allreduce_traffic(s, n)
+    elif pattern == "ring_broadcast":
+        for s, owner in zip(tensor_nbytes, zero1_owners(tensor_nbytes, n)):
+            t = t + allreduce_traffic(s, n) + broadcast_traffic(s, n, root=owner)
     elif pattern is not None:
         for s in tensor_nbytes:
             t = t + allreduce_traffic(s, n)
     if logging:
         t = t + collective_traffic(logging[0], int(logging[1]), n)
     return t
+
+
+def zero1_owners(tensor_nbytes: list[int], world_size: int) -> list[int]:
+    """The rank that owns each tensor under Task 6's rule (``student_src/sharded_optimizer.py``):
+    largest first, each to the rank owning the fewest bytes so far (ties: the lowest rank).
+
+    The student's optimizer deals its two parameter groups one after the other; the sizes here
+    are one list (the gradients in the order they were all-reduced), so a rank's share can differ
+    slightly from the run's. What a shared loopback carries does not depend on who owns what:
+    each broadcast of S bytes puts (N-1)·S on the wire whoever sends it."""
+    owned, owners = [0] * world_size, [0] * len(tensor_nbytes)
+    for i in sorted(range(len(tensor_nbytes)), key=lambda i: -tensor_nbytes[i]):
+        owners[i] = owned.index(min(owned))
+        owned[owners[i]] += tensor_nbytes[i]
+    return owners
 
 
 def traffic_pattern(task) -> str | None:
@@ -242,9 +265,13 @@ def traffic_pattern(task) -> str | None:
 
 
 def textbook_bytes(task: str, nbytes: int, n: int) -> int:
-    """Bytes ONE rank sends per tensor by the textbook formulas (2a: a worker's S)."""
-    if traffic_pattern(task) == "gather_scatter":
+    """Bytes ONE rank sends per tensor by the textbook formulas (2a: a worker's S; 6: the ring's
+    2(N-1)/N·S plus, on average over ranks, the owner's broadcast (N-1)/N·S)."""
+    pattern = traffic_pattern(task)
+    if pattern == "gather_scatter":
         return nbytes
+    if pattern == "ring_broadcast":
+        return round(3 * (n - 1) * nbytes / n)
     return round(2 * (n - 1) * nbytes / n)
 
 

@@ -1,7 +1,8 @@
 """The training loop every task shares.
 
-Task 1 runs it on one process; Tasks 2a, 2b, 3 and 5 run the *same* loop on every rank and
-differ only in how gradients are synchronised (the task table's ``sync`` column, ``tasks.py``):
+Task 1 runs it on one process; Tasks 2a, 2b, 3, 5 and 6 run the *same* loop on every rank and
+differ only in how gradients are synchronised and which optimizer steps (the task table's ``sync``
+column, ``tasks.py``; ``setup_task`` returns the three as a ``TaskSetup``):
 
 ============  =====================================  ==========================================
 ``sync``      model                                  ``sync_gradients`` passed to ``train_step``
@@ -11,7 +12,12 @@ function (2a, 2b)  the model                         ``sync.gather_scatter_avera
                                                      ``sync.allreduce_average`` (+ a CommLog)
 ddp (3)       ``ddp.wrap_ddp(model)``                none (DDP syncs inside ``backward()``)
 bucketed (5)  ``bucketed.BucketedDDP(model)``        ``model.finish_gradient_synchronization``
+sharded_optimizer (6)  the model; the optimizer is   ``sync.allreduce_average`` (Task 2b)
+              ``ShardedOptimizer(groups, AdamW, ...)``
 ============  =====================================  ==========================================
+
+Every other task steps the kit's AdamW (``build_optimizer``); a ``sharded_optimizer`` task's class
+gets the same parameter groups and settings, and the LR scheduler drives it the same way.
 
 Student code is reached only through ``student_api`` (the boundary, with its TODO handling);
 progress goes out through ``progress``; ``metrics.json`` is built by ``metrics.build``.
@@ -73,22 +79,53 @@ def single_node_loader(dataset, batch_size: int, seed: int):
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
 
 
-def build_optimizer(model, cfg: TrainConfig, total_steps: int):
-    """AdamW (no weight decay on biases and LayerNorm) and a linear warm-up/decay schedule."""
-    from transformers import get_linear_schedule_with_warmup
-
+def parameter_groups(model, cfg: TrainConfig) -> list[dict]:
+    """The trainable parameters in two groups: weight decay, and none on biases and LayerNorm."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         (no_decay if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    try:  # the fused kernel is several times faster than the per-tensor loop (CPU and CUDA)
-        optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=True)
+    return [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _fused_adamw_works(groups) -> bool:
+    """The fused kernel is several times faster than the per-tensor loop (CPU and CUDA); probed on
+    a throwaway AdamW, so that a wrapper class is built once, with or without it."""
+    params = [p for g in groups for p in g["params"]]
+    try:
+        torch.optim.AdamW(params[:1] or [torch.zeros(1)], lr=0.0, fused=True)
+        return True
     except (RuntimeError, TypeError, ValueError):
-        optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate)
-    scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, max(total_steps, 1))
-    return optimizer, scheduler
+        return False
+
+
+def make_optimizer(model, cfg: TrainConfig, wrapper=None):
+    """The kit's AdamW over ``parameter_groups``, or ``wrapper(groups, torch.optim.AdamW, **settings)``
+    (a ``sharded_optimizer`` task's class) with the same groups and settings."""
+    groups = parameter_groups(model, cfg)
+    settings = {"lr": cfg.learning_rate, **({"fused": True} if _fused_adamw_works(groups) else {})}
+    if wrapper is None:
+        return torch.optim.AdamW(groups, **settings)
+    optimizer = wrapper(groups, torch.optim.AdamW, **settings)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise KitError(f"{type(optimizer).__name__} is not a torch.optim.Optimizer: the learning-rate scheduler "
+                       "drives it, so keep the template's base class (class ShardedOptimizer(torch.optim.Optimizer))")
+    return optimizer
+
+
+def make_scheduler(optimizer, cfg: TrainConfig, total_steps: int):
+    """Linear warm-up over ``--warmup_steps``, then linear decay to 0 at ``total_steps``."""
+    from transformers import get_linear_schedule_with_warmup
+
+    return get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, max(total_steps, 1))
+
+
+def build_optimizer(model, cfg: TrainConfig, total_steps: int, wrapper=None):
+    """AdamW (no weight decay on biases and LayerNorm; ``wrapper`` around it, see
+    ``make_optimizer``) and a linear warm-up/decay schedule."""
+    optimizer = make_optimizer(model, cfg, wrapper)
+    return optimizer, make_scheduler(optimizer, cfg, total_steps)
 
 
 def _on_device(batch: dict, device) -> dict:
@@ -127,27 +164,51 @@ def evaluate(model, dataset, ctx, batch_size: int) -> dict:
 
 
 # --------------------------------------------------------------------------- task set-up
-def setup_task(cfg: TrainConfig, model, ctx):
-    """Return ``(model_to_train, sync_gradients, comm_log)``: how the task table's ``sync`` kind
-    of ``cfg.task`` runs the student's function (``tasks.py`` says what each kind means)."""
+@dataclass
+class TaskSetup:
+    """How one task trains (``setup_task``): the model ``train_step`` gets, the gradient sync it
+    passes, the student's CommLog (Task 4) when it works, and the optimizer that steps."""
+
+    model: torch.nn.Module
+    sync_gradients: Callable | None
+    comm_log: object | None
+    optimizer: torch.optim.Optimizer
+
+
+def _function_sync(fn):
+    """``(sync_gradients, comm_log)`` for a ``"function"`` sync: ``fn(model)``, given the student's
+    CommLog too when it takes one and the CommLog works."""
+    comm_log = student_api.comm_log() if student_api.accepts(fn, "comm_log") else None
+    if comm_log is None:
+        return fn, None
+    return (lambda m: fn(m, comm_log=comm_log)), comm_log
+
+
+def setup_task(cfg: TrainConfig, model, ctx) -> TaskSetup:
+    """How the task table's ``sync`` kind of ``cfg.task`` runs the student's function (``tasks.py``
+    says what each kind means): the model to train, its sync, the CommLog and the optimizer."""
     task = tasks.get(cfg.task)
     if task.sync == "none":
-        return model, None, None
+        return TaskSetup(model, None, None, make_optimizer(model, cfg))
     fn = student_api.function(task.id)
     if task.sync == "function":
-        comm_log = student_api.comm_log() if student_api.accepts(fn, "comm_log") else None
-        if comm_log is None:
-            return model, fn, None
-        return model, (lambda m: fn(m, comm_log=comm_log)), comm_log
+        return TaskSetup(model, *_function_sync(fn), make_optimizer(model, cfg))
+    if task.sync == "sharded_optimizer":
+        averaging = [t for t in map(tasks.get, task.needs_tasks) if t.sync == "function"]
+        if not averaging:
+            raise KitError(f"Task {task.id}: a sharded_optimizer task names the task whose function averages its "
+                           "gradients in needs_tasks (see student_src/kit/tasks.py)")
+        sync, comm_log = _function_sync(student_api.function(averaging[0].id))
+        return TaskSetup(model, sync, comm_log, make_optimizer(model, cfg, wrapper=fn))
     compression = None if cfg.grad_compression == "none" else cfg.grad_compression
     if task.sync == "ddp":
         wrapped = fn(model)
         if compression is not None:
             register_ddp_compression(wrapped, compression)
-        return wrapped, None, None
+        return TaskSetup(wrapped, None, None, make_optimizer(model, cfg))
     if task.sync == "bucketed":
         wrapped = fn(model, bucket_cap_mb=cfg.bucket_cap_mb, compression=compression)
-        return wrapped, (lambda m: m.finish_gradient_synchronization()), None
+        return TaskSetup(wrapped, (lambda m: m.finish_gradient_synchronization()), None, make_optimizer(model, cfg))
     raise KitError(f"Task {task.id}: the task table names an unknown sync kind {task.sync!r} (see student_src/kit/tasks.py)")
 
 
@@ -246,7 +307,7 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
 def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history) -> Run:
     """The task's model and sync, the loader, the optimizer and the meter; the run's first line."""
     task = tasks.get(cfg.task)
-    wrapped, sync_gradients, comm_log = setup_task(cfg, model, ctx)
+    setup = setup_task(cfg, model, ctx)
     per_worker, how = per_worker_batch_size(cfg, ctx.world_size)
     if task.distributed:
         loader = student_api.build_train_loader()(train_ds, per_worker, ctx.rank, ctx.world_size, cfg.seed)
@@ -262,14 +323,14 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history) -> Run:
     log(f"Task {task.id} ({task.title}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
         f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "
         f"{torch.get_num_threads()} thread(s) per rank, {ctx.ranks_on_host} rank(s) on this host]")
-    optimizer, scheduler = build_optimizer(model, cfg, total_steps)
+    scheduler = make_scheduler(setup.optimizer, cfg, total_steps)
     meter = _traffic_meter(cfg, ctx)
-    recorder = recorder_for(cfg, ctx, wrapped, model, optimizer)  # --timeline N
+    recorder = recorder_for(cfg, ctx, setup.model, model, setup.optimizer)  # --timeline N
     train_step = student_api.train_step()
-    return Run(cfg=cfg, ctx=ctx, model=wrapped, base_model=model,
+    return Run(cfg=cfg, ctx=ctx, model=setup.model, base_model=model,
                train_step=recorder.wrap(train_step) if recorder else train_step,
-               sync_gradients=sync_gradients, comm_log=comm_log, loader=loader, optimizer=optimizer,
-               scheduler=scheduler, dev_ds=dev_ds, total_steps=total_steps,
+               sync_gradients=setup.sync_gradients, comm_log=setup.comm_log, loader=loader,
+               optimizer=setup.optimizer, scheduler=scheduler, dev_ds=dev_ds, total_steps=total_steps,
                epochs=math.ceil(total_steps / steps_per_epoch), batch=batch, log=log, history=history, meter=meter,
                recorder=recorder)
 
