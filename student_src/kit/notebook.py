@@ -56,7 +56,7 @@ FULL_FLAGS = ["--model_name_or_path", "minilm", "--max_seq_length", "128", "--gl
 QUICK_STEPS = 3
 #: said under every timing, speed-up and what-if curve a quick-mode notebook shows
 QUICK_NOTE = ("Quick mode (tiny model): a step's compute is too small for communication to pay off, so 2a, 2b and 3 "
-              "look slower than Task 1 and the what-if speed-up is ~0; the report's numbers come from QUICK = False (MiniLM).")
+              "look slower than Task 1 and the what-if curves show no speed-up; the report's numbers come from QUICK = False (MiniLM).")
 
 
 # --------------------------------------------------------------------------- set-up
@@ -274,9 +274,19 @@ def forget_runs(prefix: str) -> None:
         _NOT_RUN.add(path.parent.name)
 
 
+_NOTED_IN: list = [None]  # the cell execution that said it last (a cell showing two plots says it once)
+
+
 def quick_note() -> None:
-    """Say what quick mode's timings mean (nothing in full mode)."""
-    if session().quick:
+    """Say what quick mode's timings mean, once per cell (nothing in full mode)."""
+    try:
+        from IPython import get_ipython
+
+        cell = getattr(get_ipython(), "execution_count", None)
+    except ImportError:
+        cell = None
+    if session().quick and (cell is None or cell != _NOTED_IN[0]):
+        _NOTED_IN[0] = cell
         print(QUICK_NOTE)
 
 

@@ -6,6 +6,7 @@ where the model and the cluster agree.
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -13,8 +14,8 @@ from .plots import task_color
 
 RATE_STYLES = ["-", "--", ":", "-."]
 #: the subtitle of curves made from a run of the tiny model (the notebooks' quick mode): its speed-ups mean little
-TINY_NOTE = ("tiny model (quick mode): too little compute per step for communication to pay off, so the speed-up "
-             "is ~0; the report's numbers come from QUICK = False (MiniLM)")
+TINY_NOTE = ("tiny model (quick mode): too little compute per step for communication to pay off, so no speed-up; "
+             "the report's numbers come from QUICK = False (MiniLM)")
 
 
 def model_note(model_name) -> str:
@@ -56,7 +57,7 @@ def plot_scaling(rows: list[dict], path, measured: Optional[list[dict]] = None, 
     ax_e.set_ylim(0, 1.05)
     ax_s.legend(fontsize=7, loc="upper left")
     fig.suptitle((title or "predicted scaling (lines)" + (" and measured runs (dots)" if measured else ""))
-                 + (f"\n{note}" if note else ""), fontsize=10 if note else None)
+                 + ("\n" + textwrap.fill(note, 110) if note else ""), fontsize=10 if note else None)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
