@@ -176,18 +176,26 @@ def walk_to_notebooks(tmp: Path) -> Walk:
     assert str(release) in where.stdout  # the venv runs the release, never the instructor's tree
 
     # 2. the public checks on the untouched release, as the student sees them (the table; the
-    # results file for the test)
+    # results file for the test): every check fails, so make test fails (make test && make export
+    # stops there) ...
     before_json = tmp / "before.json"
     proc = run(make + ["test", f"CHECK_FLAGS=--quiet --results {before_json}"], release, env, 900,
                "make test (release as shipped)")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.returncode != 0 and before_json.is_file(), proc.stdout[-2000:] + proc.stderr[-3000:]
     before, before_table = json.loads(before_json.read_text()), proc.stdout
+    # ... while make export warns in one line and packs anyway
+    early = tmp / "early-export"
+    proc = run(make + ["export", f"EXPORT_DIR={early}"], release, env, 300, "make export (release as shipped)")
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert proc.returncode == 0 and (early / "submission.zip").is_file(), proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert warnings == ["warning: some public checks fail (make test shows which); packing your work anyway"], proc.stderr
 
     # 3. correct solutions in, the public checks again
     for name in STUDENT_MODULES:
         shutil.copy2(ROOT / "student_src" / name, release / "student_src" / name)
     proc = run(make + ["test", "CHECK_FLAGS=--json-only --quiet"], release, env, 900, "make test (solutions in)")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("all "), proc.stderr[-2000:]  # "all N checks passed"
     after = _results(proc.stdout)
 
     # 4. make data, then every notebook as a student runs them (quick mode), with the venv's kernel

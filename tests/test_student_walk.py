@@ -5,12 +5,15 @@ In a temporary folder, with nothing from the instructor's tree on the path:
 1. build the release (``python -m autograder release``) and install it in a fresh virtual
    environment with the release's own ``make setup`` (torch==2.13.0 first, then the release
    itself with its notebook extras, as a student gets it);
-2. ``make test`` (the public checks): every check fails, each with a message;
-3. copy in correct solutions (the solution source's student modules); ``make test``: all pass;
+2. ``make test`` (the public checks): every check fails, each with a message, in a table no wider
+   than 100 columns, and ``make test`` fails with a last line that says how many failed;
+   ``make export`` still packs, with a one-line warning;
+3. copy in correct solutions (the solution source's student modules); ``make test``: all pass, exit 0;
 4. ``make data``; execute every notebook (the required 0-4 and the advanced 5) headless in quick mode with
    the venv's own kernel, from the release's notebooks/ folder (the last cell proves the modules came
    from the release);
-5. ``make export``; make the data in the export as its CLOUDLAB.md says; run the assignment's
+5. save the executed notebooks into the release's notebooks/; ``make export`` (no warning):
+   submission.zip holds them, executed, and report/; make the data in the export as its CLOUDLAB.md says; run the assignment's
    command ``python run_glue.py --task 2a --master_ip 127.0.0.1 --master_port P --world_size 4
    --local_rank R`` as 4 processes from ``submission/task2a/`` (tiny model, a few steps);
 6. grade ``submission/submission.zip`` with the instructor's grader: full marks.
@@ -26,10 +29,12 @@ wheel cache (``~/.cache/pip``), so a second run installs without building anythi
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
+import zipfile
 
 import pytest
 
@@ -46,6 +51,30 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def assert_the_untouched_release_table(before: dict, table: str) -> None:
+    """What `make test` printed on the untouched release: a FAILED row per check, the score, for
+    each check the TODO to fill in, no line over 100 columns, and a last line saying how many
+    checks failed (make test exited non-zero: ``student_walk_steps.py``)."""
+    extra = before["extra_data"]
+    extra_tasks = sorted({t["number"].split(".")[0] for t in before["tests"] if "extra_credit" in t.get("tags", [])})
+    score = (f"score 0 / {extra['required_max_score']:g} + extra credit 0 / {extra['extra_credit_max_score']:g} "
+             f"(Task {', '.join(extra_tasks)})")
+    assert score in " ".join(table.split()), table[-3000:]
+    assert max(len(line) for line in table.splitlines()) <= 100, table  # JupyterLab shows it unwrapped
+    # the failures' messages, each test's entry from its "[id]" to the next (lines wrap at 100 columns)
+    why = " ".join(table[table.index("What went wrong:"):].split())
+    starts = [why.index(f"[{t['number']}] ") for t in before["tests"]] + [len(why)]
+    for i, t in enumerate(before["tests"]):
+        row = next(line for line in table.splitlines() if f" {t['number']} " in f" {line} ")
+        assert row.rstrip().endswith("FAILED"), row
+        task = t["number"].split(".")[0]
+        todo = rf"not implemented yet: TODO\(task {task}\): .*\(student_src/\w+\.py:\d+ "
+        assert re.search(todo, why[starts[i]:starts[i + 1]]), (t["number"], why[starts[i]:starts[i + 1]])
+    required = sum("extra_credit" not in t.get("tags", []) for t in before["tests"])
+    last = table.strip().splitlines()[-1]
+    assert last == f"{required} of {required} checks failed: fix what 'What went wrong' says above, then run make test again", last
+
+
 def test_the_students_path_from_release_to_full_marks(student_walk, tmp_path):
     walk = student_walk  # steps 1-4 (conftest.py): release, fresh venv, public checks twice, data, notebooks
     release, venv, env, make, py = walk.release, walk.venv, walk.env, walk.make, walk.python
@@ -56,18 +85,7 @@ def test_the_students_path_from_release_to_full_marks(student_walk, tmp_path):
     assert before["extra_data"]["required_max_score"] > 0 and before["score"] == 0
     for t in before["tests"]:
         assert t["status"] == "failed" and t["score"] == 0 and "not implemented" in t.get("output", ""), t
-    # what `make test` printed: a FAILED row per check, the score, and for each check the TODO to fill in
-    table = walk.before_table
-    extra = before["extra_data"]
-    assert (f"score 0 / {extra['required_max_score']:g} + extra credit 0 / {extra['extra_credit_max_score']:g} (Task 5)"
-            in table), table[-2000:]
-    why = table[table.index("What went wrong:"):]
-    for t in before["tests"]:
-        row = next(line for line in table.splitlines() if f" {t['number']} " in f" {line} ")
-        assert row.rstrip().endswith("FAILED"), row
-        task = t["number"].split(".")[0]
-        todo = rf"\[{re.escape(t['number'])}\].*\n\s+not implemented yet: TODO\(task {task}\): .*\(student_src/\w+\.py:\d+ "
-        assert re.search(todo, why), (t["number"], why[:3000])
+    assert_the_untouched_release_table(before, walk.before_table)
 
     # 3. correct solutions in, the public checks again: all pass
     after = walk.after
@@ -83,10 +101,20 @@ def test_the_students_path_from_release_to_full_marks(student_walk, tmp_path):
         assert student_src_file.startswith(str(release)) and autograder_file.startswith(str(release)), ran
         assert executable.startswith(str(venv)), ran
 
-    # 5. export, make the data where it lands, the assignment's command as 4 processes
-    proc = _run(make + ["export"], release, env, 300, "make export")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # 5. save the executed notebooks where JupyterLab keeps them, export (the public checks pass: no
+    # warning), make the data where it lands, the assignment's command as 4 processes
+    for name in NOTEBOOKS:
+        shutil.copy2(walk.executed / f"{name}.ipynb", release / "notebooks" / f"{name}.ipynb")
+    proc = _run(make + ["export"], release, {**env, "KIT_RUNS_DIR": str(walk.runs.parent)}, 300, "make export")
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr[-3000:]
     sub = release / "submission"
+    # the zip the student uploads holds the executed notebooks (their outputs) and report/
+    with zipfile.ZipFile(sub / "submission.zip") as zf:
+        names = set(zf.namelist())
+        assert "report/index.html" in names, sorted(names)[:50]
+        for name in NOTEBOOKS:
+            cells = json.loads(zf.read(f"notebooks/{name}.ipynb"))["cells"]
+            assert any(c.get("outputs") for c in cells if c["cell_type"] == "code"), f"{name}: not executed"
     proc = _run([str(py), "task2a/data_scripts/make_synthetic_rte.py", "--train", "256", "--dev", "32", "--test", "16"],
                 sub, env, 300, "data in the export (CLOUDLAB.md step 2)")
     assert proc.returncode == 0, proc.stderr
