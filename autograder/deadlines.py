@@ -155,10 +155,13 @@ def record(repeat: int = 3, path: Path = COSTS_FILE, tasks=None) -> dict:
             raise SystemExit(f"the solution source lost {lost or results.grader_errors}: fix that before recording")
         calibrations.append(calibration_cpu())
         print(f"grading {i + 1} of {repeat}: {len(results.tests)} checks, calibration {calibrations[-1]:.4f} s", flush=True)
-    old = load_costs(path)["checks"] if tasks else {}
+    previous = load_costs(path) if tasks else {"calibration_cpu_s": 0.0, "checks": {}}
+    old = previous["checks"]
+    # a partial recording keeps the calibration the other checks' costs were measured with
+    calibration = previous["calibration_cpu_s"] or round(statistics.median(calibrations), 5)
     data = {"about": "per check: the busiest rank's main-thread CPU seconds and the longest all-idle window "
                      "(seconds) on the solution source; written by python -m autograder.deadlines --record",
-            "calibration_cpu_s": round(statistics.median(calibrations), 5),
+            "calibration_cpu_s": calibration,
             "checks": dict(sorted({**old, **costs}.items()))}
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
     return data
