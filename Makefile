@@ -75,7 +75,7 @@ sandbox-tools:
 	else echo "note: bubblewrap is not installed; grading falls back (python -m autograder sandbox says how)"; fi
 
 test: setup data sandbox-tools
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=25 $(PYTEST_ARGS) tests
 
 lab: setup data
 	$(PY) -m jupyter lab notebooks
