@@ -108,3 +108,8 @@ def sleeps_forever(ctx):
 
 def report_pid(ctx):
     return os.getpid()
+
+
+def report_surroundings(ctx):
+    """What a rank sees of its launcher: an environment variable, the working directory, sys.path."""
+    return os.environ.get("KIT_PROBE"), os.getcwd(), sys.path[0]

@@ -114,17 +114,22 @@ def test_save_every_needs_a_folder():
 # --------------------------------------------------------------------------- several ranks
 @pytest.fixture(scope="module")
 def two_ranks(small_rte, tmp_path_factory):
-    """Task 3 on 2 ranks, global batch 16, 6 steps, dropout off, a checkpoint every 3 steps."""
+    """Task 6 on 2 ranks (its AdamW state sharded: each rank saves the moments of the parameters it
+    owns), global batch 16, 6 steps, dropout off, a checkpoint every 3 steps. Task 6 averages
+    gradients as 2b does and steps AdamW as Task 1 does, so its losses are every data-parallel
+    task's (within TOL): the torchrun test below compares a Task 3 run with them."""
     out = tmp_path_factory.mktemp("two")
     argv = _argv(small_rte, out, "--dropout", "0", "--do_train", "--world_size", 2, "--spawn", "--save_every", 3,
-                 task="3", steps=6, batch=16)
+                 task="6", steps=6, batch=16)
     return out, run(parse_config(argv))
 
 
 def test_a_checkpoint_of_two_ranks_resumes_on_four_with_the_same_losses(two_ranks, small_rte, tmp_path):
+    """Resharding: the optimizer state two owners saved is spread over four (Task 6's greedy owners
+    at N=4 differ from N=2's), and the losses go on as if nothing had happened."""
     out, whole = two_ranks
     argv = _argv(small_rte, tmp_path, "--dropout", "0", "--do_train", "--world_size", 4, "--spawn",
-                 "--resume", out / "checkpoints" / "step-3", task="3", steps=6, batch=16)
+                 "--resume", out / "checkpoints" / "step-3", task="6", steps=6, batch=16)
     resumed = run(parse_config(argv))
     assert resumed["world_size"] == 4 and resumed["global_batch_size"] == 16
     _assert_same_losses(whole["losses"], resumed["losses"])

@@ -238,3 +238,27 @@ def test_world_size_watch_tells_both_sides():
     assert [w.verdict(wait_s=600) for w in agree] == [None, None]
     assert all(w.agreed for w in agree) and not any(w.agreed for w in watches)
     del server
+
+
+def test_ranks_see_the_launchers_environment_folder_and_path_as_they_are_now(tmp_path, monkeypatch):
+    """launch's forkserver (Linux) starts once and forks every later rank: a rank must still see
+    what the launcher changed since (a notebook's os.environ edit, a test's chdir), as spawn did,
+    and the student's modules are never preloaded into the server."""
+    from student_src.kit.launch import launch
+
+    import rank_fns
+
+    launch(rank_fns.report_pid, 2, init_group=False, timeout=120)   # the server (if any) is up now
+    monkeypatch.setenv("KIT_PROBE", "after the server started")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = launch(rank_fns.report_surroundings, 2, init_group=False, timeout=120)
+    assert seen == [("after the server started", str(tmp_path), str(tmp_path))] * 2
+    monkeypatch.delenv("KIT_PROBE")
+    assert launch(rank_fns.report_surroundings, 1, init_group=False, timeout=120)[0][0] is None
+
+
+def test_the_forkserver_preloads_no_student_module():
+    from student_src.kit import launch as launch_mod
+
+    assert not [m for m in launch_mod.PRELOAD if m.split(".")[0] in ("student_src", "autograder")]

@@ -30,7 +30,7 @@ def dry_run(*args: str) -> str:
 
 @pytest.mark.parametrize("target, command", [
     ("demo", ".venv/bin/python -m student_src.kit.demo"),
-    ("test", ".venv/bin/python -m pytest -q -n 2 --dist loadfile  tests"),
+    ("test", ".venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=25  tests"),
     ("lab", ".venv/bin/python -m jupyter lab notebooks"),
     ("notebooks", ".venv/bin/python -m autograder.course.build_notebooks"),
     ("report", ".venv/bin/python -m student_src.kit.report runs/full report"),
