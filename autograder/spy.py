@@ -6,6 +6,12 @@ the originals back afterwards. Only the outermost call is recorded (``all_gather
 ``all_gather`` inside; the student called the former). Student modules are imported *after* the
 spy is installed, so ``from torch.distributed import all_reduce`` gets the wrapper too.
 
+One collective, several names: torch 2.13 renamed ``all_gather_into_tensor`` /
+``reduce_scatter_tensor`` to ``all_gather_single`` / ``reduce_scatter_single`` (the old names
+call the new ones) and older ``_all_gather_base`` / ``_reduce_scatter_base`` are the same
+operations; a call through any of them is recorded under the name the task table uses
+(``CANONICAL``), so a row lists each collective once whatever the torch version.
+
 Each record says whether the call was asynchronous (``async_op``) and, when the check set
 ``spy.phase`` (Task 5 sets ``"backward"`` around ``loss.backward()``), in which phase it ran.
 """
@@ -21,7 +27,11 @@ COLLECTIVES = [
     "all_to_all_single", "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier",
     "monitored_barrier", "broadcast_object_list", "all_gather_object", "gather_object",
     "scatter_object_list", "send_object_list", "recv_object_list",
+    "all_gather_single", "reduce_scatter_single",
 ]
+#: the name a call is recorded under, where torch has several for one collective (module docstring)
+CANONICAL = {"all_gather_single": "all_gather_into_tensor", "_all_gather_base": "all_gather_into_tensor",
+             "reduce_scatter_single": "reduce_scatter_tensor", "_reduce_scatter_base": "reduce_scatter_tensor"}
 
 
 def _describe(args, kwargs) -> dict:
@@ -73,7 +83,7 @@ class CollectiveSpy:
                 info = _describe(args, kwargs)
                 if spy.phase is not None:
                     info["phase"] = spy.phase
-                spy.calls.append((name, info))
+                spy.calls.append((CANONICAL.get(name, name), info))
             spy._depth += 1
             try:
                 return fn(*args, **kwargs)

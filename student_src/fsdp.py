@@ -125,7 +125,12 @@ size, every rank starting from different random weights:
 * ``compute_dtype`` bf16 and fp16: the all_gathers carry 16-bit tensors, the shards,
   gradients and AdamW's states are fp32, the weights close to single-process mixed precision;
 * the tied weight stays one shared, replicated parameter; a frozen parameter is unchanged and
-  its ``.grad`` None.
+  its ``.grad`` None;
+* the collectives: weights travel by :func:`all_gather_single`, gradients by
+  :func:`reduce_scatter_single`, the replicated gradients and the norm by ``all_reduce``, and
+  nothing else is called;
+* training the ``tiny`` BERT on 4 ranks with ``FSDP`` (SGD over the shards) gives the same
+  losses as single-node training on the whole batch (within 1e-4).
 
 Which names: torch 2.13 renamed ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` to
 ``all_gather_single`` / ``reduce_scatter_single`` (the old names still work, with a

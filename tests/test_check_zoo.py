@@ -47,6 +47,8 @@ TASK_3 = {"3.returns_ddp", "3.params_identical_across_ranks", "3.loss_matches_si
 TASK_4 = {"4.tensor_nbytes", "4.expected_allreduce_bytes", "4.comm_log_records"}
 TASK_6 = {"6.public_shards_and_matches_adamw", "6.matches_adamw_4_ranks", "6.state_sharded_4_ranks",
           "6.float64_3_ranks", "6.world_size_1", "6.loss_matches_single_node"}
+TASK_7 = {"7.public_matches_adamw_2_ranks", "7.matches_adamw_4_ranks", "7.shards_only_4_ranks", "7.float64_2_ranks",
+          "7.world_size_1", "7.bf16_compute_2_ranks", "7.loss_matches_single_node"}
 TASK_8 = {"8.public_resume_matches", "8.adamw_state", "8.scheduler_state", "8.rng_state", "8.data_position",
           "8.fresh_process"}
 POINTS = tomllib.loads((ROOT / "autograder" / "points.toml").read_text())["points"]
@@ -289,6 +291,41 @@ ZOO = {
         """,
         # SGD at a constant lr in the loss check: unaffected
         TASK_6 - {"6.state_sharded_4_ranks", "6.loss_matches_single_node"}, "the lr the scheduler sets"),
+    # ------------------------------------------------------------------ 7
+    "7_keeps_the_full_weights": ("fsdp", "7", """
+        def _keep_full(self, module, args, output):  # never puts the shards back: the full weights stay in the slots
+            for key in [k for k, (sp, _) in self.gathered.items() if sp.module is module]:
+                del self.gathered[key]
+
+        FSDP._after_forward = _keep_full
+        """,
+        # trains right (the slots' full weights are views of what autograd regathers anyway); holds everything
+        # (with bf16 compute the slots then hold 16-bit copies: the dtype check sees them too)
+        {"7.shards_only_4_ranks", "7.bf16_compute_2_ranks"}, "put each shard back"),
+    "7_sums_instead_of_averaging": ("fsdp", "7", """
+        def _fold_sum(self):  # the reduce_scatter's sum, never divided by the world size
+            if self.pending is None:
+                return
+            sp, work, _, out = self.pending
+            self.pending = None
+            if work is not None:
+                work.wait()
+            sp.shard.grad = out if sp.shard.grad is None else sp.shard.grad + out
+
+        FSDP._fold_pending = _fold_sum
+        """,
+        # SGD's BERT losses see the factor N. The toy checks clip (a norm that bites rescales both to the same
+        # gradient) and step AdamW (its normalised step hides a constant factor but for eps): whether they see it
+        # depends on the secrets' batches (MAY_ALSO_LOSE)
+        {"7.loss_matches_single_node"}, "not the exact average"),
+    "7_clips_by_its_own_shards_norm": ("fsdp", "7", """
+        def _local_clip(self, max_norm):  # torch's clip on this rank's shards: each rank scales by its own norm
+            return torch.nn.utils.clip_grad_norm_(list(self.parameters()), max_norm)
+
+        FSDP.clip_grad_norm_ = _local_clip
+        """,
+        # one rank's shards are the whole; the BERT loss check does not clip; the bytes held are right
+        TASK_7 - {"7.shards_only_4_ranks", "7.world_size_1", "7.loss_matches_single_node"}, "global norm"),
     # ------------------------------------------------------------------ 8
     "8_forgets_rng": ("resume", "8", """
         def capture_training_state(model, optimizer, scheduler, step, epoch, batches_done):
@@ -330,9 +367,11 @@ ZOO = {
 #: 25 draws: above the loss check's 1e-4 in 8), so the loss check may catch it; the gradient
 #: checks always do. No smaller error is safe from both: 0.002 % still moved the loss by up to
 #: 1.3e-4, and below ~0.001 % the gradient check's 1e-5 + 1e-5 x |mean| no longer sees it.
-MAY_ALSO_LOSE = {"2b_off_by_a_tolerance": {"2b.loss_matches_single_node"}}
+MAY_ALSO_LOSE = {"2b_off_by_a_tolerance": {"2b.loss_matches_single_node"},
+                 "7_sums_instead_of_averaging": {"7.public_matches_adamw_2_ranks", "7.matches_adamw_4_ranks",
+                                                 "7.float64_2_ranks", "7.bf16_compute_2_ranks"}}
 
-ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "4": TASK_4, "6": TASK_6, "8": TASK_8}
+ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "4": TASK_4, "6": TASK_6, "7": TASK_7, "8": TASK_8}
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))

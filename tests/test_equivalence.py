@@ -26,7 +26,7 @@ def single_node(small_rte, tmp_path_factory):
     return _losses(small_rte, tmp_path_factory.mktemp("single"), "1")
 
 
-@pytest.mark.parametrize("task, world_size", [("2a", 4), ("2b", 4), ("3", 4), ("6", 4), ("2b", 2), ("3", 2)])
+@pytest.mark.parametrize("task, world_size", [("2a", 4), ("2b", 4), ("3", 4), ("6", 4), ("7", 4), ("2b", 2), ("3", 2)])
 def test_distributed_losses_match_single_node(single_node, small_rte, tmp_path, task, world_size):
     metrics = _losses(small_rte, tmp_path, task, world_size)
     assert metrics["world_size"] == world_size and metrics["global_batch_size"] == 16

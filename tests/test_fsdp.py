@@ -391,3 +391,63 @@ def test_release_stub_imports_and_raises_todo(tmp_path, monkeypatch):
         for k in [k for k in sys.modules if k == "student_src" or k.startswith("student_src.")]:
             del sys.modules[k]
         sys.modules.update(saved)
+
+
+# --------------------------------------------------------------------------- Task 7 in the kit
+def test_traffic_model_counts_gathers_and_gloos_reduce_scatter():
+    """traffic_model.fsdp_calls / step_traffic("7"): per sharded parameter an all_gather in forward,
+    a second one where backward reads the weight, and a reduce_scatter that gloo carries as a whole
+    all_reduce; the replicated gradients' all_reduce and the norm's. Hand sums on 4 ranks."""
+    from student_src.kit import traffic_model as tm
+
+    n = 4
+    calls = tm.fsdp_calls([(4000, True), (400, False)], [48], clip=True)
+    assert calls == [("all_gather_single", 4000), ("all_gather_single", 4000), ("reduce_scatter_single", 4000),
+                     ("all_gather_single", 400), ("reduce_scatter_single", 400), ("all_reduce", 48), ("all_reduce", 8)]
+    t = tm.step_traffic("7", n, [], logging=None, calls=calls)
+    gathers = (n - 1) * (2 * 4000 + 400)               # ring all_gather: each of N ranks forwards N-1 pieces of S/N
+    ring = sum(tm.allreduce_traffic(s, n).total_payload for s in (4000, 400, 48, 8))  # reduce_scatters ride all_reduces
+    assert t.total_payload == gathers + ring
+    assert tm.step_traffic("7", 1, [], calls=calls).total_payload == 0
+    assert tm.textbook_bytes("7", 400, 4) == 900      # 3 x (N-1)/N of the tensor (NCCL's ring reduce_scatter)
+
+
+def test_the_trainer_refuses_checkpoints_for_task_7_and_knows_its_sync():
+    from student_src.kit import tasks
+    from student_src.kit.config import parse_config
+    from student_src.kit.errors import KitError
+
+    assert tasks.get("7").sync == "fsdp" and "fsdp" in tasks.SYNC_KINDS
+    with pytest.raises(KitError, match="do not support Task 7"):
+        parse_config(["--task", "7", "--save_every", "2", "--output_dir", "/tmp/x"])
+
+
+def _uneven_eval(ctx, dev_size):
+    """Each forward of an FSDP model all_gathers: evaluate with lockstep must not hang when ranks'
+    slices have different numbers of batches (dev_size examples, batches of 1)."""
+    from student_src.fsdp import FSDP
+    from student_src.kit.trainer import evaluate
+
+    class Out:
+        def __init__(self, logits):
+            self.logits = logits
+
+    class Clf(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x, labels):
+            return Out(self.lin(x))
+
+    data = [{"x": torch.full((3,), float(i)), "labels": torch.tensor(i % 2)} for i in range(dev_size)]
+    model = FSDP(Clf())
+    return evaluate(model.module, data, ctx, batch_size=1, lockstep=True)
+
+
+def test_lockstep_evaluation_of_uneven_slices_does_not_hang():
+    from student_src.kit.launch import launch
+
+    results = launch(_uneven_eval, 4, args=(5,), timeout=120)   # slices of 2, 1, 1, 1 batches
+    assert all(r["examples"] == 5 for r in results) and len({r["accuracy"] for r in results}) == 1

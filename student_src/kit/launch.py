@@ -88,10 +88,27 @@ def start_method() -> str:
     return "forkserver" if sys.platform.startswith("linux") else "spawn"
 
 
+#: the launcher's ``sys.path`` and folder when the forkserver started (``_context``)
+_server_started_with = None
+
+
 def _context():
+    """The multiprocessing context; a forkserver is restarted when ``sys.path`` or the working folder
+    changed since it started. Its children import this module (to run ``_child``) before they can
+    take the launcher's surroundings, so they import ``student_src`` from the server's path: after
+    a change (a test's stub package, a notebook's ``chdir``) that could be another copy of it."""
+    global _server_started_with
     method = start_method()
     ctx = mp.get_context(method)
     if method == "forkserver":
+        now = (tuple(sys.path), os.getcwd())
+        if _server_started_with is not None and now != _server_started_with:
+            from multiprocessing import forkserver
+
+            stop = getattr(forkserver._forkserver, "_stop", None)  # CPython's own (3.8+); the next launch starts it
+            if stop is not None:
+                stop()
+        _server_started_with = now
         ctx.set_forkserver_preload(list(PRELOAD))  # takes effect when the server starts (the first launch)
     return ctx
 

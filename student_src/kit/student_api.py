@@ -17,6 +17,9 @@ student module              what the kit calls                                wh
                             ``expected_allreduce_bytes``                      Task 4 notebook
 ``bucketed.py`` (5)         ``BucketedDDP(model, bucket_cap_mb, compression)``  ``setup_task``
 ``sharded_optimizer.py`` (6)  ``ShardedOptimizer(groups, AdamW, **settings)``  ``setup_task``
+``fsdp.py`` (7)             ``FSDP(model)``, its ``finish_gradient_synchronization``  ``setup_task``
+                            and ``clip_grad_norm_``
+``resume.py`` (8)           ``capture_training_state``, ``restore_training_state``  checkpoints
 ==========================  ================================================  =================
 
 Which function belongs to which task comes from the task table (``tasks.py``).

@@ -30,6 +30,11 @@ student package.
                   replaces the kit's AdamW (the scheduler drives it); the gradients are averaged
                   before its step by the sync of the first of ``needs_tasks`` whose kind is
                   ``"function"`` (Task 6: Task 2b's ``allreduce_average``).
+* ``"fsdp"``      the task's first function is a wrapper class, ``cls(model)``, that shards the
+                  model's parameters; the kit's AdamW is built over the shards it leaves in the
+                  model, its ``finish_gradient_synchronization`` then its ``clip_grad_norm_`` (the
+                  global norm) are the sync, and every rank evaluates the same number of batches
+                  (each forward all_gathers, so the ranks must stay in step).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from dataclasses import dataclass
 #: the ``sync`` kinds that wrap the model (``--grad_compression`` applies to them)
 WRAPPERS = ("ddp", "bucketed")
 #: every ``sync`` kind the training loop knows (module docstring; ``trainer.setup_task``)
-SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer")
+SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp")
 #: the colour of a task without one of its own (plots)
 DEFAULT_COLOR = "#888888"
 
@@ -64,7 +69,8 @@ class Task:
     traffic: str | None = None       # how a step's gradients travel (traffic_model.py): "gather_scatter"
                                      # through rank 0, "ring" (an all_reduce per tensor), "ring_buckets"
                                      # (one per bucket), "ring_broadcast" (ring all_reduces, then every parameter
-                                     # broadcast from its owner: ZeRO-1); None: no gradient traffic
+                                     # broadcast from its owner: ZeRO-1), "fsdp" (all_gathers and reduce_scatters
+                                     # per sharded parameter, traffic_model.fsdp_calls); None: no gradient traffic
     memory: str | None = None        # what a rank holds (memory_model.py): "replicated" (every rank the whole
                                      # model, gradients and optimizer state), "zero1" (optimizer state sharded),
                                      # "zero2" (and gradients), "fsdp" (and parameters); ":flat" or ":greedy" after
@@ -118,6 +124,13 @@ _ROWS = (
          collectives=frozenset({"broadcast", "barrier"}), must_call=frozenset({"broadcast"}), extra_credit=True,
          export=True, single_node_equivalence=True, traffic="ring_broadcast", memory="zero1",
          needs_tasks=("1", "2", "2b")),
+    # Task 7 is advanced, extra credit like Task 5. Its wrapper calls the module-level all_gather_single /
+    # reduce_scatter_single of fsdp.py, which reach torch's all_gather_into_tensor / reduce_scatter_tensor (the spy
+    # files every name a torch version uses for them under these two).
+    Task("7", "fully sharded data parallel (FSDP)", "fsdp", ("FSDP",), "7_fsdp", color="#e377c2", sync="fsdp",
+         collectives=frozenset({"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "barrier"}),
+         must_call=frozenset({"all_gather_into_tensor", "reduce_scatter_tensor"}), extra_credit=True, export=True,
+         single_node_equivalence=True, traffic="fsdp", memory="fsdp", needs_tasks=("1", "2")),
     # Task 8 is extra credit because it arrived mid-term: required, it would change the maximum under students who
     # had finished. Not a training task of its own (sync None, no export folder): the kit's checkpoints call its
     # two functions in every training task's run (kit/checkpoint.py).

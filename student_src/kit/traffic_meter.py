@@ -266,21 +266,23 @@ class RunTrafficMeter:
 
     def finish(self, iterations: int, grad_nbytes_per_step: int,
                comm_records: Optional[list[dict]] = None,
-               bucket_nbytes: Optional[list[int]] = None) -> dict:
+               bucket_nbytes: Optional[list[int]] = None,
+               calls: Optional[list[tuple[str, int]]] = None) -> dict:
         """Stop measuring and return the ``traffic`` block for metrics.json.
 
         ``comm_records``: the collectives of ONE step (dicts with "nbytes", e.g.
         ``CommLog.as_dicts()`` of one step, or one per gradient tensor for Task 2a); records of
         all steps are accepted too (recognised by their total). Without them the gradient is
         modelled as one tensor of ``grad_nbytes_per_step``, which slightly underestimates the
-        per-message overhead. ``bucket_nbytes``: DDP's bucket sizes (Task 3).
+        per-message overhead. ``bucket_nbytes``: DDP's bucket sizes (Task 3). ``calls``: the
+        collectives of one step as ``(op, nbytes)`` (Task 7, ``traffic_model.fsdp_calls``).
         """
         sent, recv = self.meter.stop()
         elapsed = time.monotonic() - self._t0 if self._t0 else 0.0
         self.close()
         tensors = tensors_of_one_step(comm_records, grad_nbytes_per_step, iterations)
         per_step = step_traffic(self.task, self.world_size, tensors, bucket_nbytes,
-                                self.logging)
+                                self.logging, calls=calls)
         n_barriers = self.barriers + self._barriers
         run = per_step.scaled(iterations) + barrier_traffic(self.world_size).scaled(n_barriers)
         wire = WireModel(header_fraction=header_fraction(self.interface))

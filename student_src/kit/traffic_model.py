@@ -153,17 +153,34 @@ def allgather_traffic(nbytes: int, world_size: int) -> Traffic:
     return t
 
 
+def reduce_scatter_traffic(nbytes: int, world_size: int) -> Traffic:
+    """``reduce_scatter_single`` of a tensor of ``nbytes`` as gloo carries it: a whole ring
+    all_reduce, each rank then keeping its piece. Measured on loopback (4 ranks, 4 MB, torch 2.13):
+    24.06 MB summed over the ranks for reduce_scatter, 24.04 MB for all_reduce, 12.02 MB for an
+    all_gather of the same tensor (``benchmarks/traffic/README.md``). The textbook ring
+    reduce-scatter (what NCCL does) would send half of that: (N-1)/N of the tensor per rank."""
+    return allreduce_traffic(nbytes, world_size)
+
+
+def fsdp_gather_traffic(nbytes: int, world_size: int) -> Traffic:
+    """An all_gather into a flat tensor of ``nbytes`` (N chunks of ``nbytes / N``)."""
+    return allgather_traffic(-(-nbytes // world_size), world_size)
+
+
 def collective_traffic(op: str, nbytes: int, world_size: int) -> Traffic:
-    """Payload of one collective by name: all_reduce, all_gather, broadcast, gather_scatter."""
+    """Payload of one collective by name: all_reduce, all_gather (``nbytes``: one rank's piece),
+    broadcast, gather_scatter, and FSDP's all_gather_single / reduce_scatter_single (``nbytes``:
+    the whole flat tensor)."""
     models = {"all_reduce": allreduce_traffic, "all_gather": allgather_traffic,
-              "broadcast": broadcast_traffic, "gather_scatter": gather_scatter_traffic}
+              "broadcast": broadcast_traffic, "gather_scatter": gather_scatter_traffic,
+              "all_gather_single": fsdp_gather_traffic, "reduce_scatter_single": reduce_scatter_traffic}
     if op not in models:
         raise KitError(f"no traffic model for {op!r} (known: {', '.join(models)})")
     return models[op](nbytes, world_size)
 
 
 #: the task table's ``traffic`` values this model knows (``step_traffic``; None: no gradient traffic)
-PATTERNS = (None, "gather_scatter", "ring", "ring_buckets", "ring_broadcast")
+PATTERNS = (None, "gather_scatter", "ring", "ring_buckets", "ring_broadcast", "fsdp")
 
 LOGGING_COLLECTIVE = ("all_gather", 16)
 """What the kit's trainer sends per step for logging: an all_gather of (loss, seconds) float64."""
@@ -206,9 +223,26 @@ class WireModel:
         return {"sent": sent, "recv": recv, "total": sent + recv}
 
 
+def fsdp_calls(sharded: list[tuple[int, bool]], replicated_nbytes: list[int], clip: bool = True) -> list[tuple[str, int]]:
+    """The collectives of one FSDP step (``student_src/fsdp.py``), as ``(op, nbytes)``.
+
+    ``sharded``: per sharded parameter, its padded flat bytes (in the dtype it travels in) and
+    whether backward reads it again (a Linear's weight: re-gathered; biases and embeddings: not);
+    ``replicated_nbytes``: one flat all_reduce per dtype of the replicated gradients; ``clip``: the
+    global norm's all_reduce of one float64."""
+    calls = []
+    for nbytes, regathered in sharded:
+        calls += [("all_gather_single", nbytes)] * (2 if regathered else 1) + [("reduce_scatter_single", nbytes)]
+    calls += [("all_reduce", s) for s in replicated_nbytes if s]
+    if clip:
+        calls.append(("all_reduce", 8))
+    return calls
+
+
 def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
                  bucket_nbytes: Optional[list[int]] = None,
-                 logging: Optional[tuple[str, int]] = LOGGING_COLLECTIVE) -> Traffic:
+                 logging: Optional[tuple[str, int]] = LOGGING_COLLECTIVE,
+                 calls: Optional[list[tuple[str, int]]] = None) -> Traffic:
     """Payload of ONE training step of ``task`` ("1", "2a", "2b", "3", "5").
 
     * 2a: one gather + one scatter through rank 0 per gradient tensor;
@@ -216,6 +250,9 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
     * 3 / 5 (DDP, bucketed): one ring all_reduce per bucket (same total bytes as 2b);
     * 6 (ZeRO-1, ``ring_broadcast``): 2b's all_reduces, then every parameter broadcast once from
       the rank that owns it (``zero1_owners``): about 1.5x 2b's bytes;
+    * 7 (FSDP, ``fsdp``): the step's ``calls`` (``fsdp_calls``): per sharded parameter an
+      all_gather in forward, another in backward where backward reads the weight, a
+      reduce_scatter of its gradient; an all_reduce of the replicated gradients and of the norm;
       (the task table's ``traffic`` column says which; a task not in it is modelled as 2b)
     * plus the collective the trainer does for logging (``logging = (op, nbytes)``; the kit's
       trainer all-gathers (loss, seconds) as float64: ``("all_gather", 16)``; a float32 loss
@@ -232,6 +269,9 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
     elif pattern == "ring_buckets" and bucket_nbytes:
         for s in bucket_nbytes:
             t = t + allreduce_traffic(s, n)
+    elif pattern == "fsdp":
+        for op, s in calls or []:
+            t = t + collective_traffic(op, s, n)
     elif pattern == "ring_broadcast":
         for s, owner in zip(tensor_nbytes, zero1_owners(tensor_nbytes, n)):
             t = t + allreduce_traffic(s, n) + broadcast_traffic(s, n, root=owner)
@@ -270,6 +310,8 @@ def textbook_bytes(task: str, nbytes: int, n: int) -> int:
     pattern = traffic_pattern(task)
     if pattern == "gather_scatter":
         return nbytes
+    if pattern == "fsdp":  # an all_gather in forward and one in backward, a reduce_scatter: (N-1)/N each (NCCL)
+        return round(3 * (n - 1) * nbytes / n)
     if pattern == "ring_broadcast":
         return round(3 * (n - 1) * nbytes / n)
     return round(2 * (n - 1) * nbytes / n)

@@ -14,6 +14,8 @@ ddp (3)       ``ddp.wrap_ddp(model)``                none (DDP syncs inside ``ba
 bucketed (5)  ``bucketed.BucketedDDP(model)``        ``model.finish_gradient_synchronization``
 sharded_optimizer (6)  the model; the optimizer is   ``sync.allreduce_average`` (Task 2b)
               ``ShardedOptimizer(groups, AdamW, ...)``
+fsdp (7)      ``fsdp.FSDP(model)`` (the model's slots  ``model.finish_gradient_synchronization``,
+              hold shards: AdamW is built over them)  then ``model.clip_grad_norm_`` (global norm)
 ============  =====================================  ==========================================
 
 Every other task steps the kit's AdamW (``build_optimizer``); a ``sharded_optimizer`` task's class
@@ -51,6 +53,7 @@ from .errors import KitError
 from .memory_meter import RunMemoryMeter
 from .metrics import write_metrics  # noqa: F401  (trainer.write_metrics: where runs write their results)
 from .timeline import recorder_for
+from .traffic_model import fsdp_calls, traffic_pattern
 
 FIRST_LOSSES_PRINTED = 5
 
@@ -132,16 +135,31 @@ def _on_device(batch: dict, device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def evaluate(model, dataset, ctx, batch_size: int) -> dict:
-    """Accuracy and mean loss on ``dataset``, each rank scoring a strided slice, summed over ranks."""
+def _lockstep_batches(batches: list, ctx) -> int:
+    """How many forwards every rank runs when each forward is a collective (FSDP's all_gathers):
+    the most any rank has; a rank with fewer repeats its last batch and ignores the result."""
+    if not (dist.is_initialized() and ctx.world_size > 1):
+        return len(batches)
+    most = torch.tensor([len(batches)], dtype=torch.int64)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return int(most.item())
+
+
+def evaluate(model, dataset, ctx, batch_size: int, lockstep: bool = False) -> dict:
+    """Accuracy and mean loss on ``dataset``, each rank scoring a strided slice, summed over ranks.
+    ``lockstep``: every rank runs the same number of forwards (an ``"fsdp"`` task's forward
+    all_gathers weights, and a rank whose slice has one batch fewer would leave the others waiting)."""
     from torch.utils.data import DataLoader, Subset
 
     model.eval()
     part = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))
     totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
     hits = []  # per example, for the accuracy per slice (student_src/kit/slices.py)
+    batches = list(DataLoader(part, batch_size=batch_size))
     with torch.no_grad():
-        for batch in DataLoader(part, batch_size=batch_size):
+        for _ in range(len(batches), _lockstep_batches(batches, ctx) if lockstep else len(batches)):
+            model(**_on_device(batches[-1] if batches else next(iter(DataLoader(dataset, batch_size=1))), ctx.device))
+        for batch in batches:
             batch = _on_device(batch, ctx.device)
             out = model(**batch)
             labels = batch["labels"]
@@ -184,6 +202,17 @@ def _function_sync(fn):
     return (lambda m: fn(m, comm_log=comm_log)), comm_log
 
 
+def _fsdp_sync(max_grad_norm: float):
+    """An ``"fsdp"`` task's sync: the last reduce_scatter and the replicated gradients' all_reduce,
+    then the clip by the *global* norm (every rank's shards). ``train_step``'s own clip then sees
+    gradients whose norm is already within ``max_grad_norm`` and multiplies them by exactly 1."""
+    def sync(model):
+        model.finish_gradient_synchronization()
+        if max_grad_norm and max_grad_norm > 0:
+            model.clip_grad_norm_(max_grad_norm)
+    return sync
+
+
 def setup_task(cfg: TrainConfig, model, ctx) -> TaskSetup:
     """How the task table's ``sync`` kind of ``cfg.task`` runs the student's function (``tasks.py``
     says what each kind means): the model to train, its sync, the CommLog and the optimizer."""
@@ -200,6 +229,9 @@ def setup_task(cfg: TrainConfig, model, ctx) -> TaskSetup:
                            "gradients in needs_tasks (see student_src/kit/tasks.py)")
         sync, comm_log = _function_sync(student_api.function(averaging[0].id))
         return TaskSetup(model, sync, comm_log, make_optimizer(model, cfg, wrapper=fn))
+    if task.sync == "fsdp":
+        wrapped = fn(model)  # the model's own slots now hold this rank's shards (fp32 masters)
+        return TaskSetup(wrapped, _fsdp_sync(cfg.max_grad_norm), None, make_optimizer(model, cfg))
     compression = None if cfg.grad_compression == "none" else cfg.grad_compression
     if task.sync == "ddp":
         wrapped = fn(model)
@@ -407,7 +439,8 @@ def _evaluate_epoch(run: Run, epoch: int) -> None:
     """Dev accuracy after an epoch (the traffic meter paused: evaluation is not training traffic)."""
     if run.meter is not None:
         run.meter.pause()
-    result = evaluate(run.base_model, run.dev_ds, run.ctx, run.cfg.per_device_eval_batch_size)
+    result = evaluate(run.base_model, run.dev_ds, run.ctx, run.cfg.per_device_eval_batch_size,
+                      lockstep=tasks.get(run.cfg.task).sync == "fsdp")
     if run.meter is not None:
         run.meter.resume()
     run.history.evaluated(epoch, result)
@@ -431,7 +464,24 @@ def _communication(run: Run) -> dict:
         records = [{"nbytes": p.numel() * wire_dtype(run.cfg.grad_compression, p.dtype).itemsize}
                    for p in run.base_model.parameters() if p.requires_grad]
         wire_bytes = sum(r["nbytes"] for r in records)
-    return {"comm": comm, "traffic": run.meter.finish(run.steps_done, wire_bytes, comm_records=records)}
+    calls = _fsdp_calls(run) if traffic_pattern(run.cfg.task) == "fsdp" else None
+    if calls is not None:  # the textbook figure per parameter: its full bytes, once
+        records = [{"nbytes": nbytes} for op, nbytes in calls if op == "reduce_scatter_single"]
+    return {"comm": comm, "traffic": run.meter.finish(run.steps_done, wire_bytes, comm_records=records, calls=calls)}
+
+
+def _fsdp_calls(run: Run) -> list:
+    """What an ``"fsdp"`` task's step sends (``traffic_model.fsdp_calls``), from the wrapper's own
+    layout: its sharded parameters (a Linear's weight is read again by backward, and re-gathered)
+    and its replicated ones, one flat all_reduce per dtype."""
+    wrapper = run.model
+    sharded = [(sp.padded_numel * sp.shard.element_size(), isinstance(sp.module, torch.nn.Linear) and sp.name == "weight")
+               for sp in getattr(wrapper, "sharded", [])]
+    per_dtype: dict = {}
+    for p in getattr(wrapper, "replicated", []):
+        per_dtype[p.dtype] = per_dtype.get(p.dtype, 0) + p.numel() * p.element_size()
+    clip = bool(run.cfg.max_grad_norm and run.cfg.max_grad_norm > 0)
+    return fsdp_calls(sharded, list(per_dtype.values()), clip=clip)
 
 # --------------------------------------------------------------------------- entry points
 def train_rank(ctx, cfg: TrainConfig):
