@@ -39,8 +39,8 @@ stays *replicated*, as in DDP.
   parameter and forward call; later unpacks reuse it) and rebuilds the view with
   ``as_strided``. Only what backward really reads is re-gathered: a Linear's weight is, its
   bias is not, and an Embedding's weight is not either (its backward needs only the token
-  ids), so the bytes on the wire depend on the model (tiny, whose embedding is 95% of it,
-  moves little more than DDP; see the notebook's question).
+  ids), so the bytes on the wire depend on the model (tiny's embedding is 95% of it) and on
+  the backend (gloo carries a reduce_scatter as a whole all_reduce): see the notebook's question.
 * **Gradients.** The full weights come out of a small autograd Function,
   :class:`GatherForCompute`: forward = all_gather, backward = reduce_scatter. Autograd calls its
   backward once every use of the gathered weights has produced its gradient, with the gradient

@@ -51,10 +51,11 @@ them.
 
 Before you run: a DDP step all_reduces every gradient (about 2 × the model's bytes per rank on
 a ring). Your FSDP all_gathers each sharded weight in the forward, again in the backward, and
-reduce-scatters each gradient: each of those moves about 1 × the tensor's bytes per rank. So
-predict **~1.5 × DDP's bytes** for a model whose every weight is gathered twice. Then look at
-the docstring's "Backward: re-gather on demand": which weights does backward *not* need again?
-How much of the `tiny` model (and of MiniLM) are they?
+reduce-scatters each gradient: on a ring each of those moves about 1 × the tensor's bytes per
+rank. So predict **~1.5 × DDP's bytes** for a model whose every weight is gathered twice. Then
+look at the docstring's "Backward: re-gather on demand": which weights does backward *not* need
+again? How much of the `tiny` model (and of MiniLM) are they? Run Task 3 with
+`--measure_traffic` (notebook 4) and this task's run below prints its own measured bytes.
 """)
     nb.md(RUN_INTRO)
     nb.code('m7 = kit.run_task("7")')
@@ -83,6 +84,9 @@ them beside this one.
                 "Textbook: an all_gather in forward, one in backward and a reduce_scatter, each (N-1)/N of the "
                 "weights per rank, against the ring all_reduce's 2(N-1)/N: about 1.5x. But backward re-gathers "
                 "only what it reads: a Linear's weight, not its bias and not an Embedding's weight (its backward "
-                "needs only the token ids). The word embedding is 95% of tiny, so tiny moves about as much as DDP; "
-                "in MiniLM it is about half the parameters, so the ratio lands between 1.0 and 1.5.")
+                "needs only the token ids). And gloo has no reduce_scatter of its own: it runs a whole all_reduce "
+                "(2(N-1)/N) and keeps a piece. So on gloo a weight gathered once costs 3(N-1)/N (1.5x DDP) and one "
+                "gathered twice 4(N-1)/N (2x): tiny, 95% embedding, measures 1.53x; MiniLM, about half Linear "
+                "weights, 1.74x (benchmarks/traffic). With NCCL's real reduce_scatter they would be about 1.0x "
+                "and 1.25x.")
     return nb
