@@ -166,3 +166,17 @@ def test_sharded_optimizer_state_saved_on_two_ranks_loads_on_four(tmp_path):
         assert all(a.equal(b) for a, b in zip(state["params"], saved[0]["params"]))
         assert all(state["exp_avg"][i].equal(saved[0]["exp_avg"][i]) for i in saved[0]["exp_avg"])
         assert any(m.abs().sum() > 0 for m in state["exp_avg"].values())
+
+
+def test_fsdp_sharded_parameters_saved_on_two_ranks_resume_on_four(small_rte, tmp_path):
+    """Task 7: each rank's model holds other pieces of every sharded parameter and AdamW's moments
+    are pieces too; the kit saves them whole (kit/fsdp_state.py) and 4 ranks cut their own pieces."""
+    two = tmp_path / "two"
+    argv = _argv(small_rte, two, "--dropout", "0", "--do_train", "--world_size", 2, "--spawn", "--save_every", 3,
+                 task="7", steps=6, batch=16)
+    whole = run(parse_config(argv))
+    argv = _argv(small_rte, tmp_path / "four", "--dropout", "0", "--do_train", "--world_size", 4, "--spawn",
+                 "--resume", two / "checkpoints" / "step-3", task="7", steps=6, batch=16)
+    resumed = run(parse_config(argv))
+    assert resumed["world_size"] == 4
+    _assert_same_losses(whole["losses"], resumed["losses"])

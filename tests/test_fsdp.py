@@ -412,14 +412,36 @@ def test_traffic_model_counts_gathers_and_gloos_reduce_scatter():
     assert tm.textbook_bytes("7", 400, 4) == 900      # 3 x (N-1)/N of the tensor (NCCL's ring reduce_scatter)
 
 
-def test_the_trainer_refuses_checkpoints_for_task_7_and_knows_its_sync():
-    from student_src.kit import tasks
-    from student_src.kit.config import parse_config
-    from student_src.kit.errors import KitError
+def test_fsdp_checkpoint_pieces_are_cut_like_the_constructor_and_gathered_back_whole():
+    """kit/fsdp_state.py (Task 7's checkpoints) on one rank: the pieces it keeps on resume are the
+    constructor's shards, and what it saves is the whole model and AdamW state."""
+    from student_src.fsdp import FSDP, shard_flat
+    from student_src.kit import fsdp_state
 
-    assert tasks.get("7").sync == "fsdp" and "fsdp" in tasks.SYNC_KINDS
-    with pytest.raises(KitError, match="do not support Task 7"):
-        parse_config(["--task", "7", "--save_every", "2", "--output_dir", "/tmp/x"])
+    model = ToyModel(3)
+    fsdp = FSDP(model)
+    opt = _optimizer(fsdp.parameters())
+    template = fsdp_state.optimizer_state(fsdp, opt)      # before the first step: zeros, whole shapes
+    assert template["state.lin1.weight.exp_avg"].shape == (7, 6) and not template["state.lin1.weight.exp_avg"].any()
+    ids, labels = _batch(0)
+    fsdp(ids, labels).backward()
+    fsdp.finish_gradient_synchronization()
+    opt.step()
+    saved_model, saved_opt = fsdp_state.model_state(fsdp), fsdp_state.optimizer_state(fsdp, opt)
+    assert saved_model["lin1.weight"].shape == (7, 6) and saved_opt["state.lin1.weight.exp_avg"].shape == (7, 6)
+    again = FSDP(ToyModel(4))                              # other weights: the load must overwrite them
+    opt2 = _optimizer(again.parameters())
+    fsdp_state.load_model_state(again, saved_model)
+    fsdp_state.load_optimizer_state(again, opt2, saved_opt)
+    for sp, sp2 in zip(fsdp.sharded, again.sharded):
+        assert torch.equal(sp2.shard, sp.shard) and torch.equal(sp2.shard, shard_flat(saved_model[f"{_path(model, sp)}"], 0, 1))
+        if opt.state.get(sp.shard):                        # the unused layer has no state: zeros stand in
+            assert torch.equal(opt2.state[sp2.shard]["exp_avg"], opt.state[sp.shard]["exp_avg"])
+    assert fsdp_state.full_parameter_count(fsdp) == sum(p.numel() for p in ToyModel(3).parameters())
+
+
+def _path(model, sp):
+    return next(f"{n}.{sp.name}" if n else sp.name for n, m in model.named_modules() if m is sp.module)
 
 
 def _uneven_eval(ctx, dev_size):

@@ -70,6 +70,9 @@ gathered state) is accepted in the same way. If the shard is a ``torch.optim`` o
 the owned parameters, ``torch_shard_state(model, opt)`` and ``load_torch_shard_state(model, opt,
 state)`` below implement the pair. A checkpoint saved on 2 ranks then loads on 4: each rank asks
 for the keys of the parameters it owns now, wherever they were saved.
+
+Sharded parameters (Task 7: the student's ``FSDP``): the model and AdamW's moments are saved
+whole, gathered from the shards, and each rank keeps its piece on resume (``fsdp_state.py``).
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import faults
+from . import faults, fsdp_state
 from .errors import KitError
 
 FORMAT = 1
@@ -167,8 +170,12 @@ def load_torch_shard_state(model, optimizer, state: dict) -> None:
     set_optimizer_state_dict(model, optimizer, state, options=_flat())
 
 
-def _optimizer_hooks(optimizer):
-    """``(get, load)`` for the optimizer: its own pair (module docstring), else torch's."""
+def _optimizer_hooks(optimizer, model=None):
+    """``(get, load)`` for the optimizer: its own pair (module docstring), else torch's; for AdamW
+    over an FSDP wrapper's shards (Task 7, ``model``), whole moments (``fsdp_state.py``)."""
+    if model is not None and fsdp_state.is_fsdp(model):
+        return ((lambda base: fsdp_state.optimizer_state(model, optimizer)),
+                (lambda base, state: fsdp_state.load_optimizer_state(model, optimizer, state)))
     for get, load in (("sharded_state_dict", "load_sharded_state_dict"), ("full_state_dict", "load_full_state_dict")):
         if callable(getattr(optimizer, get, None)) and callable(getattr(optimizer, load, None)):
             return (lambda model: getattr(optimizer, get)()), (lambda model, state: getattr(optimizer, load)(state))
@@ -195,17 +202,33 @@ def set_rng_state(state: dict, device) -> None:
 
 def identity(run) -> dict:
     cfg = run.cfg
+    parameters = (fsdp_state.full_parameter_count(run.model) if fsdp_state.is_fsdp(run.model)
+                  else sum(p.numel() for p in run.base_model.parameters()))  # shards count whole: any world size
     return {"task": str(cfg.task), "task_name": cfg.task_name, "model_name_or_path": str(cfg.model_name_or_path),
-            "parameters": sum(p.numel() for p in run.base_model.parameters()),
+            "parameters": parameters,
             "max_seq_length": cfg.max_seq_length, "global_batch_size": run.batch["global_batch_size"], "seed": cfg.seed}
+
+
+def _model_state(run) -> dict:
+    """The model's state for DCP: torch's, or an FSDP wrapper's shards gathered whole (Task 7)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return fsdp_state.model_state(run.model) if fsdp_state.is_fsdp(run.model) else get_model_state_dict(run.base_model)
+
+
+def _load_model_state(run, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    if fsdp_state.is_fsdp(run.model):
+        fsdp_state.load_model_state(run.model, state)
+    else:
+        set_model_state_dict(run.base_model, state)
 
 
 def _state(run) -> dict:
     """What DCP writes: tensors and the scheduler (``kit.json`` holds the rest)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    get_optimizer, _ = _optimizer_hooks(run.optimizer)
-    return {"model": get_model_state_dict(run.base_model), "optimizer": get_optimizer(run.base_model),
+    get_optimizer, _ = _optimizer_hooks(run.optimizer, run.model)
+    return {"model": _model_state(run), "optimizer": get_optimizer(run.base_model),
             "scheduler": run.scheduler.state_dict() if run.scheduler is not None else {},
             "rng": {f"rank{run.ctx.rank}": rng_state(run.ctx.device)}}
 
@@ -220,6 +243,8 @@ def _student_pair(run):
     from . import student_api
 
     if not isinstance(run.optimizer, torch.optim.Optimizer) or any(callable(getattr(run.optimizer, n, None)) for n in ("sharded_state_dict", "full_state_dict")):
+        return None
+    if fsdp_state.is_fsdp(run.model):  # shards: only the kit's whole-tensor save resumes at another world size
         return None
     return student_api.optional(lambda: (student_api.function("8", "capture_training_state"),
                                          student_api.function("8", "restore_training_state")))
@@ -417,15 +442,14 @@ def _load_dcp(dcp, state: dict, path: Path) -> None:
 def _kit_load(run, path: Path, meta: dict) -> dict:
     """Load a checkpoint of the kit's own state (``_state``); return this rank's saved generators."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    get_optimizer, load_optimizer = _optimizer_hooks(run.optimizer)
+    get_optimizer, load_optimizer = _optimizer_hooks(run.optimizer, run.model)
     source = f"rank{run.ctx.rank % meta['world_size']}"
-    state = {"model": get_model_state_dict(run.base_model), "optimizer": get_optimizer(run.base_model),
+    state = {"model": _model_state(run), "optimizer": get_optimizer(run.base_model),
              "scheduler": run.scheduler.state_dict() if run.scheduler is not None else {},
              "rng": {source: rng_state(run.ctx.device)}}
     _load_dcp(dcp, state, path)
-    set_model_state_dict(run.base_model, state["model"])
+    _load_model_state(run, state["model"])
     load_optimizer(run.base_model, state["optimizer"])
     if run.scheduler is not None:
         run.scheduler.load_state_dict(state["scheduler"])

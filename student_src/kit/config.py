@@ -233,11 +233,6 @@ def validate(cfg: TrainConfig) -> None:
         raise KitError("--save_every must be >= 0 and --keep_checkpoints >= 1")
     if (cfg.save_every or cfg.resume == "auto") and not (cfg.checkpoint_dir or cfg.output_dir):
         raise KitError("--save_every and --resume auto need a place for checkpoints: --checkpoint_dir DIR or --output_dir DIR")
-    if task.sync == "fsdp" and (cfg.save_every or cfg.resume):
-        # each rank's model holds different shards under the same names: a checkpoint of them needs FSDP's
-        # own sharded state dict (DCP's DTensor layout), which the kit does not build yet
-        raise KitError(f"--save_every/--resume do not support Task {task.id} yet (its parameters are sharded); "
-                       "checkpoint Task 3, 5 or 6 instead")
     if not cfg.do_train and not cfg.do_eval:
         raise KitError("nothing to do: pass --do_train and/or --do_eval")
     if cfg.measure_traffic and not task.distributed:
