@@ -87,3 +87,14 @@ def test_torchrun_world_size_is_checked_against_the_global_batch(monkeypatch):
     with pytest.raises(KitError, match="not divisible by --world_size 3"):
         parse_config(["--task", "3"])
     assert parse_config(["--task", "3", "--global_batch_size", "63"]).global_batch_size == 63
+
+
+def test_torch_sharding_is_for_the_sharding_tasks_and_without_checkpoints():
+    from student_src.kit.config import parse_config
+    from student_src.kit.errors import KitError
+
+    assert parse_config(["--task", "7", "--torch_sharding"]).torch_sharding
+    for argv, says in ((["--task", "3"], "--task 6 or 7"), (["--task", "6", "--save_every", "2", "--output_dir", "x"], "checkpoint"),
+                       (["--task", "7", "--measure_traffic"], "measure without --torch_sharding")):
+        with pytest.raises(KitError, match=says):
+            parse_config([*argv, "--torch_sharding"])

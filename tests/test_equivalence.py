@@ -10,10 +10,10 @@ from student_src.kit.trainer import run
 STEPS = 4
 
 
-def _losses(small_rte, tmp_path, task, world_size=None):
-    argv = ["--task", task, "--model_name_or_path", "tiny", "--dropout", "0", "--max_steps", str(STEPS),
+def _losses(small_rte, tmp_path, task, world_size=None, *extra):
+    argv = [*extra, "--task", task, "--model_name_or_path", "tiny", "--dropout", "0", "--max_steps", str(STEPS),
             "--global_batch_size", "16", "--max_seq_length", "32", "--data_dir", str(small_rte),
-            "--do_train", "--no_progress", "--output_dir", str(tmp_path / f"t{task}-{world_size}")]
+            "--do_train", "--no_progress", "--output_dir", str(tmp_path / f"t{task}-{world_size}{''.join(extra)}")]
     if world_size:
         argv += ["--world_size", str(world_size), "--spawn", "--num_threads", "1"]
     metrics = run(parse_config(argv))
@@ -36,3 +36,16 @@ def test_distributed_losses_match_single_node(single_node, small_rte, tmp_path, 
     for step, loss in enumerate(metrics["losses"]):
         ranks = [r[step] for r in metrics["rank_losses"]]
         assert abs(loss - sum(ranks) / world_size) < 1e-9
+
+
+@pytest.mark.parametrize("task", ["6", "7"])
+def test_torchs_own_sharding_trains_like_single_node_and_holds_what_the_model_predicts(single_node, small_rte, tmp_path,
+                                                                                      task):
+    """--torch_sharding: ZeroRedundancyOptimizer (6) and FSDP2's fully_shard (7) in place of the
+    student's, as Task 3's DDP is to 2b: the same losses, and the bytes per rank of ZeRO-1 / FSDP."""
+    metrics = _losses(small_rte, tmp_path, task, 2, "--torch_sharding")
+    for step, (a, b) in enumerate(zip(single_node["losses"], metrics["losses"])):
+        assert abs(a - b) < 1e-4, f"step {step + 1}: task 1 {a:.6f} vs torch's task {task} {b:.6f}"
+    memory = metrics["memory"]
+    for got, want in zip(memory["per_rank"], memory["predicted"]["per_rank"]):
+        assert abs(got["total"] - want["states"]) <= 0.01 * want["states"], (got, want)

@@ -67,6 +67,7 @@ class TrainConfig:
     # Task 5 and compression
     bucket_cap_mb: float = 25.0
     grad_compression: str = "none"
+    torch_sharding: bool = False
     # checkpoints (student_src/kit/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -138,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timeline", type=int, help="record each rank's forward/backward/collectives/optimizer over N iterations (kit/timeline.py)")
     g.add_argument("--bucket_cap_mb", type=float, help="Task 5 bucket size in MB (default 25)")
     g.add_argument("--grad_compression", choices=("none", "fp16", "bf16"), help="Task 3/5: all-reduce gradients in half precision")
+    g.add_argument("--torch_sharding", action="store_true", default=None,
+                   help="Task 6: torch's ZeroRedundancyOptimizer instead of your ShardedOptimizer; Task 7: torch's FSDP2 "
+                        "(fully_shard) instead of your FSDP (as Task 3's DDP is to 2b)")
 
     g = p.add_argument_group("checkpoints (student_src/kit/checkpoint.py)")
     g.add_argument("--save_every", type=int, help="save a checkpoint every N steps")
@@ -238,6 +242,16 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.measure_traffic and not task.distributed:
         raise KitError(f"--measure_traffic measures gradient traffic between ranks: use it with --task {distributed}")
     wrappers = tasks.ids(lambda t: t.sync in tasks.WRAPPERS)
+    if cfg.torch_sharding:
+        sharded = tasks.ids(lambda t: t.sync in ("sharded_optimizer", "fsdp"))
+        if cfg.task not in sharded:
+            raise KitError(f"--torch_sharding runs torch's own sharding in place of yours: use it with --task "
+                           f"{tasks.spoken(sharded)}")
+        if cfg.save_every or cfg.resume:
+            raise KitError("--save_every/--resume checkpoint your own sharding; run torch's (--torch_sharding) without them")
+        if cfg.measure_traffic and task.sync == "fsdp":
+            raise KitError("--measure_traffic's model follows your FSDP (FSDP2 gathers whole units and re-gathers "
+                           "before every backward): measure without --torch_sharding")
     if cfg.grad_compression != "none" and cfg.task not in wrappers:
         raise KitError(f"--grad_compression compresses DDP's or your BucketedDDP's all_reduce: use it with "
                        f"--task {tasks.spoken(wrappers)}, not --task {cfg.task}")

@@ -202,6 +202,15 @@ def _function_sync(fn):
     return (lambda m: fn(m, comm_log=comm_log)), comm_log
 
 
+def _torch_zero1(groups, optimizer_cls, **settings):
+    """``--torch_sharding`` for Task 6: torch's ``ZeroRedundancyOptimizer`` with the kit's groups and
+    settings, in the place of the student's ``ShardedOptimizer`` (a ``torch.optim.Optimizer`` too)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    settings.pop("fused", None)  # ZeroRedundancyOptimizer builds its own local optimizer per rank
+    return ZeroRedundancyOptimizer(groups, optimizer_class=optimizer_cls, **settings)
+
+
 def _fsdp_sync(max_grad_norm: float):
     """An ``"fsdp"`` task's sync: the last reduce_scatter and the replicated gradients' all_reduce,
     then the clip by the *global* norm (every rank's shards). ``train_step``'s own clip then sees
@@ -228,8 +237,13 @@ def setup_task(cfg: TrainConfig, model, ctx) -> TaskSetup:
             raise KitError(f"Task {task.id}: a sharded_optimizer task names the task whose function averages its "
                            "gradients in needs_tasks (see student_src/kit/tasks.py)")
         sync, comm_log = _function_sync(student_api.function(averaging[0].id))
-        return TaskSetup(model, sync, comm_log, make_optimizer(model, cfg, wrapper=fn))
+        return TaskSetup(model, sync, comm_log, make_optimizer(model, cfg, wrapper=_torch_zero1 if cfg.torch_sharding else fn))
     if task.sync == "fsdp":
+        if cfg.torch_sharding:  # torch's FSDP2: gradients are reduce-scattered inside backward; clip_grad_norm_ knows DTensors
+            from .fsdp2 import wrap_fsdp2
+
+            wrapped = wrap_fsdp2(model)
+            return TaskSetup(wrapped, None, None, make_optimizer(model, cfg))
         wrapped = fn(model)  # the model's own slots now hold this rank's shards (fp32 masters)
         return TaskSetup(wrapped, _fsdp_sync(cfg.max_grad_norm), None, make_optimizer(model, cfg))
     compression = None if cfg.grad_compression == "none" else cfg.grad_compression
