@@ -473,3 +473,23 @@ def test_lockstep_evaluation_of_uneven_slices_does_not_hang():
 
     results = launch(_uneven_eval, 4, args=(5,), timeout=120)   # slices of 2, 1, 1, 1 batches
     assert all(r["examples"] == 5 for r in results) and len({r["accuracy"] for r in results}) == 1
+
+
+def test_the_timeline_shows_the_all_gathers_inside_each_forward_and_backward(small_rte, tmp_path):
+    """--timeline on Task 7: every sharded parameter's all_gather falls inside its forward, the
+    re-gathers and the reduce_scatters inside backward (issue 24: timelines show FSDP's gathers)."""
+    from student_src.kit.config import parse_config
+    from student_src.kit.trainer import run
+
+    metrics = run(parse_config(["--task", "7", "--model_name_or_path", "tiny", "--data_dir", str(small_rte),
+                                "--max_seq_length", "32", "--global_batch_size", "8", "--max_steps", "3", "--dropout", "0",
+                                "--world_size", "2", "--spawn", "--no_progress", "--do_train", "--timeline", "1",
+                                "--output_dir", str(tmp_path)]))
+    events = [e for e in metrics["timeline"] if e["rank"] == 0 and e["iteration"] == 2]
+    span = {k: next(e for e in events if e["kind"] == k) for k in ("forward", "backward")}
+
+    def inside(name, kind):
+        return [e for e in events if e["name"] == name and span[kind]["start"] <= e["start"] <= span[kind]["end"]]
+
+    assert len(inside("all_gather_single", "forward")) > 10       # one per sharded parameter of tiny
+    assert inside("all_gather_single", "backward") and inside("reduce_scatter_single", "backward")

@@ -8,7 +8,9 @@ kit's own events, with no profiler:
   hook on every parameter also gives each gradient's ready time);
 * collectives: ``torch.distributed``'s collectives are wrapped for the window, so every
   ``gather``/``scatter`` (2a), ``all_reduce`` (2b, each of Task 5's buckets: an async one ends
-  when its future completes) is an event; torch DDP's buckets (Task 3) run in C++, so a
+  when its future completes), ``all_gather_single`` / ``reduce_scatter_single`` (Task 7: an
+  all_gather before each layer's forward, again in backward, a reduce_scatter per gradient) is
+  an event; torch DDP's buckets (Task 3) run in C++, so a
   communication hook that does what DDP does by default (average with one all_reduce per
   bucket) times them;
 * optimizer: the optimizer's step pre- and post-hooks.
@@ -28,7 +30,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-WRAPPED = ("all_reduce", "gather", "scatter", "broadcast", "all_gather", "reduce_scatter", "reduce")
+WRAPPED = ("all_reduce", "gather", "scatter", "broadcast", "all_gather", "reduce_scatter", "reduce",
+           # Task 7's FSDP: torch 2.13's names, and the older ones they replace
+           "all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor")
 KINDS = ("forward", "backward", "comm", "optimizer", "step")
 
 
@@ -163,7 +167,10 @@ class TimelineRecorder:
                 def done(_f):
                     recorder.events.append({"rank": recorder.rank, "iteration": iteration, "kind": "comm",
                                             "name": name, "start": start, "end": time.time()})
-                work.get_future().add_done_callback(done)
+                try:
+                    work.get_future().add_done_callback(done)
+                except RuntimeError:  # gloo's reduce_scatter_single has no future: its launch is what we see
+                    recorder._add("comm", name, start, time.time())
             else:
                 recorder._add("comm", name, start, time.time())
             return work
