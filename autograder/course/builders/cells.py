@@ -146,3 +146,31 @@ def check_cells(nb: NB, tasks: str, what: str) -> None:
           "(the same ones `python -m autograder check` runs). A failure prints what went wrong.")
     nb.check(TRUSTED_PRELUDE.strip("\n") + f"\nfrom autograder.notebook import check\ncheck({args}, root=S.root)",
              points=task_points(names))
+
+
+def memory_cell(var: str, compare: tuple[str, ...]) -> str:
+    """A code cell: the bytes each rank of run ``var`` (a metrics dict) holds after the first step,
+    measured (metrics.json's "memory", ``memory_meter.py``) beside the memory model's prediction,
+    one row per rank; then the busiest rank of this run and of the ``compare`` tasks' runs so far
+    as bars (``memory_plot.py``). Notebooks 6 and 7 show it."""
+    task = var.lstrip("m")
+    runs = ", ".join(f'"task{t}": kit.load_metrics("{t}")' for t in compare) + f', "task{task}": {var}'
+    return f'''
+from IPython.display import Image, Markdown, display
+from student_src.kit import memory_plot
+
+if {var} and {var}.get("memory"):
+    mem = {var}["memory"]
+    lines = ["| rank | parameters MB | gradients MB | optimizer state MB (measured / predicted) | total MB (measured / predicted) |",
+             "|---|---|---|---|---|"]
+    for r, (got, want) in enumerate(zip(mem["per_rank"], mem["predicted"]["per_rank"])):
+        lines.append(f"| {{r}} | {{got['params'] / 1e6:.2f}} | {{got['grads'] / 1e6:.2f}} | "
+                     f"{{got['optimizer'] / 1e6:.2f}} / {{want['optimizer'] / 1e6:.2f}} | {{got['total'] / 1e6:.2f}} / {{want['states'] / 1e6:.2f}} |")
+    display(Markdown("### Bytes each rank holds after the first step\\n\\n" + "\\n".join(lines)))
+    runs = {{n: m for n, m in {{{runs}}}.items() if m and m.get("memory")}}
+    rows = memory_plot.memory_rows(runs)
+    display(Markdown(memory_plot.memory_markdown(rows)))
+    display(Image(plots.to_png(memory_plot.memory_bars(rows))))
+else:
+    print("no memory recorded: run the cell above first")
+'''

@@ -2,29 +2,7 @@
 
 from __future__ import annotations
 
-from .cells import NB, RESULTS_INTRO, RUN_INTRO, check_cells, header
-
-#: the measured bytes each rank holds (metrics.json's "memory", memory_meter.py) beside the memory model's
-#: prediction, one row per rank, and the busiest rank of every run so far as bars (memory_plot.py)
-MEMORY_CELL = '''
-from IPython.display import Image, Markdown, display
-from student_src.kit import memory_plot
-
-if m6 and m6.get("memory"):
-    mem = m6["memory"]
-    lines = ["| rank | parameters MB | gradients MB | optimizer state MB (measured) | optimizer state MB (predicted) |",
-             "|---|---|---|---|---|"]
-    for r, (got, want) in enumerate(zip(mem["per_rank"], mem["predicted"]["per_rank"])):
-        lines.append(f"| {r} | {got['params'] / 1e6:.2f} | {got['grads'] / 1e6:.2f} | {got['optimizer'] / 1e6:.2f} | "
-                     f"{want['optimizer'] / 1e6:.2f} |")
-    display(Markdown("### Bytes each rank holds after the first step\\n\\n" + "\\n".join(lines)))
-    runs = {n: m for n, m in {"task2b": kit.load_metrics("2b"), "task6": m6}.items() if m and m.get("memory")}
-    rows = memory_plot.memory_rows(runs)
-    display(Markdown(memory_plot.memory_markdown(rows)))
-    display(Image(plots.to_png(memory_plot.memory_bars(rows))))
-else:
-    print("no memory recorded: run the cell above first")
-'''
+from .cells import NB, RESULTS_INTRO, RUN_INTRO, check_cells, header, memory_cell
 
 
 def build() -> NB:
@@ -66,7 +44,7 @@ optimizer step (parameters, gradients, optimizer state), beside the memory model
 (`python -m student_src.kit.whatif --memory`). Run Task 2b in its notebook to see it beside
 this one.
 """)
-    nb.code(MEMORY_CELL)
+    nb.code(memory_cell("m6", ('2b',)))
     nb.md("## Questions for your report")
     nb.question("**Q1.** How much optimizer state does each rank hold, and how does it compare with 1/N of AdamW's "
                 "whole state? Explain the imbalance you see, and what cutting the parameters into equal flat "

@@ -2,30 +2,7 @@
 
 from __future__ import annotations
 
-from .cells import NB, RESULTS_INTRO, RUN_INTRO, check_cells, header
-
-#: the measured bytes each rank holds (metrics.json's "memory", memory_meter.py) beside the memory model's
-#: prediction, one row per rank, and every run so far as bars (memory_plot.py)
-MEMORY_CELL = '''
-from IPython.display import Image, Markdown, display
-from student_src.kit import memory_plot
-
-if m7 and m7.get("memory"):
-    mem = m7["memory"]
-    lines = ["| rank | parameters MB | gradients MB | optimizer state MB | total MB (measured) | total MB (predicted) |",
-             "|---|---|---|---|---|---|"]
-    for r, (got, want) in enumerate(zip(mem["per_rank"], mem["predicted"]["per_rank"])):
-        lines.append(f"| {r} | {got['params'] / 1e6:.2f} | {got['grads'] / 1e6:.2f} | {got['optimizer'] / 1e6:.2f} | "
-                     f"{got['total'] / 1e6:.2f} | {want['states'] / 1e6:.2f} |")
-    display(Markdown("### Bytes each rank holds after the first step\\n\\n" + "\\n".join(lines)))
-    runs = {n: m for n, m in {"task2b": kit.load_metrics("2b"), "task6": kit.load_metrics("6"), "task7": m7}.items()
-            if m and m.get("memory")}
-    rows = memory_plot.memory_rows(runs)
-    display(Markdown(memory_plot.memory_markdown(rows)))
-    display(Image(plots.to_png(memory_plot.memory_bars(rows))))
-else:
-    print("no memory recorded: run the cell above first")
-'''
+from .cells import NB, RESULTS_INTRO, RUN_INTRO, check_cells, header, memory_cell
 
 
 def build() -> NB:
@@ -70,7 +47,7 @@ optimizer step (parameters, gradients, optimizer state), beside the memory model
 (`python -m student_src.kit.whatif --memory`). Run Tasks 2b and 6 in their notebooks to see
 them beside this one.
 """)
-    nb.code(MEMORY_CELL)
+    nb.code(memory_cell("m7", ('2b', '6')))
     nb.md("## Questions for your report")
     nb.question("**Q1.** How many bytes does each rank hold between steps, against DDP's and Task 6's? Where does "
                 "the memory go *during* a step (the working set), and why does FSDP gather one layer at a time?",
