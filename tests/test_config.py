@@ -77,7 +77,7 @@ def test_inconsistent_flags_are_refused(argv, message):
 
 def test_unknown_task_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit):
-        parse_config(["--task", "7"])
+        parse_config(["--task", "9"])
     assert "invalid choice" in capsys.readouterr().err
 
 

@@ -202,24 +202,29 @@ def set_rng_state(state: dict, device) -> None:
 
 def identity(run) -> dict:
     cfg = run.cfg
-    parameters = (fsdp_state.full_parameter_count(run.model) if fsdp_state.is_fsdp(run.model)
+    parameters = (fsdp_state.full_parameter_count(run.model) if _fsdp(run)
                   else sum(p.numel() for p in run.base_model.parameters()))  # shards count whole: any world size
     return {"task": str(cfg.task), "task_name": cfg.task_name, "model_name_or_path": str(cfg.model_name_or_path),
             "parameters": parameters,
             "max_seq_length": cfg.max_seq_length, "global_batch_size": run.batch["global_batch_size"], "seed": cfg.seed}
 
 
+def _fsdp(run) -> bool:
+    """The run trains the student's FSDP (Task 7): its model holds shards (``fsdp_state.py``)."""
+    return fsdp_state.is_fsdp(getattr(run, "model", None))
+
+
 def _model_state(run) -> dict:
     """The model's state for DCP: torch's, or an FSDP wrapper's shards gathered whole (Task 7)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return fsdp_state.model_state(run.model) if fsdp_state.is_fsdp(run.model) else get_model_state_dict(run.base_model)
+    return fsdp_state.model_state(run.model) if _fsdp(run) else get_model_state_dict(run.base_model)
 
 
 def _load_model_state(run, state: dict) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    if fsdp_state.is_fsdp(run.model):
+    if _fsdp(run):
         fsdp_state.load_model_state(run.model, state)
     else:
         set_model_state_dict(run.base_model, state)
@@ -227,7 +232,7 @@ def _load_model_state(run, state: dict) -> None:
 
 def _state(run) -> dict:
     """What DCP writes: tensors and the scheduler (``kit.json`` holds the rest)."""
-    get_optimizer, _ = _optimizer_hooks(run.optimizer, run.model)
+    get_optimizer, _ = _optimizer_hooks(run.optimizer, getattr(run, "model", None))
     return {"model": _model_state(run), "optimizer": get_optimizer(run.base_model),
             "scheduler": run.scheduler.state_dict() if run.scheduler is not None else {},
             "rng": {f"rank{run.ctx.rank}": rng_state(run.ctx.device)}}
@@ -244,7 +249,7 @@ def _student_pair(run):
 
     if not isinstance(run.optimizer, torch.optim.Optimizer) or any(callable(getattr(run.optimizer, n, None)) for n in ("sharded_state_dict", "full_state_dict")):
         return None
-    if fsdp_state.is_fsdp(run.model):  # shards: only the kit's whole-tensor save resumes at another world size
+    if _fsdp(run):  # shards: only the kit's whole-tensor save resumes at another world size
         return None
     return student_api.optional(lambda: (student_api.function("8", "capture_training_state"),
                                          student_api.function("8", "restore_training_state")))
@@ -443,7 +448,7 @@ def _kit_load(run, path: Path, meta: dict) -> dict:
     """Load a checkpoint of the kit's own state (``_state``); return this rank's saved generators."""
     import torch.distributed.checkpoint as dcp
 
-    get_optimizer, load_optimizer = _optimizer_hooks(run.optimizer, run.model)
+    get_optimizer, load_optimizer = _optimizer_hooks(run.optimizer, getattr(run, "model", None))
     source = f"rank{run.ctx.rank % meta['world_size']}"
     state = {"model": _model_state(run), "optimizer": get_optimizer(run.base_model),
              "scheduler": run.scheduler.state_dict() if run.scheduler is not None else {},
