@@ -64,11 +64,14 @@ def test_gather_scatter_root_versus_worker():
 def test_allgather_and_broadcast_and_barrier():
     g = model.allgather_traffic(16, 4)
     assert g.sent == g.recv == [48] * 4 and g.msgs_sent == g.msgs_recv == [3] * 4
-    b = model.broadcast_traffic(100, 4)
-    assert b.sent == [300, 0, 0, 0] and b.recv == [0, 100, 100, 100]
+    b = model.broadcast_traffic(100, 4)  # gloo's binomial tree, measured per node: 0 -> 1, 0 -> 2, 1 -> 3
+    assert b.sent == [200, 100, 0, 0] and b.recv == [0, 100, 100, 100]
+    assert model.broadcast_traffic(100, 4, root=2).sent == [0, 0, 200, 100]          # the same tree from rank 2
+    assert model.broadcast_traffic(100, 3).sent == [200, 0, 0]                       # 3 ranks: the root sends both
+    assert model.broadcast_traffic(100, 8).sent == [300, 200, 100, 100, 0, 0, 0, 0]  # N-1 messages, log2 N from the root
     assert model.barrier_traffic(4).total_msgs == 8 and model.barrier_traffic(5).total_msgs == 15
     with pytest.raises(KitError):
-        model.collective_traffic("reduce_scatter", 4, 4)
+        model.collective_traffic("reduce_scatter", 4, 4)  # FSDP's is "reduce_scatter_single" (the whole tensor's bytes)
 
 
 def test_step_traffic_per_task():

@@ -131,14 +131,21 @@ def gather_scatter_traffic(nbytes: int, world_size: int, root: int = 0) -> Traff
 
 
 def broadcast_traffic(nbytes: int, world_size: int, root: int = 0) -> Traffic:
-    """gloo's broadcast from ``root``: the root sends S to each of the N-1 others."""
+    """gloo's broadcast from ``root``: a binomial tree. With ranks numbered from the root
+    (v = (r - root) mod N), rank v sends S to v + m for every power of two m > v with v + m < N:
+    N-1 messages in all, the root sending ceil(log2 N) of them. Measured on the emulated 4-node
+    cluster (4 MB from rank 0): rank 0 sent 8.01 MB, rank 1 sent 4.01 MB, ranks 2 and 3 none
+    (0 -> 1, 0 -> 2, 1 -> 3); on 2 and 3 ranks it is the root sending to every other rank."""
     n = world_size
     t = Traffic.zero(n)
     if n == 1 or nbytes == 0:
         return t
-    for r in range(n):
-        if r != root:
-            t.message(root, r, nbytes)
+    for v in range(n):
+        m = 1
+        while m < n:
+            if v < m and v + m < n:
+                t.message((v + root) % n, (v + m + root) % n, nbytes)
+            m *= 2
     return t
 
 
