@@ -324,8 +324,10 @@ ZOO = {
 
         FSDP.clip_grad_norm_ = _local_clip
         """,
-        # one rank's shards are the whole; the BERT loss check does not clip; the bytes held are right
-        TASK_7 - {"7.shards_only_4_ranks", "7.world_size_1", "7.loss_matches_single_node"}, "global norm"),
+        # one rank's shards are the whole; the BERT loss check does not clip; the bytes held are right; the bf16
+        # check judges the mean difference, which a per-rank clip may stay within (MAY_ALSO_LOSE)
+        TASK_7 - {"7.shards_only_4_ranks", "7.world_size_1", "7.loss_matches_single_node", "7.bf16_compute_2_ranks"},
+        "global norm"),
     # ------------------------------------------------------------------ 8
     "8_forgets_rng": ("resume", "8", """
         def capture_training_state(model, optimizer, scheduler, step, epoch, batches_done):
@@ -368,6 +370,7 @@ ZOO = {
 #: checks always do. No smaller error is safe from both: 0.002 % still moved the loss by up to
 #: 1.3e-4, and below ~0.001 % the gradient check's 1e-5 + 1e-5 x |mean| no longer sees it.
 MAY_ALSO_LOSE = {"2b_off_by_a_tolerance": {"2b.loss_matches_single_node"},
+                 "7_clips_by_its_own_shards_norm": {"7.bf16_compute_2_ranks"},
                  "7_sums_instead_of_averaging": {"7.public_matches_adamw_2_ranks", "7.matches_adamw_4_ranks",
                                                  "7.float64_2_ranks", "7.bf16_compute_2_ranks"}}
 
