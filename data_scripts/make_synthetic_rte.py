@@ -52,7 +52,7 @@ __all__ = ["LABELS", "PATTERNS", "HARD_PATTERNS", "PERSON_VERBS", "ORG_VERBS", "
 
 DEFAULT_OUT = Path("data") / "glue_data" / "RTE"
 #: dev_patterns.tsv is a sidecar: the hypothesis pattern of every dev example (by index), so the
-#: kit can report dev accuracy per pattern (student_src/kit/slices.py) while dev.tsv keeps the
+#: kit can report dev accuracy per pattern (student_src/kit/core/slices.py) while dev.tsv keeps the
 #: exact GLUE columns students see.
 PATTERNS_FILE = "dev_patterns.tsv"
 FILES = ("train.tsv", "dev.tsv", "test.tsv", PATTERNS_FILE, "README.md")

@@ -12,7 +12,7 @@
     OUT/profile.py, OUT/cloudlab_setup.sh, OUT/slurm.sbatch   # CloudLab profile, Slurm batch script
     OUT/notebooks/       # your notebooks/*.ipynb as last saved: outputs and written answers
     OUT/report/          # your report/ (or one built from runs/full, else runs/quick), with
-                         # index.html: the tables and plots in one page (kit/handin.py)
+                         # index.html: the tables and plots in one page (kit/report/handin.py)
     OUT/submission.zip   # the task folders, notebooks/ and report/: the one file to upload
 
 Each task folder runs on its own (copy it to every node)::
@@ -77,7 +77,7 @@ if __name__ == "__main__":
               "`python data_scripts/download_glue_data.py` (the real RTE, needs internet); or pass --data_dir",
               file=sys.stderr)
         sys.exit(2)
-    from student_src.kit.process_group import exit_process  # a rank ends without the interpreter's teardown
+    from student_src.kit.ranks.process_group import exit_process  # a rank ends without the interpreter's teardown
 
     exit_process(main(defaults={{"task": "{task}", "data_dir": data_dir or os.path.join("data", "glue_data", "RTE")}}))
 '''
@@ -215,8 +215,8 @@ def export(out: Path, force: bool = False, source: Path = PACKAGE, root: Path | 
     ``runs/`` are handed in (default: the folder holding ``source``); ``say`` gets one line per
     hand-in part (what was packed, what is missing)."""
     from student_src.kit.errors import KitError
-    from student_src.kit.handin import NOTEBOOKS, REPORT, pack
-    from student_src.kit.real_clusters import write_cluster_files
+    from student_src.kit.report.handin import NOTEBOOKS, REPORT, pack
+    from student_src.kit.cluster.real import write_cluster_files
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not force:

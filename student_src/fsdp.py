@@ -76,7 +76,7 @@ Between steps: its shards (``ceil(numel / N)`` elements per sharded parameter), 
 and AdamW's states for them, plus the replicated parameters in full: about 16 Ψ / N bytes
 instead of DDP's 16 Ψ. During a layer's forward or backward it also holds that layer's full
 weights (and, in backward, their full gradient until the reduce_scatter has run): the
-*working set* of the memory model (``student_src.kit.memory_model``).
+*working set* of the memory model (``student_src.kit.measure.memory_model``).
 
 Mixed precision (``compute_dtype=torch.bfloat16`` or ``torch.float16``)
 ------------------------------------------------------------------------

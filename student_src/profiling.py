@@ -2,7 +2,7 @@
 
 In Task 2b every rank calls ``dist.all_reduce`` once per gradient tensor, every step. This
 module lets you *predict* the bytes those calls move, so you can compare the prediction with
-what the network interface actually carried (``student_src/kit/traffic_meter.py`` measures that).
+what the network interface actually carried (``student_src/kit/measure/traffic_meter.py`` measures that).
 
 You write three small pieces (look for ``TODO(task 4)``):
 
@@ -66,7 +66,7 @@ def expected_allreduce_bytes(nbytes: int, world_size: int) -> int:
     Rounding: S is rarely divisible by N. We round to the nearest integer byte
     (``round(2 * (N - 1) * S / N)``); with real tensors the difference is at most 1 byte per
     call. (Real libraries split by *elements*, not bytes -- the kit's traffic model in
-    ``kit/traffic_meter.py`` handles that detail; you do not need to.)
+    ``kit/measure/traffic_meter.py`` handles that detail; you do not need to.)
 
     Hint: compute with integers first (``2 * (N - 1) * S``), divide by N last.
 

@@ -4,7 +4,7 @@ A long run on a cluster stops: a node dies, the reservation ends, a laptop sleep
 restarts it (``torchrun --max-restarts``, the export's ``launch.sh``, or by hand with
 ``--resume auto``) and the run must go on *exactly* where it stopped: the same losses, step by
 step, as if nothing had happened. Your part is the question at the heart of that: **what must
-be saved?** You write two functions; the kit does the rest (``student_src/kit/checkpoint.py``:
+be saved?** You write two functions; the kit does the rest (``student_src/kit/resume/checkpoint.py``:
 writing the state with ``torch.distributed.checkpoint`` from every rank at once, atomically,
 and finding the newest complete checkpoint when a run restarts).
 

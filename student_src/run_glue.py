@@ -49,12 +49,12 @@ def summary(metrics: dict) -> str:
 
 
 def main(argv=None, defaults=None) -> int:
-    from student_src.kit.config import parse_config
+    from student_src.kit.core.config import parse_config
     from student_src.kit.errors import KitError
 
     try:
         cfg = parse_config(argv, defaults)
-        from student_src.kit.trainer import run
+        from student_src.kit.train.trainer import run
 
         metrics = run(cfg)
     except KitError as exc:
@@ -66,13 +66,13 @@ def main(argv=None, defaults=None) -> int:
     if metrics is not None:
         print(summary(metrics))
         if cfg.timing_iters:
-            from student_src.kit.timing import format_timing_table
+            from student_src.kit.core.timing import format_timing_table
 
             print(format_timing_table([{"task": metrics["task"], "world_size": metrics["world_size"], **metrics["timing"]}]))
     return 0
 
 
 if __name__ == "__main__":
-    from student_src.kit.process_group import exit_process
+    from student_src.kit.ranks.process_group import exit_process
 
     exit_process(main())  # a rank ends without the interpreter's teardown (see exit_process)

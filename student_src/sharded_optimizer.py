@@ -204,7 +204,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 yield f"{g}.{i}", p
 
     def sharded_state_dict(self) -> dict:
-        """The kit's checkpoint contract (``student_src/kit/checkpoint.py``): this rank's state
+        """The kit's checkpoint contract (``student_src/kit/resume/checkpoint.py``): this rank's state
         flat, ``state.<group>.<index>.<name>``, keyed by position, never by rank, so a run saved
         on 2 ranks resumes on 4. Before the first step the entries are created as zeros."""
         from torch.distributed.checkpoint.state_dict import _init_optim_state

@@ -1,7 +1,7 @@
 """Task 1: one training step of single-node fine-tuning.
 
 Everything else of Task 1 (data, model, optimizer, schedule, evaluation, logging) is provided by
-``student_src.kit.trainer``; your job is the heart of it: what happens to one minibatch.
+``student_src.kit.train.trainer``; your job is the heart of it: what happens to one minibatch.
 The same function is reused unchanged by Tasks 2a, 2b, 3 and 5, which is why it takes a
 ``sync_gradients`` callback: data-parallel training is single-node training plus one extra
 step between ``backward()`` and ``optimizer.step()``.

@@ -24,7 +24,7 @@ class ToyShardedOptimizer:
     their parameters and broadcast them (ZeRO-1 in a dozen lines)."""
 
     def __init__(self, model, lr=0.1):
-        from student_src.kit import checkpoint
+        from student_src.kit.resume import checkpoint
 
         self.checkpoint, self.model = checkpoint, model
         self.params = list(model.parameters())
@@ -56,8 +56,8 @@ class _Run:
     """The parts of trainer.Run that checkpoint.save/load use."""
 
     def __init__(self, ctx, model, optimizer, path):
-        from student_src.kit.config import TrainConfig
-        from student_src.kit.metrics import History
+        from student_src.kit.core.config import TrainConfig
+        from student_src.kit.core.metrics import History
 
         self.cfg = TrainConfig(task="6", model_name_or_path="toy", keep_checkpoints=2)
         self.ctx, self.base_model, self.optimizer, self.scheduler = ctx, model, optimizer, None
@@ -86,7 +86,7 @@ def _train(run, steps):
 def save_toy(ctx, path):
     """Two steps of the toy on this world, saved; returns every parameter and rank 0's view of
     every parameter's exp_avg (gathered from the owners)."""
-    from student_src.kit import checkpoint
+    from student_src.kit.resume import checkpoint
 
     run = _toy(ctx, path)
     _train(run, 2)
@@ -95,7 +95,7 @@ def save_toy(ctx, path):
 
 
 def load_toy(ctx, path):
-    from student_src.kit import checkpoint
+    from student_src.kit.resume import checkpoint
 
     run = _toy(ctx, path)
     found = checkpoint.latest(Path(path))
@@ -114,7 +114,7 @@ def _toy_state(run):
 
 
 def _kill_once_after(step: int, marker: Path):
-    from student_src.kit import checkpoint
+    from student_src.kit.resume import checkpoint
 
     original = checkpoint.Checkpointer.after_step
 
@@ -130,7 +130,7 @@ def _kill_once_after(step: int, marker: Path):
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     _kill_once_after(int(os.environ["KIT_TEST_KILL_AT_STEP"]), Path(os.environ["KIT_TEST_KILL_MARKER"]))
-    from student_src.kit.process_group import exit_process
+    from student_src.kit.ranks.process_group import exit_process
     from student_src.run_glue import main
 
     exit_process(main(sys.argv[1:]))

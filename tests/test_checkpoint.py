@@ -1,4 +1,4 @@
-"""Checkpoint and resume (student_src/kit/checkpoint.py): a resumed run repeats the uninterrupted
+"""Checkpoint and resume (student_src/kit/resume/checkpoint.py): a resumed run repeats the uninterrupted
 run's losses step by step, on one rank, at another world size, after a torchrun restart, and
 after a crash in the middle of a save."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import checkpoint_helpers
-from student_src.kit import checkpoint
-from student_src.kit.config import parse_config
+from student_src.kit.resume import checkpoint
+from student_src.kit.core.config import parse_config
 from student_src.kit.errors import KitError
-from student_src.kit.launch import launch
-from student_src.kit.trainer import run
+from student_src.kit.ranks.launch import launch
+from student_src.kit.train.trainer import run
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-6
@@ -170,7 +170,7 @@ def test_sharded_optimizer_state_saved_on_two_ranks_loads_on_four(tmp_path):
 
 def test_fsdp_sharded_parameters_saved_on_two_ranks_resume_on_four(small_rte, tmp_path):
     """Task 7: each rank's model holds other pieces of every sharded parameter and AdamW's moments
-    are pieces too; the kit saves them whole (kit/fsdp_state.py) and 4 ranks cut their own pieces."""
+    are pieces too; the kit saves them whole (kit/resume/fsdp_state.py) and 4 ranks cut their own pieces."""
     two = tmp_path / "two"
     argv = _argv(small_rte, two, "--dropout", "0", "--do_train", "--world_size", 2, "--spawn", "--save_every", 3,
                  task="7", steps=6, batch=16)

@@ -1,4 +1,4 @@
-"""kit/cluster.py: the emulated cluster (needs Linux, root, ip and tc; skipped elsewhere).
+"""kit/cluster/emulated.py: the emulated cluster (needs Linux, root, ip and tc; skipped elsewhere).
 
 The tests use their own namespace prefix (``dpkt-``), so they never touch a cluster a student
 or a benchmark has up with the default prefix.
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from student_src.kit import cluster, cluster_net as net
+from student_src.kit.cluster import emulated as cluster, net
 from student_src.kit.errors import KitError
 
 PREFIX = "dpkt-"
@@ -109,7 +109,7 @@ def test_up_tcp_between_nodes_status_and_down_twice(clean):
 @needs_root
 def test_two_rank_gloo_allreduce_across_namespaces(clean, tmp_path, capsys):
     out = tmp_path / "traffic.json"
-    res = cluster.run([sys.executable, "-m", "student_src.kit.cluster_check", "--sizes", "65536",
+    res = cluster.run([sys.executable, "-m", "student_src.kit.cluster.check", "--sizes", "65536",
                        "--iters", "2", "--timeout", "30"],
                       nodes=2, timeout=90, traffic_json=str(out), prefix=PREFIX)
     printed = capsys.readouterr().out
@@ -223,8 +223,8 @@ def test_isolate_gives_a_private_loopback_and_cleans_up(clean):
 AGREE_PREFIX = "dpki-"   # its own namespaces: never collides with the tests above
 AGREE_CODE = """
 import json, os
-from student_src.kit.process_group import point_gloo_towards
-from student_src.kit.traffic_meter import RunTrafficMeter
+from student_src.kit.ranks.process_group import point_gloo_towards
+from student_src.kit.measure.traffic_meter import RunTrafficMeter
 os.environ.pop("GLOO_SOCKET_IFNAME", None)
 point_gloo_towards({master!r})
 meter = RunTrafficMeter("2b", 2, 0, master_ip={master!r}, sync=False)

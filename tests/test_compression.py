@@ -12,7 +12,7 @@ from torch import nn
 from student_src.kit.compression import (COMPRESSIONS, compress, ddp_comm_hook, decompress,
                                          normalize_compression, register_ddp_compression, wire_dtype)
 from student_src.kit.errors import KitError
-from student_src.kit.launch import launch
+from student_src.kit.ranks.launch import launch
 
 KINDS = [None, "fp16", "bf16"]
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from student_src.kit.config import parse_config, per_worker_batch_size
+from student_src.kit.core.config import parse_config, per_worker_batch_size
 from student_src.kit.errors import KitError
 
 
@@ -90,7 +90,7 @@ def test_torchrun_world_size_is_checked_against_the_global_batch(monkeypatch):
 
 
 def test_torch_sharding_is_for_the_sharding_tasks_and_without_checkpoints():
-    from student_src.kit.config import parse_config
+    from student_src.kit.core.config import parse_config
     from student_src.kit.errors import KitError
 
     assert parse_config(["--task", "7", "--torch_sharding"]).torch_sharding

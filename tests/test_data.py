@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from data_scripts import make_synthetic_rte as syn
-from student_src.kit import data
-from student_src.kit.data import DataError, GlueDataset, InputExample, load_glue_dataset
+from student_src.kit.core import data
+from student_src.kit.core.data import DataError, GlueDataset, InputExample, load_glue_dataset
 from student_src.kit.errors import KitError
 
 HEADER = "index\tsentence1\tsentence2\tlabel\n"

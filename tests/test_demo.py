@@ -41,7 +41,7 @@ def test_quick_demo_prints_the_agreement_table(small_rte, tmp_path):
 
 
 def test_quick_flags_give_way_to_explicit_ones(monkeypatch):
-    from student_src.kit.demo import parse_args
+    from student_src.kit.demo.assignment import parse_args
 
     args = parse_args(["--quick", "--steps", "9"])
     assert (args.model, args.steps, args.world_size) == ("tiny", 9, 2)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rank_fns
-from student_src.kit.launch import LaunchTimeout, RankFailure, launch
+from student_src.kit.ranks.launch import LaunchTimeout, RankFailure, launch
 
 
 def _expected_mean(world_size, ranks=None):
@@ -124,7 +124,7 @@ def test_ranks_started_with_the_multi_node_flags_share_the_hosts_cores(small_rte
     import subprocess
     import sys
 
-    from student_src.kit.launch import available_cores
+    from student_src.kit.ranks.launch import available_cores
 
     port, out = _free_port(), tmp_path / "out"
     procs = [subprocess.Popen(
@@ -149,9 +149,9 @@ def test_ranks_started_with_the_multi_node_flags_share_the_hosts_cores(small_rte
 
 
 def test_torchrun_local_world_size_sets_the_share_and_num_threads_overrides(monkeypatch):
-    from student_src.kit import process_group
-    from student_src.kit.config import parse_config
-    from student_src.kit.launch import available_cores
+    from student_src.kit.ranks import process_group
+    from student_src.kit.core.config import parse_config
+    from student_src.kit.ranks.launch import available_cores
 
     before = torch.get_num_threads()
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
@@ -175,8 +175,8 @@ def test_torchrun_local_world_size_sets_the_share_and_num_threads_overrides(monk
 # --------------------------------------------------------------------------- mismatched --world_size
 MISMATCH_RANK = """
 import sys
-from student_src.kit import process_group
-from student_src.kit.config import parse_config
+from student_src.kit.ranks import process_group
+from student_src.kit.core.config import parse_config
 from student_src.kit.errors import KitError
 rank, world_size, port = sys.argv[1:4]
 cfg = parse_config(["--task", "2b", "--master_ip", "127.0.0.1", "--master_port", port, "--world_size", world_size,
@@ -223,7 +223,7 @@ def test_world_size_watch_tells_both_sides():
 
     import torch.distributed as dist
 
-    from student_src.kit.world_size_watch import WorldSizeWatch
+    from student_src.kit.ranks.world_size_watch import WorldSizeWatch
 
     port = _free_port()
     server = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
@@ -244,7 +244,7 @@ def test_ranks_see_the_launchers_environment_folder_and_path_as_they_are_now(tmp
     """launch's forkserver (Linux) starts once and forks every later rank: a rank must still see
     what the launcher changed since (a notebook's os.environ edit, a test's chdir), as spawn did,
     and the student's modules are never preloaded into the server."""
-    from student_src.kit.launch import launch
+    from student_src.kit.ranks.launch import launch
 
     import rank_fns
 
@@ -259,6 +259,6 @@ def test_ranks_see_the_launchers_environment_folder_and_path_as_they_are_now(tmp
 
 
 def test_the_forkserver_preloads_no_student_module():
-    from student_src.kit import launch as launch_mod
+    from student_src.kit.ranks import launch as launch_mod
 
     assert not [m for m in launch_mod.PRELOAD if m.split(".")[0] in ("student_src", "autograder")]

@@ -1,4 +1,4 @@
-"""Task 7: FSDP by hand (student_src/fsdp.py) and torch's FSDP2 (student_src/kit/fsdp2.py).
+"""Task 7: FSDP by hand (student_src/fsdp.py) and torch's FSDP2 (student_src/kit/train/fsdp2.py).
 
 The toy model has everything that can go wrong: an embedding tied to the output layer (stays
 replicated), a sharded embedding, sizes that no world size divides (padding), a frozen weight in
@@ -150,7 +150,7 @@ def _spy_collectives(log):
 
 
 def _train_fsdp2(rank, world_size):
-    from student_src.kit.fsdp2 import full_state_dict_fsdp2, wrap_fsdp2
+    from student_src.kit.train.fsdp2 import full_state_dict_fsdp2, wrap_fsdp2
 
     model = wrap_fsdp2(ToyModel(100 + rank))
     opt = _optimizer(model.parameters())
@@ -175,7 +175,7 @@ def _bert_batch(step, rank=0, world_size=1):
 
 def _train_bert(rank=0, world_size=1, wrap=False, steps=3):
     from student_src.fsdp import FSDP
-    from student_src.kit.models import load_model
+    from student_src.kit.core.models import load_model
 
     torch.manual_seed(7 + rank)
     model = load_model("tiny", dropout=0.0)
@@ -228,7 +228,7 @@ _LAUNCHES: dict = {}
 
 def _launched(world_size: int):
     """The ranks' results of one launch per world size (the tiny BERT joins the 2-rank one)."""
-    from student_src.kit.launch import launch
+    from student_src.kit.ranks.launch import launch
 
     if world_size not in _LAUNCHES:
         _LAUNCHES[world_size] = launch(fsdp_rank, world_size, kwargs={"bert": world_size == 2},
@@ -398,7 +398,7 @@ def test_traffic_model_counts_gathers_and_gloos_reduce_scatter():
     """traffic_model.fsdp_calls / step_traffic("7"): per sharded parameter an all_gather in forward,
     a second one where backward reads the weight, and a reduce_scatter that gloo carries as a whole
     all_reduce; the replicated gradients' all_reduce and the norm's. Hand sums on 4 ranks."""
-    from student_src.kit import traffic_model as tm
+    from student_src.kit.measure import traffic_model as tm
 
     n = 4
     calls = tm.fsdp_calls([(4000, True), (400, False)], [48], clip=True)
@@ -413,10 +413,10 @@ def test_traffic_model_counts_gathers_and_gloos_reduce_scatter():
 
 
 def test_fsdp_checkpoint_pieces_are_cut_like_the_constructor_and_gathered_back_whole():
-    """kit/fsdp_state.py (Task 7's checkpoints) on one rank: the pieces it keeps on resume are the
+    """kit/resume/fsdp_state.py (Task 7's checkpoints) on one rank: the pieces it keeps on resume are the
     constructor's shards, and what it saves is the whole model and AdamW state."""
     from student_src.fsdp import FSDP, shard_flat
-    from student_src.kit import fsdp_state
+    from student_src.kit.resume import fsdp_state
 
     model = ToyModel(3)
     fsdp = FSDP(model)
@@ -448,7 +448,7 @@ def _uneven_eval(ctx, dev_size):
     """Each forward of an FSDP model all_gathers: evaluate with lockstep must not hang when ranks'
     slices have different numbers of batches (dev_size examples, batches of 1)."""
     from student_src.fsdp import FSDP
-    from student_src.kit.trainer import evaluate
+    from student_src.kit.train.trainer import evaluate
 
     class Out:
         def __init__(self, logits):
@@ -469,7 +469,7 @@ def _uneven_eval(ctx, dev_size):
 
 
 def test_lockstep_evaluation_of_uneven_slices_does_not_hang():
-    from student_src.kit.launch import launch
+    from student_src.kit.ranks.launch import launch
 
     results = launch(_uneven_eval, 4, args=(5,), timeout=120)   # slices of 2, 1, 1, 1 batches
     assert all(r["examples"] == 5 for r in results) and len({r["accuracy"] for r in results}) == 1
@@ -478,8 +478,8 @@ def test_lockstep_evaluation_of_uneven_slices_does_not_hang():
 def test_the_timeline_shows_the_all_gathers_inside_each_forward_and_backward(small_rte, tmp_path):
     """--timeline on Task 7: every sharded parameter's all_gather falls inside its forward, the
     re-gathers and the reduce_scatters inside backward (issue 24: timelines show FSDP's gathers)."""
-    from student_src.kit.config import parse_config
-    from student_src.kit.trainer import run
+    from student_src.kit.core.config import parse_config
+    from student_src.kit.train.trainer import run
 
     metrics = run(parse_config(["--task", "7", "--model_name_or_path", "tiny", "--data_dir", str(small_rte),
                                 "--max_seq_length", "32", "--global_batch_size", "8", "--max_steps", "3", "--dropout", "0",

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from student_src.kit import memory_model as mm
+from student_src.kit.measure import memory_model as mm
 from student_src.kit import tasks
 from student_src.kit.errors import KitError
-from student_src.kit.memory_meter import RunMemoryMeter, measure, optimizer_kind, optimizers_in
+from student_src.kit.measure.memory_meter import RunMemoryMeter, measure, optimizer_kind, optimizers_in
 
 
 # --------------------------------------------------------------------------- the model
@@ -169,8 +169,8 @@ def test_a_run_is_measured_after_its_first_optimizer_step():
 
 def test_task1_records_its_memory_in_metrics(small_rte, tmp_path):
     """An in-process Task 1 run on tiny writes ``memory`` into metrics.json, within 5% of the model."""
-    from student_src.kit.config import parse_config
-    from student_src.kit.trainer import run
+    from student_src.kit.core.config import parse_config
+    from student_src.kit.train.trainer import run
 
     cfg = parse_config(["--task", "1", "--model_name_or_path", "tiny", "--data_dir", str(small_rte),
                         "--max_seq_length", "16", "--global_batch_size", "8", "--max_steps", "1", "--no_progress",
@@ -184,7 +184,7 @@ def test_task1_records_its_memory_in_metrics(small_rte, tmp_path):
 
 
 def test_the_plot_puts_measured_beside_predicted_per_task_and_world_size():
-    from student_src.kit.memory_plot import memory_bars, memory_markdown, memory_rows
+    from student_src.kit.plots.memory import memory_bars, memory_markdown, memory_rows
 
     def run(task, n, opt):
         per_rank = [{"params": 400, "grads": 400, "optimizer": opt[r], "peak_rss": 10**8} for r in range(n)]

@@ -3,7 +3,7 @@
 import pytest
 
 from student_src.kit.errors import KitError
-from student_src.kit.models import count_parameters, load_model, load_tokenizer
+from student_src.kit.core.models import count_parameters, load_model, load_tokenizer
 
 
 def test_tiny_is_small_and_random():

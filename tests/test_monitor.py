@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from student_src.kit.progress import RunMonitor
+from student_src.kit.core.progress import RunMonitor
 
 
 def _step(rank, step, iter_time, loss=0.7):

@@ -51,7 +51,8 @@ def session_in(monkeypatch, small_rte, tmp_path):
         return kit.start(quick=True, runs_dir=tmp_path / "runs", data_dir=small_rte)
 
     yield start
-    kit._NOT_RUN.clear()
+    from student_src.kit.notebook import runs
+    runs._NOT_RUN.clear()
 
 
 # --------------------------------------------------------------------------- the task table, the stubs
@@ -120,7 +121,7 @@ def test_task4_shows_your_prediction_or_todo(only_2b, session_in, capsys):
     """The traffic table's "your prediction" column: TODO while Task 4 is, else YOUR functions' ring bytes
     summed over the ranks (loopback's scope); the prediction cell says in one line what to fill in."""
     from student_src.kit import notebook as kit
-    from student_src.kit.whatif import tensor_sizes
+    from student_src.kit.whatif.scaling import tensor_sizes
 
     session_in(only_2b)
     assert kit.your_prediction("tiny", 4) == "TODO"
@@ -135,10 +136,10 @@ def test_task4_shows_your_prediction_or_todo(only_2b, session_in, capsys):
 
 def test_a_failed_run_shows_the_students_frames_briefly():
     from student_src.kit import notebook as kit
-    from student_src.kit.launch import RankFailure
+    from student_src.kit.ranks.launch import RankFailure
 
     details = ('Traceback (most recent call last):\n'
-               '  File "/k/student_src/kit/trainer.py", line 300, in train\n    loss = step(batch)\n'
+               '  File "/k/student_src/kit/train/trainer.py", line 300, in train\n    loss = step(batch)\n'
                '  File "/k/student_src/train.py", line 61, in train_step\n    sync_gradients(model)\n'
                '  File "/k/student_src/sync.py", line 9, in allreduce_average\n    g[10] = 1\n    ~^^^^\n'
                '  File "/v/torch/_tensor.py", line 5, in __setitem__\n    raise IndexError("no")\n'
@@ -153,7 +154,7 @@ def test_a_failed_run_shows_the_students_frames_briefly():
 
 def test_quick_mode_says_what_its_numbers_mean(only_2b, session_in, capsys):
     from student_src.kit import notebook as kit
-    from student_src.kit.whatif_plot import model_note
+    from student_src.kit.plots.whatif import model_note
 
     session_in(only_2b)
     capsys.readouterr()

@@ -101,7 +101,7 @@ def test_run_cells_name_what_they_need_first(name):
     """Every run goes through ``kit.run_task`` (which checks the tasks it needs: test_notebook_needs.py),
     and nothing after it reads a run's folder behind the kit's back (stale numbers after a failed run)."""
     code = "\n".join(c.source for c in _load(name).cells if c.cell_type == "code")
-    assert "from student_src.kit.trainer" not in code and "scaling_report import" not in code
+    assert "from student_src.kit.train.trainer" not in code and "scaling_report import" not in code
     if any(t.trains for t in tasks.for_notebook(name)):
         assert "kit.run_task(" in code
 
@@ -133,7 +133,7 @@ def test_release_stripping_of_the_notebooks():
 def test_run_flags_of_both_modes(quick, tmp_path, monkeypatch):
     """The flags a notebook run passes are valid, and full mode means the assignment's settings."""
     from student_src.kit import notebook as kit
-    from student_src.kit.config import parse_config
+    from student_src.kit.core.config import parse_config
 
     (tmp_path / "RTE").mkdir()
     (tmp_path / "RTE" / "train.tsv").write_text("")  # present: start() must not generate data
@@ -150,7 +150,7 @@ def test_run_flags_of_both_modes(quick, tmp_path, monkeypatch):
             assert (cfg.model_name_or_path, cfg.max_seq_length, cfg.max_steps) == ("tiny", 32, 3)
         else:
             assert (cfg.model_name_or_path, cfg.max_seq_length, cfg.learning_rate, cfg.warmup_steps, cfg.num_train_epochs,
-                    cfg.max_steps) == ("minilm", 128, 1e-4, 10, 3.0, -1)  # MiniLM's own lr / warm-up (kit/models.py)
+                    cfg.max_steps) == ("minilm", 128, 1e-4, 10, 3.0, -1)  # MiniLM's own lr / warm-up (kit/core/models.py)
             assert cfg.global_batch_size == (32 if task == "2b" else 64) and cfg.do_eval
     monkeypatch.setenv("KIT_NOTEBOOK_QUICK", "1")
     assert kit.quick_mode(False) is True
@@ -226,7 +226,7 @@ def test_students_lab_hides_nbgrader_instructor_menus(student_walk):
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=WALK) for n in SELECTED])
 def test_notebook_executes(name, runs_dir, request):
-    from student_src.kit import report
+    from student_src.kit.report import build as report
 
     nb = _executed(name, request)
     if name == "0_collectives":  # no training: before/after pictures of the student's collectives

@@ -16,7 +16,8 @@ import torch
 from autograder import fixtures as F
 from autograder import references as R
 from autograder.registry import CheckFailure
-from student_src.kit import report, timing
+from student_src.kit.report import build as report
+from student_src.kit.core import timing
 
 
 # ----------------------------------------------------------------------------- timing summary
@@ -209,7 +210,7 @@ def test_single_node_reference_is_the_ranks_rows_together(reference):
 def test_reference_model_is_the_kits_tiny_model_without_dropout():
     """The grader builds ``tiny`` itself (it never imports the kit): it must be the very model
     students train, with dropout 0 (dropout would make single-node and 4 ranks differ)."""
-    from student_src.kit.models import load_model
+    from student_src.kit.core.models import load_model
 
     ours = R.tiny_model()
     torch.manual_seed(0)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from student_src.kit.trainer import single_node_loader
+from student_src.kit.train.trainer import single_node_loader
 from student_src.partition import build_train_loader
 
 

@@ -1,4 +1,4 @@
-"""The export's CloudLab profile and Slurm batch script (student_src/kit/real_clusters.py).
+"""The export's CloudLab profile and Slurm batch script (student_src/kit/cluster/real.py).
 
 The profile is run offline with geni-lib, the library CloudLab itself runs profiles with: it
 prints the request RSpec, and we check its nodes, LAN, addresses, image and boot command.
@@ -18,7 +18,7 @@ import pytest
 
 from student_src.export import TORCH_SPEC
 from student_src.kit.errors import KitError
-from student_src.kit.real_clusters import CLOUDLAB_IMAGE, cloudlab_profile, slurm_script, write_cluster_files
+from student_src.kit.cluster.real import CLOUDLAB_IMAGE, cloudlab_profile, slurm_script, write_cluster_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_export import _env, _free_port, exported  # noqa: E402,F401  (the module-scoped export fixture)

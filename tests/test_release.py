@@ -198,7 +198,7 @@ def test_gradescope_package(tmp_path):
         train = zf.read("kit/student_src/train.py").decode()
         modes = {i.filename: (i.external_attr >> 16) for i in zf.infolist()}
     assert {"setup.sh", "run_autograder", "kit/autograder/checks/task1.py", "kit/autograder/points.toml",
-            "kit/student_src/kit/models.py"} <= names
+            "kit/student_src/kit/core/models.py"} <= names
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
     assert setup.index("torch==2.13.0") < setup.index('pip install psutil "$SOURCE/kit"')
     assert 'SOURCE="${AUTOGRADER_SOURCE:-/autograder/source}"' in setup  # more in tests/test_gradescope.py
@@ -256,6 +256,6 @@ def test_the_mention_checker_catches_what_the_instructor_readme_got_wrong(releas
     for mention in bad:
         assert problems_in(mention, release, "README.md", makefile), mention
     for mention in ("make setup && make lab", "python -m student_src.run_glue --task 1 --output_dir runs/task1",
-                    "python run_glue.py --task 2a --local_rank 0", "student_src/kit/trainer.py", "2b_allreduce"):
+                    "python run_glue.py --task 2a --local_rank 0", "student_src/kit/train/trainer.py", "2b_allreduce"):
         assert problems_in(mention, release, "README.md", makefile) == [], mention
     assert problems_in("make data", tmp_path, "CLOUDLAB.md")  # no Makefile there

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from student_src.kit import plots, report
+from student_src.kit import plots
+from student_src.kit.report import build as report
 
 PNG = b"\x89PNG"
 

@@ -45,7 +45,7 @@ def test_a_local_model_folder_is_used_as_given(cli, small_rte, tmp_path):
     margin of 16 logits, so the first loss (about 8 on label-1 rows) proves its weights were loaded."""
     import torch
 
-    from student_src.kit.models import load_model, load_tokenizer
+    from student_src.kit.core.models import load_model, load_tokenizer
 
     folder = tmp_path / "my-model"
     model = load_model("tiny")
@@ -98,7 +98,7 @@ def _free_port():
 def test_unreachable_master_fails_within_the_timeout(cli, small_rte):
     """README: "A rank that cannot reach the master stops after `--dist_timeout` seconds (default
     60) with an error naming the address"."""
-    from student_src.kit.config import parse_config
+    from student_src.kit.core.config import parse_config
 
     assert parse_config(["--task", "2a"]).dist_timeout == 60
     port = _free_port()
@@ -187,7 +187,7 @@ def test_read_only_output_dir_is_refused_before_training(cli, small_rte, tmp_pat
 def test_metrics_are_written_atomically_and_never_lost(tmp_path, monkeypatch):
     import os
 
-    from student_src.kit import trainer
+    from student_src.kit.train import trainer
     from student_src.kit.errors import KitError
 
     out = tmp_path / "out"

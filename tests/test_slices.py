@@ -1,12 +1,12 @@
-"""Dev accuracy per slice (student_src/kit/slices.py): by pattern from the generator's sidecar,
+"""Dev accuracy per slice (student_src/kit/core/slices.py): by pattern from the generator's sidecar,
 by premise length without it, counted right across ranks' strided shares."""
 
 import shutil
 
 import torch
 
-from student_src.kit import slices
-from student_src.kit.data import get_processor
+from student_src.kit.core import slices
+from student_src.kit.core.data import get_processor
 
 
 def _labels(data_dir):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from student_src.kit import student_api, tasks
-from student_src.kit.config import parse_config
-from student_src.kit.trainer import setup_task
+from student_src.kit.core.config import parse_config
+from student_src.kit.train.trainer import setup_task
 
 KIT = Path(__file__).resolve().parents[1] / "student_src" / "kit"
 STUDENT_MODULES = set(tasks.modules())

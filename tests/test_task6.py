@@ -5,9 +5,9 @@ tests/test_check_zoo.py grades wrong ones) and run_glue's losses by tests/test_e
 
 import torch
 
-from student_src.kit import memory_model, traffic_model
-from student_src.kit.config import parse_config
-from student_src.kit.trainer import make_optimizer, make_scheduler
+from student_src.kit.measure import memory_model, traffic_model
+from student_src.kit.core.config import parse_config
+from student_src.kit.train.trainer import make_optimizer, make_scheduler
 from student_src.sharded_optimizer import ShardedOptimizer, assign_owners
 
 

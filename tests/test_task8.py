@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from student_src import resume  # noqa: E402
-from student_src.kit import checkpoint, faults  # noqa: E402
-from student_src.kit.config import TrainConfig  # noqa: E402
-from student_src.kit.metrics import History  # noqa: E402
-from student_src.kit.process_group import DistContext  # noqa: E402
+from student_src.kit.resume import checkpoint, faults  # noqa: E402
+from student_src.kit.core.config import TrainConfig  # noqa: E402
+from student_src.kit.core.metrics import History  # noqa: E402
+from student_src.kit.ranks.process_group import DistContext  # noqa: E402
 
 
 class _Run:
@@ -122,7 +122,7 @@ def test_the_injected_fault_kills_the_planned_rank_once(tmp_path):
 
 # --------------------------------------------------------------------------- the emulated cluster loses a node
 def test_kill_node_asks_for_a_command_that_resumes():
-    from student_src.kit import cluster
+    from student_src.kit.cluster import emulated as cluster
 
     cluster._check_fault(["python", "run_glue.py"], None, None, 4)  # no fault: anything goes
     for args, says in (((["run_glue.py"], 1, 5, 4), "--save_every N --resume auto"),
@@ -137,7 +137,7 @@ def test_kill_node_asks_for_a_command_that_resumes():
                     reason="the emulated cluster needs root, Linux and ip")
 def test_a_lost_node_is_restarted_once_and_the_group_finishes(capsys):
     """Node 1 dies after 'step 3' on the first attempt; the restarted group (same command) finishes."""
-    from student_src.kit import cluster, cluster_net
+    from student_src.kit.cluster import emulated as cluster, net as cluster_net
 
     code = ("import os, sys; sys.path.insert(0, sys.argv[1]); from student_src.kit import faults\n"
             "faults.maybe_kill(int(os.environ['DPK_NODE']), 3, None)\n")

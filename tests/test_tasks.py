@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from student_src.kit import tasks, traffic_model
-from student_src.kit.config import build_parser, parse_config
+from student_src.kit import tasks
+from student_src.kit.measure import traffic_model
+from student_src.kit.core.config import build_parser, parse_config
 from student_src.kit.errors import KitError
 
 ROOT = Path(__file__).resolve().parents[1]

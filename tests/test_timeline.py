@@ -1,5 +1,5 @@
-"""Per-rank timelines (``--timeline N``, student_src/kit/timeline.py) and the report's scaling
-figures (timeline and speed-up PNGs, student_src/kit/scaling_report.py)."""
+"""Per-rank timelines (``--timeline N``, student_src/kit/measure/timeline.py) and the report's scaling
+figures (timeline and speed-up PNGs, student_src/kit/report/scaling.py)."""
 
 import json
 import shutil
@@ -13,8 +13,8 @@ COMMON = ["--model_name_or_path", "tiny", "--max_seq_length", "32", "--global_ba
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, small_rte):
-    from student_src.kit.config import parse_config
-    from student_src.kit.trainer import run
+    from student_src.kit.core.config import parse_config
+    from student_src.kit.train.trainer import run
 
     root = tmp_path_factory.mktemp("runs")
     two = ["--world_size", "2", "--spawn"]
@@ -62,7 +62,7 @@ def test_3_times_ddp_buckets_with_a_hook(runs):
 
 def test_5_launches_one_all_reduce_per_bucket_of_the_cap_given_on_the_command_line(runs):
     from student_src.bucketed import BucketedDDP
-    from student_src.kit.models import load_model
+    from student_src.kit.core.models import load_model
 
     m = _metrics(runs, "5")
     assert m["config"]["bucket_cap_mb"] == 0.1 and m["config"]["grad_compression"] == "bf16"
@@ -77,7 +77,7 @@ def test_5_launches_one_all_reduce_per_bucket_of_the_cap_given_on_the_command_li
 
 
 def test_report_draws_timelines_and_speedup(runs, tmp_path):
-    from student_src.kit.report import write_report
+    from student_src.kit.report.build import write_report
 
     written = write_report(runs, tmp_path / "report")
     for name in ("timeline_task1.png", "timeline_task2b.png", "timeline_task3.png", "speedup.png"):
@@ -93,7 +93,7 @@ def test_report_without_task1_or_timelines_draws_neither(runs, tmp_path):
     m = json.loads((only / "task2b" / "metrics.json").read_text())
     del m["timeline"]
     (only / "task2b" / "metrics.json").write_text(json.dumps(m))
-    from student_src.kit.report import write_report
+    from student_src.kit.report.build import write_report
 
     written = write_report(only, tmp_path / "report")
     assert not any(k.startswith("timeline_") or k == "speedup.png" for k in written)

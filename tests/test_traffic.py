@@ -1,4 +1,4 @@
-"""kit/traffic_model.py and traffic_meter.py: the traffic models, the meter, the sampler, and one real 4-rank run."""
+"""kit/measure/traffic_model.py and traffic_meter.py: the traffic models, the meter, the sampler, and one real 4-rank run."""
 import csv
 import json
 import os
@@ -12,9 +12,9 @@ import uuid
 
 import pytest
 
-from student_src.kit import network_interface as nif
-from student_src.kit import traffic_meter as meter
-from student_src.kit import traffic_model as model
+from student_src.kit.ranks import network_interface as nif
+from student_src.kit.measure import traffic_meter as meter
+from student_src.kit.measure import traffic_model as model
 from student_src.kit.errors import KitError
 
 
@@ -320,7 +320,7 @@ def _in_private_netns() -> list:
 def test_local_ranks_measured_matches_expected(task, n):
     prefix, ns = _in_private_netns()
     try:
-        cmd = prefix + [sys.executable, "-m", "student_src.kit.cluster_check", "--spawn", str(n),
+        cmd = prefix + [sys.executable, "-m", "student_src.kit.cluster.check", "--spawn", str(n),
                         "--task", task, "--sizes", "1000000,512,4", "--iters", "2", "--timeout", "60"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
     finally:

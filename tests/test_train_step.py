@@ -2,7 +2,7 @@
 
 import torch
 
-from student_src.kit.models import load_model
+from student_src.kit.core.models import load_model
 from student_src.train import train_step
 
 

@@ -1,4 +1,4 @@
-"""The what-if model (student_src/kit/whatif.py): its formulas, overlap, compression, CLI and plot."""
+"""The what-if model (student_src/kit/whatif/scaling.py): its formulas, overlap, compression, CLI and plot."""
 
 import json
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from student_src.kit.errors import KitError
-from student_src.kit.whatif import (ComputeProfile, LinkModel, ddp_buckets, iteration, main, parse_latency, parse_rate,
+from student_src.kit.whatif.scaling import (ComputeProfile, LinkModel, ddp_buckets, iteration, main, parse_latency, parse_rate,
                                     predict)
 
 GBIT = LinkModel(1e9, latency_s=0.0, efficiency=1.0)

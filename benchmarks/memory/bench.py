@@ -17,7 +17,7 @@ the prediction; peak RSS (the whole process) is reported, never compared.
 ``torch_reference.py`` under torchrun: a check of the model itself before Tasks 6 and 7 exist.
 
 Writes ``results/memory.json``, ``results/memory.md`` (the table copied into README.md) and
-``results/memory.png`` (``student_src/kit/memory_plot.py``, as the report would draw the runs).
+``results/memory.png`` (``student_src/kit/plots/memory.py``, as the report would draw the runs).
 """
 from __future__ import annotations
 
@@ -106,8 +106,8 @@ def table(rows: list[dict]) -> str:
 def plot() -> Path:
     """results/memory.png: the kit's runs (their metrics.json) drawn as the report draws them."""
     from student_src.kit import plots
-    from student_src.kit.memory_plot import memory_bars, memory_rows
-    from student_src.kit.report import load_runs
+    from student_src.kit.plots.memory import memory_bars, memory_rows
+    from student_src.kit.report.build import load_runs
 
     runs = load_runs(RESULTS / "runs")
     fig = memory_bars(memory_rows(runs))

@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from student_src.kit.memory_meter import RunMemoryMeter  # noqa: E402
-from student_src.kit.models import load_model  # noqa: E402
+from student_src.kit.measure.memory_meter import RunMemoryMeter  # noqa: E402
+from student_src.kit.core.models import load_model  # noqa: E402
 
 
 class Ctx:

@@ -59,9 +59,9 @@ class Target:
 
 NUMBERS = "tests/test_numbers.py"
 TARGETS = {
-    "timing": Target("student_src/kit/timing.py", (), f"{NUMBERS} -k timing"),
-    "report-timing": Target("student_src/kit/report.py", ("timing_row",), f"{NUMBERS} -k timing"),
-    "traffic-model": Target("student_src/kit/traffic_model.py", (),
+    "timing": Target("student_src/kit/core/timing.py", (), f"{NUMBERS} -k timing"),
+    "report-timing": Target("student_src/kit/report/build.py", ("timing_row",), f"{NUMBERS} -k timing"),
+    "traffic-model": Target("student_src/kit/measure/traffic_model.py", (),
                             # the pure model's tests only (the meter's import torch: ~5 s a mutant)
                             "tests/test_traffic.py -k 'textbook_bytes or tensors_of or ring or world_size_one "
                             "or gather_scatter or allgather or step_traffic or wire_model or traffic_adds'"),
@@ -95,7 +95,7 @@ TARGETS = {
     "fixtures": Target("autograder/fixtures.py", ("derive_seed", "rank_grad", "non_contiguous", "trainable_names",
                                                   "set_rank_grads", "grads_payload", "trusted_step"),
                        f"{NUMBERS} -k 'seed or rank_grad or trainable or non_contiguous or trusted_step'"),
-    "data-cache": Target("student_src/kit/data.py",
+    "data-cache": Target("student_src/kit/core/data.py",
                          ("file_fingerprint", "tokenizer_id", "cache_path", "_load_cache", "_save_cache",
                           "load_glue_dataset"),
                          "tests/test_data.py -k cache"),

@@ -8,7 +8,7 @@ cluster on this machine is left alone), probes the link with two short all_reduc
 (one all_reduce of tiny's 8.23 MB gradient: the fraction of the link gloo reaches; one step of
 tiny's 41 per-tensor all_reduces: the latency a per message), then trains each task for a few steps of the ``tiny`` model with ``--timeline``.
 Prediction = the run's own measured compute (forward + backward + optimizer, from its timeline)
-+ the communication ``student_src/kit/whatif.py`` predicts that compute does not hide, with
++ the communication ``student_src/kit/whatif/scaling.py`` predicts that compute does not hide, with
 the probed link. Measured = the trainer's mean time per iteration (first dropped). The load
 average is recorded with every run: the machine's cores are shared, so compute is measured, not
 assumed. Writes validation.md, validation.json and validation.png next to this file.
@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 PY = sys.executable
 PREFIX = "scl"
 
-from student_src.kit.whatif import ComputeProfile, LinkModel, iteration, parse_rate, tensor_sizes  # noqa: E402
+from student_src.kit.whatif.scaling import ComputeProfile, LinkModel, iteration, parse_rate, tensor_sizes  # noqa: E402
 
 
 def sh(cmd: list, timeout: float = 600) -> str:
@@ -53,7 +53,7 @@ def probe(n: int, sizes: list[int], iters: int) -> float:
     (one per tensor of ``sizes`` bytes)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "probe.json"
-        cluster("run", "--timeout", 300, "--", PY, "-m", "student_src.kit.cluster_check", "--sizes", ",".join(map(str, sizes)),
+        cluster("run", "--timeout", 300, "--", PY, "-m", "student_src.kit.cluster.check", "--sizes", ",".join(map(str, sizes)),
                 "--iters", iters, "--warmup", 2, "--no_loss", "--json", out)
         ranks = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     per_iter = [max(r["iter_times"][i] for r in ranks) for i in range(iters)]
@@ -168,7 +168,7 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from student_src.kit.whatif_plot import TASK_COLOURS
+    from student_src.kit.plots.whatif import TASK_COLOURS
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for task in dict.fromkeys(r["task"] for r in rows):

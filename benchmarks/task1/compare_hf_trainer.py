@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def kit_loop(model_name, ds, batch, steps, lr):
-    from student_src.kit.models import load_model
-    from student_src.kit.trainer import build_optimizer, single_node_loader
-    from student_src.kit.config import TrainConfig
+    from student_src.kit.core.models import load_model
+    from student_src.kit.train.trainer import build_optimizer, single_node_loader
+    from student_src.kit.core.config import TrainConfig
     from student_src.train import train_step
 
     torch.manual_seed(0)
@@ -46,7 +46,7 @@ def kit_loop(model_name, ds, batch, steps, lr):
 def hf_trainer(model_name, ds, batch, steps, lr):
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from student_src.kit.models import load_model
+    from student_src.kit.core.models import load_model
 
     torch.manual_seed(0)
     model = load_model(model_name, dropout=0.0)
@@ -79,8 +79,8 @@ def main():
     p.add_argument("--out", default=str(Path(__file__).with_name("hf_trainer_results.json")))
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    from student_src.kit.data import load_glue_dataset
-    from student_src.kit.models import load_tokenizer
+    from student_src.kit.core.data import load_glue_dataset
+    from student_src.kit.core.models import load_tokenizer
 
     ds = load_glue_dataset(ROOT / "data/glue_data/RTE", "RTE", "train", load_tokenizer(a.model), a.max_seq_length)
     result = {"model": a.model, "batch": a.batch, "max_seq_length": a.max_seq_length, "threads": a.threads,

@@ -88,7 +88,7 @@ def bench_rank(ctx, opts):
     import torch
     import torch.distributed as dist
 
-    from student_src.kit.models import load_model
+    from student_src.kit.core.models import load_model
 
     torch.manual_seed(0)
     base = load_model(opts["model"], num_labels=2, dropout=0.0)
@@ -138,7 +138,7 @@ def main(argv=None):
     if args.render:
         return render(args.render)
 
-    from student_src.kit.launch import launch
+    from student_src.kit.ranks.launch import launch
 
     opts = {"model": args.model, "batch": args.batch, "seq": args.seq, "iters": args.iters,
             "cap_mb": args.bucket_cap_mb, "methods": args.methods}

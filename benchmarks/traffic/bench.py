@@ -99,7 +99,7 @@ def nodes():
     cluster("up", "--nodes", str(N), "--rate", "10gbit")
     try:
         for task in ("2b", "2a"):
-            out = cluster("run", "--timeout", "300", "--", PY, "-m", "student_src.kit.cluster_check",
+            out = cluster("run", "--timeout", "300", "--", PY, "-m", "student_src.kit.cluster.check",
                           "--task", task, "--sizes", sizes, "--iters", "5")
             for line in out.splitlines():
                 if line.startswith("[node") and " {" in line:
@@ -125,7 +125,7 @@ def allreduce():
         cluster("up", "--nodes", str(N), "--rate", rate)
         try:
             for nbytes in (4, 1 << 20, 8230664, 32 << 20):
-                out = cluster("run", "--timeout", "300", "--", PY, "-m", "student_src.kit.cluster_check",
+                out = cluster("run", "--timeout", "300", "--", PY, "-m", "student_src.kit.cluster.check",
                               "--sizes", str(nbytes), "--iters", "5", "--warmup", "2", "--no_loss")
                 times = [json.loads(l.split(" ", 1)[1])["iter_times"] for l in out.splitlines()
                          if l.startswith("[node") and " {" in l]

@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from .errors import KitError
+from student_src.kit.errors import KitError
 
 #: The compression names the kit accepts and the dtype each sends gradients in.
 COMPRESSIONS = {"fp16": torch.float16, "bf16": torch.bfloat16}

@@ -46,8 +46,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import tasks
-from .errors import KitError
+from student_src.kit import tasks
+from student_src.kit.errors import KitError
 
 PACKAGE = "student_src"
 #: the student modules' folder (the ``student_src`` this kit belongs to: the one the ranks import)

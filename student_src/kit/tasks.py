@@ -133,7 +133,7 @@ _ROWS = (
          single_node_equivalence=True, traffic="fsdp", memory="fsdp", needs_tasks=("1", "2")),
     # Task 8 is extra credit because it arrived mid-term: required, it would change the maximum under students who
     # had finished. Not a training task of its own (sync None, no export folder): the kit's checkpoints call its
-    # two functions in every training task's run (kit/checkpoint.py).
+    # two functions in every training task's run (kit/resume/checkpoint.py).
     Task("8", "training that survives a lost node: what to save", "resume",
          ("capture_training_state", "restore_training_state"), "8_fault_tolerance", color="#8c564b",
          extra_credit=True, graded_from=("task8", "task3", "task2b", "task2a", "task1")),

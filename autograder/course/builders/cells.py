@@ -157,7 +157,7 @@ def memory_cell(var: str, compare: tuple[str, ...]) -> str:
     runs = ", ".join(f'"task{t}": kit.load_metrics("{t}")' for t in compare) + f', "task{task}": {var}'
     return f'''
 from IPython.display import Image, Markdown, display
-from student_src.kit import memory_plot
+from student_src.kit.plots import memory as memory_plot
 
 if {var} and {var}.get("memory"):
     mem = {var}["memory"]

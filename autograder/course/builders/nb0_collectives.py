@@ -37,14 +37,14 @@ the value came from (grey: a sum over every rank); rank r's values are `10·(r+1
 "21" is rank 1's chunk 1 wherever it travels. These pictures are computed here, without any
 communication: they are what your functions must produce.
 """)
-    nb.code("from student_src.kit import collectives_demo as c0\nc0.show_reference(WORLD_SIZE)")
+    nb.code("from student_src.kit.demo import collectives as c0\nc0.show_reference(WORLD_SIZE)")
     check_cells(nb, "0", "4 ranks must form one group through your `init_distributed`, and each collective must "
                          "give every rank what the pictures above show (on random tensors no rank can guess).")
     nb.md("""
 ## Run your functions on 4 local ranks
 
 The kit's launcher starts the ranks as separate processes (a worker function cannot live in a
-notebook cell: spawned processes import it from `student_src/kit/collectives_demo.py`). Each
+notebook cell: spawned processes import it from `student_src/kit/demo/collectives.py`). Each
 rank calls your `init_distributed("127.0.0.1", port, 4, rank)`, then every collective on the
 small tensors above; the pictures show what each rank really held afterwards. A function that
 is still a TODO is skipped; a hang (try the naive ring!) ends after the launcher's timeout.

@@ -21,7 +21,7 @@ In Tasks 2 and 3 a gradient **sync** slips in between 2 and 3; everything else s
 128 tokens, 3 epochs, AdamW at learning rate 2e-5 without warm-up. Full mode keeps them, except
 for the learning rate: the small MiniLM (22 M) stays near chance at 2e-5 for those 114 steps
 (56% dev accuracy), so it gets its own default, **lr 1e-4 with 10 warm-up steps**
-(`student_src/kit/models.py`, `MODEL_DEFAULTS`), and its dev accuracy climbs over the three
+(`student_src/kit/core/models.py`, `MODEL_DEFAULTS`), and its dev accuracy climbs over the three
 epochs (measured by the course kit's authors: 0.59, 0.76, 0.79 after epochs 1, 2, 3).
 `--learning_rate` / `--warmup_steps` still override it; with `bert-base-cased` the assignment's
 2e-5 applies.
@@ -34,13 +34,13 @@ epochs (measured by the course kit's authors: 0.59, 0.76, 0.79 after epochs 1, 2
     nb.md("""### What did it learn? Dev accuracy per slice
 
 One number hides *which* examples the model gets right. The evaluation also counts them per slice
-(`student_src/kit/slices.py`, stored in `metrics.json` under `eval[i]["slices"]`): on the synthetic
+(`student_src/kit/core/slices.py`, stored in `metrics.json` under `eval[i]["slices"]`): on the synthetic
 RTE by hypothesis **pattern** (read from `dev_patterns.tsv`, which the generator writes beside
 `dev.tsv`), with its gold label and whether it is one of the *hard* patterns (every word of the
 hypothesis is in the premise, or the premise is negated); on the real RTE by premise length.
 A model that always answers one label scores 1.0 on that label's patterns and 0.0 on the others.""")
     nb.code('from IPython.display import Markdown, display\n'
-            'from student_src.kit import slices\n'
+            'from student_src.kit.core import slices\n'
             'if m1:\n'
             '    display(Markdown(slices.markdown_table(m1) or "this run has no evaluation per slice"))')
     nb.md("## Questions for your report\n\nAnswer in the cells below (they are graded by hand).")

@@ -32,7 +32,7 @@ rank 1 stops, the launcher ends the others (a collective with a dead peer never 
 the same command starts again with `--resume auto`. The second attempt loads the newest
 checkpoint, at or before the kill, and trains on.
 """)
-    nb.code("from student_src.kit import fault_demo\n\n"
+    nb.code("from student_src.kit.demo import fault as fault_demo\n\n"
             "lost = fault_demo.lose_a_rank(\"3\", steps=12, save_every=SAVE_EVERY, kill_at=KILL_AT)")
     nb.md("""
 ## Did it continue where it left off?

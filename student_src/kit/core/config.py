@@ -1,0 +1,274 @@
+"""Command-line flags and the run configuration.
+
+The flags keep the names of the original Hugging Face ``run_glue.py`` that the assignment
+started from (``--model_name_or_path``, ``--per_gpu_train_batch_size``, ...), plus the
+course's multi-node contract (``--master_ip --master_port --world_size --local_rank``) and a
+few kit additions (``--task``, ``--global_batch_size``, ``--spawn``, ``--timing_iters``...).
+
+``--config FILE.json`` reads defaults from a JSON object whose keys are flag names without
+dashes; flags given on the command line win over the file.
+"""
+
+import argparse
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from student_src.kit import tasks
+from student_src.kit.errors import KitError
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run needs; ``vars(args)`` of the parser below, validated."""
+
+    task: str = "1"
+    model_type: str = "bert"
+    model_name_or_path: str = "minilm"
+    task_name: str = "RTE"
+    do_train: bool = True
+    do_eval: bool = True
+    data_dir: str = "data/glue_data/RTE"
+    max_seq_length: int = 128
+    global_batch_size: int | None = 64
+    per_device_train_batch_size: int | None = None
+    per_device_eval_batch_size: int = 64
+    learning_rate: float = 2e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    num_train_epochs: float = 3.0
+    max_steps: int = -1
+    logging_steps: int = 10
+    seed: int = 42
+    dropout: float | None = None
+    output_dir: str | None = None
+    overwrite_output_dir: bool = False
+    overwrite_cache: bool = False
+    num_threads: int | None = None
+    no_progress: bool = False
+    timing_iters: int | None = None
+    # distributed (see student_src/kit/ranks/process_group.py)
+    master_ip: str | None = None
+    master_port: int | None = None
+    world_size: int | None = None
+    local_rank: int = -1
+    spawn: bool = False
+    backend: str | None = None
+    init_method: str | None = None
+    dist_timeout: float = 60.0
+    no_cuda: bool = False
+    # Task 4 traffic measurement (student_src/kit/measure/traffic_meter.py, traffic_model.py)
+    measure_traffic: bool = False
+    traffic_interface: str | None = None
+    traffic_csv: str | None = None
+    timeline: int = 0
+    # Task 5 and compression
+    bucket_cap_mb: float = 25.0
+    grad_compression: str = "none"
+    torch_sharding: bool = False
+    # checkpoints (student_src/kit/resume/checkpoint.py)
+    save_every: int = 0
+    checkpoint_dir: str | None = None
+    resume: str | None = None
+    keep_checkpoints: int = 2
+    config: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m student_src.run_glue",
+        description="Fine-tune a BERT-family model on a GLUE task: Task 1 on one node, "
+        f"Tasks {'/'.join(tasks.ids(lambda t: t.distributed))} data-parallel (--spawn for local ranks, or the multi-node flags).",
+    )
+    g = p.add_argument_group("task")
+    g.add_argument("--task", choices=tasks.ids(lambda t: t.trains), help="which assignment task to run (default 1)")
+    g.add_argument("--config", help="JSON file of flag values; command-line flags win")
+
+    g = p.add_argument_group("model and data (the original run_glue.py flags)")
+    g.add_argument("--model_type", help="kept for compatibility with run_glue.py (bert)")
+    g.add_argument("--model_name_or_path", help="tiny, minilm (default, offline), a HF name such as bert-base-cased, or a folder")
+    g.add_argument("--task_name", help="GLUE task (default RTE)")
+    g.add_argument("--do_train", action="store_true", default=None, help="train (default when neither --do_train nor --do_eval)")
+    g.add_argument("--do_eval", action="store_true", default=None, help="evaluate on dev after every epoch")
+    g.add_argument("--data_dir", help="folder with train.tsv / dev.tsv (default data/glue_data/RTE; `make data` creates it)")
+    g.add_argument("--max_seq_length", type=int, help="pad / truncate every pair to this many tokens (default 128)")
+    g.add_argument("--overwrite_cache", action="store_true", default=None, help="re-tokenise even if cached features exist")
+
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--global_batch_size", type=int, help="total batch over all workers (default 64); per-worker = global / world_size")
+    g.add_argument("--per_device_train_batch_size", "--per_gpu_train_batch_size", "--per_worker_batch_size", type=int,
+                   help="per-worker batch size; overrides --global_batch_size")
+    g.add_argument("--per_device_eval_batch_size", "--per_gpu_eval_batch_size", type=int)
+    g.add_argument("--learning_rate", type=float, help="AdamW learning rate (default 2e-5, the assignment's for BERT-base; minilm: 1e-4, see kit/core/models.py)")
+    g.add_argument("--weight_decay", type=float)
+    g.add_argument("--warmup_steps", type=int, help="linear warm-up steps (default 0; minilm: 10)")
+    g.add_argument("--max_grad_norm", type=float, help="gradient clipping norm, after the sync (default 1.0; 0 = off)")
+    g.add_argument("--num_train_epochs", type=float, help="epochs (default 3)")
+    g.add_argument("--max_steps", type=int, help="stop after this many steps (overrides epochs)")
+    g.add_argument("--seed", type=int, help="seed for data order and initialisation (default 42)")
+    g.add_argument("--dropout", type=float, help="override all dropout probabilities (0 = runs comparable step by step)")
+
+    g = p.add_argument_group("output")
+    g.add_argument("--output_dir", help="write metrics.json (and plots) here")
+    g.add_argument("--overwrite_output_dir", action="store_true", default=None)
+    g.add_argument("--logging_steps", type=int, help="print the loss every N steps (the first five always)")
+    g.add_argument("--no_progress", action="store_true", default=None, help="no progress bar")
+    g.add_argument("--timing_iters", type=int, help="timing protocol: run N iterations, drop the first, report the mean (the assignment uses 40)")
+    g.add_argument("--num_threads", type=int, help="torch threads per process (default: cores / local ranks)")
+
+    g = p.add_argument_group(f"distributed (Tasks {', '.join(tasks.ids(lambda t: t.distributed))})")
+    g.add_argument("--master_ip", help="rank 0's IP address (multi-node)")
+    g.add_argument("--master_port", type=int, help="a free TCP port on the master, above 1023")
+    g.add_argument("--world_size", type=int, help="number of workers")
+    g.add_argument("--local_rank", type=int, help="this process's (global) rank, as the course's run commands use it")
+    g.add_argument("--spawn", action="store_true", default=None, help="start --world_size local ranks on this machine")
+    g.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl with CUDA, gloo otherwise")
+    g.add_argument("--init_method", help="tcp://IP:PORT or file:///shared/path (instead of --master_ip/--master_port)")
+    g.add_argument("--dist_timeout", type=float, help="seconds to wait for all ranks to join (default 60)")
+    g.add_argument("--no_cuda", action="store_true", default=None, help="stay on the CPU even if CUDA is there")
+
+    g = p.add_argument_group("Task 4 traffic, Task 5 buckets")
+    g.add_argument("--measure_traffic", action="store_true", default=None, help="measure NIC bytes during training and compare with the expected traffic")
+    g.add_argument("--traffic_interface", help="network interface to measure (default: loopback for local ranks, the master's NIC otherwise)")
+    g.add_argument("--traffic_csv", help="also sample the interface every second into this CSV (like dstat)")
+    g.add_argument("--timeline", type=int, help="record each rank's forward/backward/collectives/optimizer over N iterations (kit/measure/timeline.py)")
+    g.add_argument("--bucket_cap_mb", type=float, help="Task 5 bucket size in MB (default 25)")
+    g.add_argument("--grad_compression", choices=("none", "fp16", "bf16"), help="Task 3/5: all-reduce gradients in half precision")
+    g.add_argument("--torch_sharding", action="store_true", default=None,
+                   help="Task 6: torch's ZeroRedundancyOptimizer instead of your ShardedOptimizer; Task 7: torch's FSDP2 "
+                        "(fully_shard) instead of your FSDP (as Task 3's DDP is to 2b)")
+
+    g = p.add_argument_group("checkpoints (student_src/kit/resume/checkpoint.py)")
+    g.add_argument("--save_every", type=int, help="save a checkpoint every N steps")
+    g.add_argument("--checkpoint_dir", help="where checkpoints go (default OUTPUT_DIR/checkpoints)")
+    g.add_argument("--resume", help="continue from a checkpoint: a folder, or auto (the newest in --checkpoint_dir, if any)")
+    g.add_argument("--keep_checkpoints", type=int, help="keep the newest K checkpoints (default 2)")
+    return p
+
+
+def _load_json(path: str) -> dict:
+    try:
+        values = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise KitError(f"--config {path}: file not found") from None
+    except json.JSONDecodeError as exc:
+        raise KitError(f"--config {path}: not valid JSON ({exc})") from None
+    if not isinstance(values, dict):
+        raise KitError(f"--config {path}: expected a JSON object of flag values")
+    known = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise KitError(f"--config {path}: unknown keys {unknown}; use flag names without dashes")
+    return values
+
+
+def parse_config(argv=None, defaults: dict | None = None) -> TrainConfig:
+    """Parse flags (and ``--config``) into a validated ``TrainConfig``.
+
+    ``defaults`` lets a caller (an exported ``task2a/run_glue.py``) change defaults, such as
+    the task, while the command line still wins.
+    """
+    args = build_parser().parse_args(argv)
+    values = dict(defaults or {})
+    if args.config:
+        values.update(_load_json(args.config))
+    values.update({k: v for k, v in vars(args).items() if v is not None})
+    from student_src.kit.core.models import model_defaults  # the small default model's own lr / warm-up (models.py)
+
+    for key, value in model_defaults(values.get("model_name_or_path", TrainConfig.model_name_or_path)).items():
+        values.setdefault(key, value)
+    if args.do_train is None and args.do_eval is None and "do_train" not in (defaults or {}):
+        values.setdefault("do_train", True)
+        values.setdefault("do_eval", True)
+    else:
+        values["do_train"] = bool(values.get("do_train"))
+        values["do_eval"] = bool(values.get("do_eval"))
+    cfg = TrainConfig(**values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Catch inconsistent flags before anything starts, each with a one-line fix."""
+    cfg.task = str(cfg.task)
+    runnable = tasks.ids(lambda t: t.trains)
+    if cfg.task not in runnable:
+        raise KitError(f"unknown --task {cfg.task!r}; choose one of {', '.join(runnable)}")
+    task = tasks.get(cfg.task)
+    distributed = tasks.spoken(tasks.ids(lambda t: t.distributed))
+    if cfg.world_size is not None and cfg.world_size < 1:
+        raise KitError(f"--world_size must be at least 1, got {cfg.world_size}")
+    if cfg.spawn and cfg.local_rank >= 0:
+        raise KitError("--spawn starts every rank itself: drop --local_rank (it is for one process per node)")
+    if cfg.spawn and cfg.world_size is None:
+        raise KitError("--spawn needs --world_size N (the number of local ranks to start)")
+    if cfg.spawn and (cfg.master_ip or cfg.init_method):
+        raise KitError("--spawn starts every rank on this machine itself: drop --master_ip/--init_method "
+                       "(they are for one process per node)")
+    if cfg.local_rank < -1:
+        raise KitError(f"--local_rank must be >= 0, got {cfg.local_rank}")
+    if cfg.world_size is not None and cfg.local_rank >= cfg.world_size:
+        raise KitError(f"--local_rank {cfg.local_rank} is outside the world: ranks are 0..{cfg.world_size - 1} for --world_size {cfg.world_size}")
+    if cfg.master_ip and cfg.local_rank < 0 and "RANK" not in os.environ:
+        raise KitError("--master_ip needs --local_rank R (this process's rank) and --world_size N")
+    if cfg.master_ip and cfg.master_port is None:
+        raise KitError("--master_ip needs --master_port (a free port above 1023 on the master)")
+    if cfg.master_port is not None and not 0 < cfg.master_port < 65536:
+        raise KitError(f"--master_port must be in 1..65535, got {cfg.master_port}")
+    if not task.distributed and (cfg.world_size or 1) > 1:
+        raise KitError(f"Task {task.id} is single-node; use --task {distributed} with --world_size > 1")
+    for name in ("max_seq_length", "per_device_eval_batch_size"):
+        if getattr(cfg, name) < 1:
+            raise KitError(f"--{name} must be positive")
+    if cfg.per_device_train_batch_size is not None and cfg.per_device_train_batch_size < 1:
+        raise KitError("--per_device_train_batch_size must be positive")
+    if cfg.global_batch_size is not None and cfg.global_batch_size < 1:
+        raise KitError("--global_batch_size must be positive")
+    if cfg.timing_iters is not None and cfg.timing_iters < 2:
+        raise KitError("--timing_iters needs at least 2 iterations (the first is dropped)")
+    if cfg.dist_timeout <= 0:
+        raise KitError("--dist_timeout must be positive")
+    if cfg.save_every < 0 or cfg.keep_checkpoints < 1:
+        raise KitError("--save_every must be >= 0 and --keep_checkpoints >= 1")
+    if (cfg.save_every or cfg.resume == "auto") and not (cfg.checkpoint_dir or cfg.output_dir):
+        raise KitError("--save_every and --resume auto need a place for checkpoints: --checkpoint_dir DIR or --output_dir DIR")
+    if not cfg.do_train and not cfg.do_eval:
+        raise KitError("nothing to do: pass --do_train and/or --do_eval")
+    if cfg.measure_traffic and not task.distributed:
+        raise KitError(f"--measure_traffic measures gradient traffic between ranks: use it with --task {distributed}")
+    wrappers = tasks.ids(lambda t: t.sync in tasks.WRAPPERS)
+    if cfg.torch_sharding:
+        sharded = tasks.ids(lambda t: t.sync in ("sharded_optimizer", "fsdp"))
+        if cfg.task not in sharded:
+            raise KitError(f"--torch_sharding runs torch's own sharding in place of yours: use it with --task "
+                           f"{tasks.spoken(sharded)}")
+        if cfg.save_every or cfg.resume:
+            raise KitError("--save_every/--resume checkpoint your own sharding; run torch's (--torch_sharding) without them")
+        if cfg.measure_traffic and task.sync == "fsdp":
+            raise KitError("--measure_traffic's model follows your FSDP (FSDP2 gathers whole units and re-gathers "
+                           "before every backward): measure without --torch_sharding")
+    if cfg.grad_compression != "none" and cfg.task not in wrappers:
+        raise KitError(f"--grad_compression compresses DDP's or your BucketedDDP's all_reduce: use it with "
+                       f"--task {tasks.spoken(wrappers)}, not --task {cfg.task}")
+    world = cfg.world_size
+    if world is None and "RANK" in os.environ and os.environ.get("WORLD_SIZE", "").isdigit():
+        world = int(os.environ["WORLD_SIZE"])  # torchrun
+    if cfg.do_train and world:
+        per_worker_batch_size(cfg, world)  # a global batch the workers cannot split is refused here
+
+
+def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:
+    """The per-worker batch size and a sentence saying where it comes from."""
+    if cfg.per_device_train_batch_size is not None:
+        b = cfg.per_device_train_batch_size
+        return b, f"per-worker batch {b} (--per_device_train_batch_size), global batch {b * world_size}"
+    g = cfg.global_batch_size or 64
+    if g % world_size:
+        raise KitError(f"--global_batch_size {g} is not divisible by --world_size {world_size}; "
+                       "pick a multiple or pass --per_device_train_batch_size")
+    return g // world_size, f"global batch {g} (--global_batch_size) = {world_size} worker(s) x {g // world_size}"

@@ -1,0 +1,499 @@
+"""What the notebooks call: set up, run a task with live widgets, show results.
+
+A notebook needs three lines of this module::
+
+    kit.start(quick=QUICK)            # find the kit, the data and the runs folder
+    kit.run_task("2b")                # 4 local ranks: a progress bar per rank, a live loss curve
+    kit.show_results("2b")            # loss against Task 1, time per iteration across tasks
+
+Why it is built this way:
+
+* Ranks run in separate processes started by ``student_src.kit.ranks.launch`` (spawn); they send
+  events (one per step) back to the notebook, and ``progress.RunMonitor`` turns them into widgets.
+  Worker functions stay in importable modules: a spawned child cannot import a notebook cell.
+* Task 1 is launched the same way, as one rank: the kernel never trains in-process, so a crash
+  in a TODO never takes the kernel down, and Task 1 gets the same live widgets.
+* Quick mode (``tiny`` model, 3 steps, 32 tokens) shows every mechanism in about a minute and is
+  what CI runs; full mode uses the assignment's settings (MiniLM, batch 64, 128 tokens, 3 epochs; MiniLM's own lr 1e-4 and warm-up).
+  ``KIT_NOTEBOOK_QUICK=1`` (or ``0``) overrides the notebook's ``QUICK`` parameter.
+* While nbgrader executes a notebook (``NBGRADER_EXECUTION`` is set) training and results are
+  skipped: grading runs the checks only, in seconds, on the submission's own ``student_src``.
+* Checking a TODO is the grader's job, not the kit's: a notebook's check cell calls
+  ``autograder.notebook.check`` itself (the kit never imports the grader).
+* A run cell says in one line what it needs: before any rank starts, ``run_task`` looks for the
+  release's TODO stubs in the tasks the run needs (``tasks.py``'s ``needs_tasks``, then the task
+  itself; ``student_api.run_blocker``), prints which to fill in first and returns None. A run that
+  fails prints its error briefly (one rank's traceback, the student's frames) and returns None too.
+  Either way it leaves no ``metrics.json`` behind, and the result cells after it say that the run
+  did not happen instead of showing an older run's numbers.
+* Quick mode's timings mean little (``QUICK_NOTE``): every cell that shows them says so.
+
+Environment variables: ``KIT_NOTEBOOK_QUICK`` (1/0), ``KIT_RUNS_DIR`` (where runs go, default
+``<kit>/runs``), ``KIT_DATA_DIR`` (GLUE RTE folder, default ``<kit>/data/glue_data/RTE``),
+``KIT_ROOT`` (the kit's folder when the notebook cannot find it by walking up).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from student_src.kit import student_api, tasks
+from student_src.kit.errors import KitError
+from student_src.kit.core.progress import RunMonitor
+
+ENV_QUICK, ENV_RUNS, ENV_DATA, ENV_ROOT = "KIT_NOTEBOOK_QUICK", "KIT_RUNS_DIR", "KIT_DATA_DIR", "KIT_ROOT"
+
+#: flags per mode; the task, world size, steps and output folder are added per run
+QUICK_FLAGS = ["--model_name_or_path", "tiny", "--max_seq_length", "32", "--global_batch_size", "16",
+               "--learning_rate", "1e-4", "--dropout", "0", "--logging_steps", "1"]
+# full mode: the assignment's settings, except the learning rate and warm-up, which come from
+# the model's defaults (kit/core/models.py MODEL_DEFAULTS: MiniLM 1e-4 with 10 warm-up steps, BERT-base 2e-5)
+FULL_FLAGS = ["--model_name_or_path", "minilm", "--max_seq_length", "128", "--global_batch_size", "64",
+              "--num_train_epochs", "3", "--dropout", "0", "--logging_steps", "10"]
+QUICK_STEPS = 3
+#: said under every timing, speed-up and what-if curve a quick-mode notebook shows
+QUICK_NOTE = ("Quick mode (tiny model): a step's compute is too small for communication to pay off, so 2a, 2b and 3 "
+              "look slower than Task 1 and the what-if curves show no speed-up; the report's numbers come from QUICK = False (MiniLM).")
+
+
+# --------------------------------------------------------------------------- set-up
+def find_root(start=None) -> Path:
+    """The folder holding ``student_src/`` (walking up from ``start`` or the working folder).
+
+    The notebook's own folder comes first, so an nbgrader submission that carries its own
+    ``student_src`` is graded on it, not on a copy elsewhere.
+    """
+    here = Path(start or Path.cwd()).resolve()
+    if grading():  # a submission is graded on its own student_src, never on one found further up
+        if (here / "student_src" / "kit").is_dir():
+            return here
+        raise FileNotFoundError(f"this submission has no student_src/ beside its notebooks ({here})")
+    for p in [here, *here.parents]:
+        if (p / "student_src" / "kit").is_dir():
+            return p
+    if os.environ.get(ENV_ROOT) and (Path(os.environ[ENV_ROOT]) / "student_src").is_dir():
+        return Path(os.environ[ENV_ROOT]).resolve()
+    raise FileNotFoundError(f"no student_src/ folder above {here}: open the notebooks from the kit's notebooks/ folder, "
+                            f"or set {ENV_ROOT}=/path/to/the/kit")
+
+
+def grading() -> bool:
+    """True while nbgrader executes the notebook (autograde or validate)."""
+    return bool(os.environ.get("NBGRADER_EXECUTION"))
+
+
+def quick_mode(default: bool) -> bool:
+    """The notebook's ``QUICK`` parameter unless ``KIT_NOTEBOOK_QUICK`` says otherwise."""
+    value = os.environ.get(ENV_QUICK, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return bool(default)
+
+
+@dataclass
+class Session:
+    """Where things are for this notebook, and which mode it runs in."""
+
+    root: Path
+    data_dir: Path
+    runs_dir: Path            # runs/quick or runs/full: the two modes never mix in one table
+    quick: bool
+    world_size: int = 4
+    steps: int | None = None  # None: the mode's default (3 in quick mode, 3 epochs in full mode)
+    flags: list = field(default_factory=list)
+
+
+_SESSION: Session | None = None
+
+
+def start(quick: bool = True, world_size: int = 4, steps: int | None = None, runs_dir=None, data_dir=None) -> Session:
+    """Set up the notebook: find the kit, make the data if it is missing, pick the mode."""
+    global _SESSION
+    root = find_root()
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    quick = quick_mode(quick)
+    data = Path(data_dir or os.environ.get(ENV_DATA) or root / "data" / "glue_data" / "RTE")
+    runs = Path(runs_dir or os.environ.get(ENV_RUNS) or root / "runs") / ("quick" if quick else "full")
+    if not grading() and not (data / "train.tsv").exists():
+        _make_data(root, data)
+    _SESSION = Session(root=root, data_dir=data, runs_dir=runs, quick=quick, world_size=world_size, steps=steps,
+                       flags=list(QUICK_FLAGS if quick else FULL_FLAGS))
+    mode = "QUICK (tiny model, a few steps)" if quick else "FULL (MiniLM, the assignment's settings with MiniLM's lr 1e-4 + 10 warm-up steps)"
+    print(f"kit: {root}\ndata: {data}\nruns: {runs}\nmode: {mode}" + ("\nnbgrader is executing: training is skipped" if grading() else ""))
+    return _SESSION
+
+
+def _make_data(root: Path, data: Path) -> None:
+    """Generate the offline synthetic RTE (what ``make data`` does) so the notebook just works."""
+    sys.path.insert(0, str(root / "data_scripts"))
+    try:
+        from make_synthetic_rte import generate
+    finally:
+        sys.path.remove(str(root / "data_scripts"))
+    print(f"no data in {data}: generating the synthetic RTE (make data) ...")
+    generate(data)
+
+
+def session() -> Session:
+    return _SESSION or start()
+
+
+# --------------------------------------------------------------------------- running
+def run_name(task: str, name: str | None = None) -> str:
+    return name or f"task{task}"
+
+
+def task_argv(task: str, s: Session | None = None, steps: int | None = None, name: str | None = None,
+              extra=(), world_size: int | None = None) -> list[str]:
+    """The ``run_glue`` flags of one notebook run (what you would type in a terminal)."""
+    s = s or session()
+    task = str(task)
+    ws = (world_size or s.world_size) if tasks.get(task).distributed else 1
+    steps = steps if steps is not None else s.steps if s.steps is not None else (QUICK_STEPS if s.quick else None)
+    extra = [str(a) for a in extra]
+    argv = ["--task", task, "--data_dir", str(s.data_dir), "--output_dir", str(s.runs_dir / run_name(task, name)),
+            "--overwrite_output_dir", "--spawn", "--world_size", str(ws), "--no_progress", *_without(s.flags, extra)]
+    if steps:
+        argv += ["--max_steps", str(steps)]
+    if s.quick and tasks.get(task).distributed:
+        argv += ["--do_train"]  # quick mode: Task 1 evaluates once; the others only train (faster)
+    return argv + extra
+
+
+def _without(flags: list, extra: list) -> list:
+    """``flags`` minus the ``--name value`` pairs that ``extra`` sets again (the command stays readable)."""
+    given = {a for a in extra if a.startswith("--")}
+    out, skip = [], False
+    for i, a in enumerate(flags):
+        if skip:
+            skip = False
+        elif a in given:
+            skip = i + 1 < len(flags) and not flags[i + 1].startswith("--")
+        else:
+            out.append(a)
+    return out
+
+
+#: runs (by name) whose last attempt in this kernel did not finish: a TODO came first, or the run failed
+_NOT_RUN: set[str] = set()
+
+
+def run_task(task: str, steps: int | None = None, name: str | None = None, extra=(), world_size: int | None = None,
+             title: str | None = None) -> dict | None:
+    """Run one task through the launcher with live widgets; return rank 0's metrics.
+
+    ``extra``: more ``run_glue`` flags, e.g. ``["--measure_traffic"]`` or ``["--bucket_cap_mb", "1"]``.
+    Writes ``metrics.json`` to ``runs/<mode>/<name or taskX>/``. Returns None (and trains
+    nothing) while nbgrader executes the notebook, while a task the run needs is still a TODO
+    (one line says which), or when the run fails (its error, briefly). A run that does not
+    finish leaves no ``metrics.json``: no table shows an older run's numbers as this one's.
+    """
+    if grading():
+        print(f"nbgrader is executing this notebook: Task {task} is not trained here")
+        return None
+    s = session()
+    key = run_name(str(task), name)
+    _NOT_RUN.add(key)
+    (s.runs_dir / key / "metrics.json").unlink(missing_ok=True)
+    blocker = student_api.run_blocker(task, student_dir=s.root / "student_src")
+    if blocker:
+        print(blocker)
+        return None
+    from student_src.kit.core.config import parse_config
+    from student_src.kit.train.trainer import run
+
+    argv = task_argv(task, steps=steps, name=name, extra=extra, world_size=world_size)
+    cfg = parse_config(argv)
+    title = title or (f"Task {task}: {tasks.get(task).title} on {cfg.world_size} rank(s), {cfg.model_name_or_path}"
+                      + (f" [{name}]" if name else ""))
+    monitor = RunMonitor(title, cfg.world_size)
+    monitor.note("python -m student_src.run_glue " + " ".join(argv))
+    try:
+        metrics = run(cfg, on_event=monitor)
+    except KitError as exc:  # a rank's error, a TODO reached, bad input, a timeout: said briefly
+        monitor.fail(exc)
+        print(brief_error(task, exc), file=sys.stderr)
+        return None
+    except BaseException as exc:  # the kit's own bug, or the kernel interrupted: the whole traceback
+        monitor.fail(exc)
+        raise
+    monitor.finish(metrics)
+    _NOT_RUN.discard(key)
+    return metrics
+
+
+def brief_error(task: str, exc: BaseException) -> str:
+    """A failed run's error, short: the message, and of a rank's traceback only the frames in the
+    student's files (or the last frame if none is) and the exception's line."""
+    details = getattr(exc, "details", None)
+    if not details:
+        return f"Task {task}'s run failed: {str(exc).strip()}"
+    last_block = details.strip().split("Traceback (most recent call last):")[-1].splitlines()
+    frames, i = [], 0
+    while i < len(last_block) and not last_block[i].startswith("  File "):
+        i += 1
+    while i < len(last_block) and last_block[i].startswith("  "):
+        frame = [last_block[i]]
+        i += 1
+        while i < len(last_block) and last_block[i].startswith("    "):  # the code line, ^^^ markers
+            frame.append(last_block[i])
+            i += 1
+        frames.append(frame)
+    ending = [line for line in last_block[i:] if line.strip()]
+    ours = [f for f in frames if student_api.is_student_file(f[0].split('"')[1] if '"' in f[0] else f[0])]
+    where = "in your code" if ours else "where it stopped"
+    return "\n".join([f"Task {task}'s run failed on rank {getattr(exc, 'rank', '?')} ({where}):",
+                      *[line for f in (ours or frames[-1:]) for line in f], *(ending or [str(exc).strip()])])
+
+
+def did_not_run(task: str, name: str | None = None) -> bool:
+    """True (after saying so in one line) if this kernel's last attempt at that run did not finish."""
+    key = run_name(str(task), name)
+    if key in _NOT_RUN:
+        print(f"Task {task}'s run{f' [{name}]' if name else ''} did not happen (the run cell above says why): nothing to show.")
+        return True
+    return False
+
+
+def forget_runs(prefix: str) -> None:
+    """Delete the ``metrics.json`` of this mode's runs named ``prefix*`` (a cell that runs them all
+    again): until a run makes one again, its result cells say it did not happen."""
+    if grading():
+        return
+    for path in sorted(session().runs_dir.glob(f"{prefix}*/metrics.json")):
+        path.unlink(missing_ok=True)
+        _NOT_RUN.add(path.parent.name)
+
+
+_NOTED_IN: list = [None]  # the cell execution that said it last (a cell showing two plots says it once)
+
+
+def quick_note() -> None:
+    """Say what quick mode's timings mean, once per cell (nothing in full mode)."""
+    try:
+        from IPython import get_ipython
+
+        cell = getattr(get_ipython(), "execution_count", None)
+    except ImportError:
+        cell = None
+    if session().quick and (cell is None or cell != _NOTED_IN[0]):
+        _NOTED_IN[0] = cell
+        print(QUICK_NOTE)
+
+
+def load_metrics(task: str, name: str | None = None) -> dict | None:
+    """The metrics.json of an earlier run in this mode's runs folder (None if there is none)."""
+    import json
+
+    path = session().runs_dir / run_name(task, name) / "metrics.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def task1_reference(like: dict | None = None) -> dict | None:
+    """Task 1's metrics for the comparison: the earlier run if it matches ``like``'s settings
+    and is long enough, otherwise a fresh Task 1 run with the same number of steps."""
+    from student_src.kit.report.build import incomparable_reasons
+
+    ref = load_metrics("1")
+    if ref is not None and (like is None or (not incomparable_reasons(ref, like) and len(ref["losses"]) >= len(like.get("losses", [])))):
+        return ref
+    if grading():
+        return None
+    steps = len(like["losses"]) if like and like.get("losses") else None
+    print("no matching Task 1 run yet: running Task 1 with the same settings for the comparison")
+    return run_task("1", steps=steps, name="task1" if ref is None else "task1_reference")
+
+
+# --------------------------------------------------------------------------- results
+def show_results(task: str, metrics: dict | None = None, name: str | None = None) -> None:
+    """The report's view of this task: losses against Task 1, dev accuracy, time per iteration
+    across every task run so far in this mode (40 iterations, first dropped, in full mode)."""
+    from IPython.display import Image, Markdown, display
+
+    from student_src.kit.plots import figures as plots
+    from student_src.kit.report import build as report
+
+    if grading():
+        print("nbgrader is executing this notebook: results are not computed here")
+        return
+    s = session()
+    metrics = _this_run(task, metrics, name)
+    if metrics is None:
+        return
+    runs = {}
+    if str(task) != "1":
+        ref = task1_reference(metrics)
+        if ref is not None:
+            runs["task1"] = ref
+    runs[run_name(task, name)] = metrics
+    table = report.loss_table(runs, steps=None if not s.quick else 10)
+    display(Markdown("### Loss per step against Task 1\n\n" + report.loss_markdown(table)))
+    if len(table["columns"]) > 1:
+        series = {c: [r[i + 1] for r in table["rows"]] for i, c in enumerate(table["columns"])}
+        display(Image(plots.to_png(plots.loss_curves(series))))
+    evals = report.eval_rows(runs)
+    if evals:
+        display(Markdown("### Dev accuracy after every epoch\n\n" + report.eval_markdown(evals)))
+    everything = {n: m for n, m in report.load_runs(s.runs_dir).items() if n.startswith("task")}  # not Task 4's variants
+    rows = report.timing_rows(everything)
+    if rows:
+        display(Markdown(f"### Time per iteration, every task so far (`{s.runs_dir}`)\n\n" + report.timing_markdown(rows)))
+        display(Image(plots.to_png(plots.time_per_iteration(rows))))
+        quick_note()
+    print(f"all tables and plots for your report: python -m student_src.kit.report {s.runs_dir} report/")
+
+
+def _this_run(task: str, metrics: dict | None, name: str | None = None) -> dict | None:
+    """The run a result cell shows: ``metrics``, else the saved one; None (said in one line) if
+    this kernel's last attempt did not finish or there is none."""
+    if metrics is not None:
+        return metrics
+    if did_not_run(task, name):
+        return None
+    metrics = load_metrics(task, name)
+    if metrics is None:
+        print(f"no run of Task {task}{f' [{name}]' if name else ''} yet: run the cell above first")
+    return metrics
+
+
+def show_timeline(task: str, metrics: dict | None = None, name: str | None = None) -> None:
+    """Each rank's forward, backward, collectives and optimizer step of a run made with
+    ``--timeline N`` (``runs/<mode>/timeline_<task>.png``)."""
+    from student_src.kit.report.scaling import show_timeline as draw
+
+    if grading():
+        return
+    metrics = _this_run(task, metrics, name)
+    if metrics is not None:
+        draw(metrics, session().runs_dir / f"timeline_{task}.png")
+        quick_note()
+
+
+def show_scaling() -> list[dict]:
+    """The what-if model's speed-up curves from Task 1's compute, with this mode's runs as dots."""
+    from student_src.kit.report.scaling import show_scaling as draw
+
+    if grading():
+        return []
+    points = draw(session().runs_dir)
+    quick_note()
+    return points
+
+
+def show_figure(fig) -> None:
+    """Display a kit figure (``plots.*``) as a PNG, whatever the notebook's matplotlib backend."""
+    from IPython.display import Image, display
+
+    from student_src.kit.plots.figures import to_png
+
+    display(Image(to_png(fig)))
+
+
+# --------------------------------------------------------------------------- Task 4
+def predict_traffic(world_size: int | None = None) -> dict | None:
+    """Task 4, before measuring: the bytes one step should move, from YOUR profiling functions.
+
+    Loads this mode's model, applies ``tensor_nbytes`` to every gradient and
+    ``expected_allreduce_bytes`` to each all_reduce, and shows the biggest tensors.
+    """
+    from IPython.display import Markdown, display
+
+    from student_src.kit.core.config import parse_config
+    from student_src.kit.core.models import load_model
+    from student_src.kit.report.build import markdown_table
+    from student_src.kit.student_api import traffic_functions
+
+    if grading():
+        return None
+    s = session()
+    left = student_api.todos_left("4", names=PREDICTION, student_dir=s.root / "student_src")
+    if left:
+        print(f"Task 4's prediction needs its own TODOs done first: fill in {' and '.join(map(str, left))}, "
+              "then run this cell again.")
+        return None
+    tensor_nbytes, expected_allreduce_bytes = traffic_functions(fresh=True)
+    n = world_size or s.world_size
+    cfg = parse_config(task_argv("2b", s))
+    model = load_model(cfg.model_name_or_path, num_labels=2, dropout=0.0)
+    tensors = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    sizes = [(name, tuple(p.shape), tensor_nbytes(p)) for name, p in tensors]
+    total = sum(b for _, _, b in sizes)
+    per_rank = sum(expected_allreduce_bytes(b, n) for _, _, b in sizes)
+    top = sorted(sizes, key=lambda r: -r[2])[:5]
+    display(Markdown(
+        f"**{cfg.model_name_or_path}**: {len(sizes)} gradient tensors, S = {total:,} bytes ({total / 1e6:.2f} MB) per step\n\n"
+        f"ring all_reduce on N = {n} ranks: each rank sends 2(N-1)/N x S = **{per_rank:,} bytes** per step; "
+        f"all ranks together {n * per_rank:,} bytes ({n * per_rank / 1e6:.2f} MB)\n\n"
+        + markdown_table(["biggest tensors", "shape", "bytes"], [[a, str(b), f"{c:,}"] for a, b, c in top])))
+    return {"tensors": len(sizes), "grad_bytes": total, "sent_per_rank": per_rank, "all_ranks": n * per_rank}
+
+
+#: the Task 4 functions the prediction calls (its CommLog is the run's, and optional)
+PREDICTION = ("tensor_nbytes", "expected_allreduce_bytes")
+
+
+def your_prediction(model_name: str, world_size: int, scope: str = "loopback") -> float | str:
+    """Task 4: the bytes per iteration YOUR functions predict for a run's ``traffic`` block, or
+    "TODO" while they are TODOs: every gradient's ring all_reduce, summed over the ranks (what a
+    loopback interface counts) or, on a real NIC, one rank's sent + received."""
+    from student_src.kit.core.models import load_model
+
+    if student_api.todos_left("4", names=PREDICTION, student_dir=session().root / "student_src"):
+        return "TODO"
+    tensor_nbytes, expected_allreduce_bytes = student_api.traffic_functions(fresh=True)
+    model = load_model(model_name, num_labels=2, dropout=0.0)
+    try:
+        per_rank = sum(expected_allreduce_bytes(tensor_nbytes(p), world_size) for p in model.parameters() if p.requires_grad)
+    except NotImplementedError as exc:
+        if student_api.is_todo(exc):
+            return "TODO"
+        raise
+    return per_rank * (world_size if scope.startswith("loopback") else 2)
+
+
+def show_traffic(prefix: str = "traffic_") -> list[dict]:
+    """Task 4, after measuring: every ``traffic_*`` run's measured bytes against YOUR prediction
+    (``your_prediction``) and the kit's (headers and the loss all_gather included)."""
+    from IPython.display import Image, Markdown, display
+
+    from student_src.kit.plots import figures as plots
+    from student_src.kit.report import build as report
+
+    if grading():
+        return []
+    s = session()
+    missing = sorted(k for k in _NOT_RUN if k.startswith(prefix))
+    if missing:
+        print(f"the runs {', '.join(missing)} did not happen (the run cell above says why): nothing to show for them.")
+    runs = {n: m for n, m in report.load_runs(s.runs_dir).items() if n.startswith(prefix)}
+    rows = report.traffic_rows(runs)
+    if not rows:
+        if not missing:
+            print("no traffic runs yet: run the cell above (it passes --measure_traffic)")
+        return rows
+    predicted = {}  # (model, world size, scope) -> your bytes per iteration, or "TODO"
+    for r in rows:
+        m = runs[r["run"]]
+        key = (m["config"]["model_name_or_path"], r["world_size"], m["traffic"].get("scope", "loopback"))
+        if key not in predicted:
+            predicted[key] = your_prediction(*key)
+        r["your_mb_per_iter"] = predicted[key] if predicted[key] == "TODO" else predicted[key] / 1e6
+    table = [[r["label"], r["global_batch_size"], r["your_mb_per_iter"], r["expected_mb_per_iter"], r["measured_mb_per_iter"],
+              r["measured_mb_per_iter"] / r["your_mb_per_iter"] if r["your_mb_per_iter"] not in ("TODO", 0) else "-",
+              r["ratio"]] for r in rows]
+    display(Markdown(report.markdown_table(["run", "global batch", "your prediction MB/iter", "kit's prediction MB/iter",
+                                            "measured MB/iter", "measured / yours", "measured / kit's"], table, digits=3)
+                     + "\n\n_your prediction: the ring all_reduce of every gradient (your `expected_allreduce_bytes` of your "
+                       "`tensor_nbytes`), summed over the ranks as loopback counts them; the kit's adds the loss all_gather, "
+                       "the barriers and ~340 bytes of headers per message (`kit/measure/traffic_model.py`)._"))
+    display(Image(plots.to_png(plots.traffic_bars(rows))))
+    return rows

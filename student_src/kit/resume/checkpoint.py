@@ -1,0 +1,527 @@
+"""Checkpoint and resume: a run that stops (a killed rank, a lost node, a reservation that ended)
+goes on where it left off, with the losses it would have had.
+
+Flags (``config.py``): ``--save_every N`` saves after every N-th step into ``--checkpoint_dir``
+(default ``OUTPUT_DIR/checkpoints``), keeping the newest ``--keep_checkpoints`` (2);
+``--resume DIR`` continues from a checkpoint (``DIR`` is a checkpoint folder or one ``step-N``
+in it); ``--resume auto`` continues from the newest one in ``--checkpoint_dir`` if there is one,
+else starts fresh, which is what ``torchrun --max-restarts K`` needs: the restarted group runs
+the same command and picks up the last checkpoint.
+
+What an exact resume needs (leave one out and the resumed losses drift from the uninterrupted
+run's): the model's parameters; the optimizer's state (AdamW's two moments and step count per
+parameter, and the learning rate); the LR scheduler's position; where the data stood (the epoch
+and how many of its batches were consumed, so the resumed run skips exactly those); the random
+generators (Python, NumPy, torch, per rank); the step counter; and the history so far, so that
+``metrics.json`` of a resumed run is whole.
+
+Who decides what is saved: Task 8 (``student_src/resume.py``). Once the student's
+``capture_training_state`` / ``restore_training_state`` are implemented, the kit saves the dict
+the first returns (with DCP, as below) and restores with the second, for every run whose
+optimizer is a ``torch.optim`` optimizer: one source of truth, and a student whose capture
+forgets the scheduler sees their own resumed run drift. While they are still TODOs (the
+release), and for a sharded optimizer (its contract below), the kit saves its own state
+(``_state``); ``kit.json`` records which (``saved_by``), and a checkpoint is loaded the way it
+was saved.
+
+Layout of ``DIR``::
+
+    DIR/step-N/        one checkpoint: torch.distributed.checkpoint (DCP) files (.metadata and one
+                       __R_0.distcp per rank) and kit.json (which run, where it stood, its history)
+    DIR/latest         the text "step-N": the newest *complete* checkpoint
+
+Written atomically: every rank saves into ``DIR/step-N.tmp-XXXX/``; rank 0 writes ``kit.json``
+last; after a barrier (every rank has finished) rank 0 renames the folder to ``step-N`` and then
+replaces ``latest`` (a temporary file renamed over it). A crash at any point leaves ``latest``
+naming the previous complete checkpoint; loading never looks at ``*.tmp-*`` folders (the next
+save removes them). The folder must be one every rank sees (one machine, or a shared file
+system on a cluster): each rank writes its own file and reads whichever files it needs.
+
+Resuming at another world size keeps the global batch, and each step sees the same examples:
+``DistributedSampler`` draws one permutation of the dataset from (seed, epoch), whatever the
+number of ranks, and gives rank r the positions r, r + W, r + 2W, ... of it. Rank r's k-th batch
+of b examples is positions r + W*(k*b + j), j < b; over all W ranks that is exactly positions
+k*G .. (k+1)*G - 1 of the permutation (G = W*b, the global batch). So global batch k is the same
+set of examples at any W with the same G, and the number of full batches an epoch has,
+floor(N / G), does not depend on W either. Resuming after k batches of an epoch is therefore "skip
+k batches of your own loader" on every rank at any world size. (The losses then agree up to the
+order in which floating-point sums are taken: the gradient mean over 2 x 8 examples is the mean
+over 4 x 4, rounded differently, about 1e-7.) This holds for a loader built like
+``partition.build_train_loader`` and the kit's single-node loader; a loader that splits the data
+otherwise (contiguous chunks per rank, say) would not keep it. The random generators are saved
+per rank; a rank that the saving run did not have takes those of rank ``r % W_saved`` (all
+ranks seed alike, so their generators agree anyway).
+
+Sharded optimizer state (Task 6: each rank holds the AdamW state of the parameters it owns).
+For a ``torch.optim`` optimizer the kit saves ``get_optimizer_state_dict`` flattened (one key
+per parameter name and state, ``state.<name>.exp_avg``), so DCP can hand any rank the entries it
+needs. An optimizer of the course's own (not a ``torch.optim.Optimizer``) joins by having:
+
+    ``sharded_state_dict() -> dict``   this rank's state as a flat dict: keys name a parameter
+        and a state (``state.bert.encoder.layer.0.attention.self.query.weight.exp_avg``), the
+        same key whichever rank owns it, so never the rank or the shard's index; values are
+        tensors or plain values. It must list every entry this rank owns *even before the first
+        step* (zeros are fine): on resume the kit passes it to DCP as the template of what to
+        read. Entries equal on every rank (hyper-parameters) may appear on every rank.
+    ``load_sharded_state_dict(state)`` takes that dict, filled in from the checkpoint.
+
+``full_state_dict()`` / ``load_full_state_dict(state)`` (every rank returning the whole,
+gathered state) is accepted in the same way. If the shard is a ``torch.optim`` optimizer over
+the owned parameters, ``torch_shard_state(model, opt)`` and ``load_torch_shard_state(model, opt,
+state)`` below implement the pair. A checkpoint saved on 2 ranks then loads on 4: each rank asks
+for the keys of the parameters it owns now, wherever they were saved.
+
+Sharded parameters (Task 7: the student's ``FSDP``): the model and AdamW's moments are saved
+whole, gathered from the shards, and each rank keeps its piece on resume (``fsdp_state.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import time
+import uuid
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from student_src.kit.resume import faults, fsdp_state
+from student_src.kit.errors import KitError
+
+FORMAT = 1
+META = "kit.json"
+LATEST = "latest"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+#: what must agree between the run that saved and the run that resumes (else: another run's checkpoint)
+IDENTITY = ("task", "task_name", "model_name_or_path", "parameters", "max_seq_length", "global_batch_size", "seed")
+
+
+# --------------------------------------------------------------------------- where checkpoints are
+def checkpoint_dir(cfg) -> Path | None:
+    """``--checkpoint_dir``, else ``OUTPUT_DIR/checkpoints``, else None."""
+    if cfg.checkpoint_dir:
+        return Path(cfg.checkpoint_dir)
+    return Path(cfg.output_dir) / "checkpoints" if cfg.output_dir else None
+
+
+def step_of(path: Path) -> int:
+    match = STEP_DIR.match(path.name)
+    return int(match.group(1)) if match else -1
+
+
+def latest(directory: Path) -> Path | None:
+    """The newest complete checkpoint in ``directory`` (what ``latest`` names), or None.
+
+    Without a ``latest`` file (deleted by hand), the newest ``step-N`` folder with a ``kit.json``:
+    a ``step-N`` folder exists only once every rank finished writing it."""
+    pointer = directory / LATEST
+    if pointer.is_file():
+        name = pointer.read_text().strip()
+        if not STEP_DIR.match(name) or not (directory / name / META).is_file():
+            raise KitError(f"{pointer} names {name!r}, which is not a complete checkpoint in {directory}; "
+                           f"delete {pointer} (the newest complete step-N is then used) or the folder")
+        return directory / name
+    done = sorted((p for p in directory.glob("step-*") if step_of(p) >= 0 and (p / META).is_file()), key=step_of)
+    return done[-1] if done else None
+
+
+def find(resume: str, cfg) -> Path | None:
+    """The checkpoint ``--resume`` names: None for ``auto`` with none saved yet."""
+    if resume == "auto":
+        directory = checkpoint_dir(cfg)
+        return latest(directory) if directory is not None and directory.is_dir() else None
+    path = Path(resume)
+    if not path.is_dir():
+        raise KitError(f"--resume {resume}: no such folder; give a checkpoint folder (--checkpoint_dir) or one step-N in it")
+    if (path / META).is_file() or (path / ".metadata").is_file():
+        return path
+    found = latest(path)
+    if found is None:
+        raise KitError(f"--resume {resume}: no checkpoint there (no {LATEST} file, no complete step-N folder); "
+                       "use --resume auto to start fresh when there is none")
+    return found
+
+
+# --------------------------------------------------------------------------- what is saved
+def _flat():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def torch_shard_state(model, optimizer) -> dict:
+    """A ``torch.optim`` optimizer's state, flat and keyed by parameter name (for any subset of
+    ``model``'s parameters: a shard). Before the first step the entries are zeros, so it also
+    serves as the template DCP loads into."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_flat())
+
+
+def load_torch_shard_state(model, optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=_flat())
+
+
+def _optimizer_hooks(optimizer, model=None):
+    """``(get, load)`` for the optimizer: its own pair (module docstring), else torch's; for AdamW
+    over an FSDP wrapper's shards (Task 7, ``model``), whole moments (``fsdp_state.py``)."""
+    if model is not None and fsdp_state.is_fsdp(model):
+        return ((lambda base: fsdp_state.optimizer_state(model, optimizer)),
+                (lambda base, state: fsdp_state.load_optimizer_state(model, optimizer, state)))
+    for get, load in (("sharded_state_dict", "load_sharded_state_dict"), ("full_state_dict", "load_full_state_dict")):
+        if callable(getattr(optimizer, get, None)) and callable(getattr(optimizer, load, None)):
+            return (lambda model: getattr(optimizer, get)()), (lambda model, state: getattr(optimizer, load)(state))
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return (lambda model: torch_shard_state(model, optimizer)), (lambda model, state: load_torch_shard_state(model, optimizer, state))
+    raise KitError(f"cannot checkpoint an optimizer of type {type(optimizer).__name__}: give it "
+                   "sharded_state_dict()/load_sharded_state_dict() (see student_src/kit/resume/checkpoint.py)")
+
+
+def rng_state(device) -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def identity(run) -> dict:
+    cfg = run.cfg
+    parameters = (fsdp_state.full_parameter_count(run.model) if _fsdp(run)
+                  else sum(p.numel() for p in run.base_model.parameters()))  # shards count whole: any world size
+    return {"task": str(cfg.task), "task_name": cfg.task_name, "model_name_or_path": str(cfg.model_name_or_path),
+            "parameters": parameters,
+            "max_seq_length": cfg.max_seq_length, "global_batch_size": run.batch["global_batch_size"], "seed": cfg.seed}
+
+
+def _fsdp(run) -> bool:
+    """The run trains the student's FSDP (Task 7): its model holds shards (``fsdp_state.py``)."""
+    return fsdp_state.is_fsdp(getattr(run, "model", None))
+
+
+def _model_state(run) -> dict:
+    """The model's state for DCP: torch's, or an FSDP wrapper's shards gathered whole (Task 7)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return fsdp_state.model_state(run.model) if _fsdp(run) else get_model_state_dict(run.base_model)
+
+
+def _load_model_state(run, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    if _fsdp(run):
+        fsdp_state.load_model_state(run.model, state)
+    else:
+        set_model_state_dict(run.base_model, state)
+
+
+def _state(run) -> dict:
+    """What DCP writes: tensors and the scheduler (``kit.json`` holds the rest)."""
+    get_optimizer, _ = _optimizer_hooks(run.optimizer, getattr(run, "model", None))
+    return {"model": _model_state(run), "optimizer": get_optimizer(run.base_model),
+            "scheduler": run.scheduler.state_dict() if run.scheduler is not None else {},
+            "rng": {f"rank{run.ctx.rank}": rng_state(run.ctx.device)}}
+
+
+# --------------------------------------------------------------------------- Task 8: the student's pair
+_TODO_SAID = [False]
+
+
+def _student_pair(run):
+    """Task 8's ``(capture_training_state, restore_training_state)`` where they apply (a
+    ``torch.optim`` optimizer without a sharded contract), else None."""
+    from student_src.kit import student_api
+
+    if not isinstance(run.optimizer, torch.optim.Optimizer) or any(callable(getattr(run.optimizer, n, None)) for n in ("sharded_state_dict", "full_state_dict")):
+        return None
+    if _fsdp(run):  # shards: only the kit's whole-tensor save resumes at another world size
+        return None
+    return student_api.optional(lambda: (student_api.function("8", "capture_training_state"),
+                                         student_api.function("8", "restore_training_state")))
+
+
+def _student_state(run, epoch: int, batches_done: int) -> dict | None:
+    """The student's ``capture_training_state`` of ``run``, or None while it is a TODO (said once)."""
+    from student_src.kit import student_api
+
+    pair = _student_pair(run)
+    if pair is None:
+        return None
+    try:
+        state = pair[0](run.base_model, run.optimizer, run.scheduler, run.steps_done, epoch, batches_done)
+    except NotImplementedError as exc:
+        if not student_api.is_todo(exc):
+            raise
+        if run.ctx.rank == 0 and not _TODO_SAID[0]:
+            run.log("Task 8's capture_training_state (student_src/resume.py) is still a TODO: the kit saves its own state")
+        _TODO_SAID[0] = True
+        return None
+    if not isinstance(state, dict) or not state:
+        raise KitError(f"capture_training_state (student_src/resume.py) returned {type(state).__name__}, not a "
+                       "non-empty dict; see its docstring (python -m autograder check --tasks 8)")
+    return state
+
+
+def _student_load(run, path: Path, meta: dict) -> dict:
+    """Load a checkpoint the student's capture wrote: DCP fills a template made by the same
+    capture on this fresh run, then the student's restore puts it back. Returns the random
+    generators' state the restore set (``Checkpointer.batches`` re-applies it after skipping)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    pair = _student_pair(run)
+    if pair is None:
+        raise KitError(f"{path} was saved by your capture_training_state (student_src/resume.py), which is not "
+                       "available now (a TODO again?); restore it, or start fresh without --resume")
+    _init_optim_state(run.optimizer)  # AdamW's entries exist, so the template names every one the checkpoint has
+    template = {"student": pair[0](run.base_model, run.optimizer, run.scheduler, 0, 0, 0)}
+    _load_dcp(dcp, template, path)
+    got = pair[1](template["student"], run.base_model, run.optimizer, run.scheduler)
+    saved = (meta["steps_done"], meta["epoch"], meta["batches_done"])
+    if not isinstance(got, (tuple, list)) or tuple(got) != saved:
+        raise KitError(f"restore_training_state (student_src/resume.py) returned {got!r:.80} but {path} was saved "
+                       f"at (step, epoch, batches_done) = {saved}; see its docstring")
+    return rng_state(run.ctx.device)
+
+
+# --------------------------------------------------------------------------- collectives (or none)
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
+
+
+def _from_rank0(value):
+    if not _distributed():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _dcp(fn, state, path: Path) -> None:
+    """``dcp.save`` / ``dcp.load`` in this process's group, or alone without one (Task 1)."""
+    with warnings.catch_warnings():  # without a group DCP says it assumes one process: that is the point
+        warnings.simplefilter("ignore", UserWarning)
+        fn(state, checkpoint_id=str(path), no_dist=not _distributed())
+
+
+# --------------------------------------------------------------------------- save
+def _write_text(path: Path, text: str) -> None:
+    """Write ``path`` as a whole or not at all (temporary file, fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rank 0, once every rank has written ``tmp``: make it ``final`` and point ``latest`` at it."""
+    if final.exists():  # the same step saved by an earlier attempt that crashed before updating latest
+        stale = final.with_name(f"{final.name}.tmp-old-{uuid.uuid4().hex[:8]}")
+        final.rename(stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp.rename(final)
+    _write_text(final.parent / LATEST, final.name + "\n")
+
+
+def _prune(directory: Path, keep: int, current: Path) -> None:
+    """Remove all but the newest ``keep`` checkpoints and any unfinished ``*.tmp-*`` folder."""
+    done = sorted((p for p in directory.glob("step-*") if step_of(p) >= 0), key=step_of)
+    for old in done[:-keep] if keep > 0 else []:
+        if old != current:
+            shutil.rmtree(old, ignore_errors=True)
+    for tmp in directory.glob("step-*.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save(run, directory: Path, epoch: int, batches_done: int) -> Path:
+    """Save ``run`` after ``run.steps_done`` steps, ``batches_done`` batches into ``epoch``
+    (a collective: every rank calls it). Returns the ``step-N`` folder."""
+    import torch.distributed.checkpoint as dcp
+
+    rank = run.ctx.rank
+    final = directory / f"step-{run.steps_done}"
+    tmp = Path(_from_rank0(str(final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex[:8]}"))))
+    if rank == 0:
+        tmp.mkdir(parents=True, exist_ok=False)
+    _barrier()
+    student = _student_state(run, epoch, batches_done)
+    _dcp(dcp.save, {"student": student} if student is not None else _state(run), tmp)
+    if rank == 0:
+        h = run.history
+        meta = {"format": FORMAT, **identity(run), "saved_by": "student" if student is not None else "kit",
+                "world_size": run.ctx.world_size, "steps_done": run.steps_done,
+                "epoch": epoch, "batches_done": batches_done, "steps_per_epoch": run.batch["steps_per_epoch"],
+                "total_steps": run.total_steps, "saved_at": time.time(),
+                "history": {"losses": h.losses, "rank_losses": h.rank_losses, "iter_times": h.iter_times, "eval": h.eval}}
+        _write_text(tmp / META, json.dumps(meta, default=str))
+    _barrier()  # every rank has written its part: only now may the checkpoint become visible
+    if rank == 0:
+        _publish(tmp, final)
+        _prune(directory, run.cfg.keep_checkpoints, final)
+    _barrier()
+    return final
+
+
+# --------------------------------------------------------------------------- load
+def read_meta(path: Path) -> dict:
+    try:
+        meta = json.loads((path / META).read_text())
+    except FileNotFoundError:
+        raise KitError(f"{path} is not a complete kit checkpoint (no {META}); resume from a folder written by "
+                       "--save_every, or delete this one") from None
+    except (OSError, ValueError) as exc:
+        raise KitError(f"{path / META} cannot be read ({exc}); the checkpoint is damaged: resume from another "
+                       "step-N or delete it") from None
+    if meta.get("format") != FORMAT:
+        raise KitError(f"{path} was written by another version of the kit (format {meta.get('format')}, this kit "
+                       f"reads {FORMAT}); start fresh or use that version")
+    return meta
+
+
+def check_identity(path: Path, meta: dict, run) -> None:
+    mine = identity(run)
+    differ = [k for k in IDENTITY if str(meta.get(k)) != str(mine[k])]
+    if differ:
+        saved = ", ".join(f"{k} {meta.get(k)}" for k in differ)
+        now = ", ".join(f"{k} {mine[k]}" for k in differ)
+        raise KitError(f"{path} is another run's checkpoint (saved with {saved}; this run has {now}); "
+                       "resume with the same flags, or use another --checkpoint_dir / drop --resume")
+
+
+def load(run, path: Path, meta: dict) -> dict:
+    """Restore ``run`` (model, optimizer, scheduler, step, history) from ``path`` on every rank;
+    return this rank's saved random generators, which ``Checkpointer.batches`` restores (see there)."""
+    import torch.distributed.checkpoint as dcp
+
+    check_identity(path, meta, run)
+    run.base_model.zero_grad(set_to_none=True)  # torch's template needs grad-free parameters (state_dict._init_optim_state)
+    if meta.get("saved_by") == "student":
+        rng = _student_load(run, path, meta)
+    else:
+        rng = _kit_load(run, path, meta)
+    history = meta["history"]
+    run.history.losses[:] = history["losses"]
+    run.history.iter_times[:] = history["iter_times"]
+    run.history.eval[:] = history["eval"]
+    saved = history["rank_losses"]
+    steps = len(history["losses"])  # ranks the saving run did not have: no loss of their own before the resume
+    run.history.rank_losses[:] = [list(saved[r]) if r < len(saved) else [None] * steps
+                                  for r in range(run.ctx.world_size)]
+    run.steps_done = meta["steps_done"]
+    return rng
+
+
+def _load_dcp(dcp, state: dict, path: Path) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: not caught by `except Exception`
+
+    try:
+        _dcp(dcp.load, state, path)
+    except (Exception, CheckpointException) as exc:  # DCP gathers every rank's traceback; the last line is the cause
+        cause = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+        raise KitError(f"cannot load checkpoint {path} ({cause}); it is damaged or incomplete: "
+                       "resume from another step-N or delete it") from None
+
+
+def _kit_load(run, path: Path, meta: dict) -> dict:
+    """Load a checkpoint of the kit's own state (``_state``); return this rank's saved generators."""
+    import torch.distributed.checkpoint as dcp
+
+    get_optimizer, load_optimizer = _optimizer_hooks(run.optimizer, getattr(run, "model", None))
+    source = f"rank{run.ctx.rank % meta['world_size']}"
+    state = {"model": _model_state(run), "optimizer": get_optimizer(run.base_model),
+             "scheduler": run.scheduler.state_dict() if run.scheduler is not None else {},
+             "rng": {source: rng_state(run.ctx.device)}}
+    _load_dcp(dcp, state, path)
+    _load_model_state(run, state["model"])
+    load_optimizer(run.base_model, state["optimizer"])
+    if run.scheduler is not None:
+        run.scheduler.load_state_dict(state["scheduler"])
+        for group, lr in zip(run.optimizer.param_groups, run.scheduler.get_last_lr()):
+            group["lr"] = lr  # the scheduler's rate, even where the optimizer's own state does not carry it
+    return state["rng"][source]
+
+
+# --------------------------------------------------------------------------- the loop's side
+class Checkpointer:
+    """What the training loop calls: ``resume`` once, ``batches`` for every epoch, ``after_step``
+    after every step. Without ``--save_every`` and ``--resume`` each is a pass-through."""
+
+    def __init__(self, run):
+        self.run = run
+        cfg = run.cfg
+        self.directory = checkpoint_dir(cfg)
+        self.every = cfg.save_every or 0
+        self.start_epoch, self.skip = 0, 0
+        self.epoch, self.batches_done = 0, 0
+        self.rng = None
+        self.resumed_from: Path | None = None
+
+    def resume(self) -> None:
+        """Load the checkpoint ``--resume`` names (rank 0 decides which, so every rank loads the same one)."""
+        run, resume = self.run, self.run.cfg.resume
+        if not resume:
+            return
+        found = _from_rank0(str(find(resume, run.cfg) or "") if run.ctx.rank == 0 else None)
+        if not found:
+            run.log(f"--resume auto: no checkpoint in {self.directory} yet; starting from step 0")
+            return
+        path = Path(found)
+        if not (path / META).is_file():
+            raise KitError(f"rank {run.ctx.rank} cannot see checkpoint {path}: put --checkpoint_dir on a folder every "
+                           "node shares (NFS), or resume on the machine that saved it")
+        meta = read_meta(path)
+        self.rng, self.resumed_from = load(run, path, meta), path
+        self.start_epoch, self.skip = meta["epoch"], meta["batches_done"]
+        run.log(f"resumed from {path} at step {run.steps_done}/{run.total_steps} (epoch {self.start_epoch + 1}, "
+                f"{self.skip} of {meta['steps_per_epoch']} batches done; saved on {meta['world_size']} rank(s))")
+
+    def batches(self, loader, epoch: int):
+        """``loader``'s batches for ``epoch``, after skipping those a resumed run already trained on.
+
+        The random generators are restored here, after the skipped batches: a DataLoader draws a
+        seed from torch's generator each time it starts an epoch, which the saving run had done
+        before it saved, so restoring first would leave the generator one draw behind."""
+        run = self.run
+        skip = self.skip if epoch == self.start_epoch else 0
+        self.epoch, self.batches_done = epoch, 0
+        it = iter(loader)
+        for _ in range(skip):
+            next(it, None)
+        self.batches_done = skip
+        if self.rng is not None:
+            set_rng_state(self.rng, run.ctx.device)
+            self.rng = None
+        for batch in it:
+            if run.steps_done >= run.total_steps:
+                return
+            self.batches_done += 1
+            yield batch
+
+    def after_step(self) -> None:
+        """Save every ``--save_every`` steps."""
+        run = self.run
+        if self.every and self.directory is not None and run.steps_done % self.every == 0:
+            save(run, self.directory, self.epoch, self.batches_done)
+        faults.maybe_kill(run.ctx.rank, run.steps_done, self.directory)  # KIT_KILL_AT_STEP: a lost node, on purpose
