@@ -4,7 +4,7 @@
     python -m autograder grade-all FOLDER [--jobs 2] [--out FOLDER-grades]
     python -m autograder gradescope OUT            # OUT/autograder.zip for Gradescope
     python -m autograder check [PATH] [--tasks 2a]  # the public checks (students)
-    python -m autograder release OUT [--force]      # the student release
+    python -m autograder release OUT [--force] [--tasks 0,1,2,2a,2b,3,4] [--extra-credit 4]  # the student release
 
 ``grade`` exits 0 whenever it could grade: a student's failure is a score, not a crash. It
 always writes the results file, with an "autograder failed" entry if the grader broke.
@@ -253,8 +253,8 @@ def _progress(show: bool, public_only: bool, tasks):
     def progress(c):
         if _STOP["total"] is None:
             try:
-                from .registry import all_checks
-                _STOP["total"] = len([x for x in all_checks(public_only) if tasks is None or x.task in tasks])
+                from .runner import select_checks
+                _STOP["total"] = len(select_checks(tasks, public_only))
             except Exception:
                 _STOP["total"] = 0
         _STOP["in_loop"] = True
@@ -337,15 +337,19 @@ def cmd_grade_all(args) -> int:
 
 def cmd_gradescope(args) -> int:
     from .gradescope import build_package
-    path = build_package(args.out, force=args.force)
+    path = build_package(args.out, force=args.force, tasks=args.tasks, extra_credit=args.extra_credit)
     print(f"wrote {path}: upload it as the assignment's autograder on Gradescope")
     return 0
 
 
 def cmd_release(args) -> int:
     from .release import build_release
-    out = build_release(args.out, force=args.force, verify_imports=not args.no_verify)
+    out = build_release(args.out, force=args.force, verify_imports=not args.no_verify, tasks=args.tasks,
+                        extra_credit=args.extra_credit)
     print(f"student release written to {out}")
+    if args.tasks is not None or args.extra_credit is not None:
+        print(f"its course is in {out / 'autograder' / 'points.toml'} ([tasks]); grade with the same: copy those "
+              f"lines into this kit's points.toml, or AUTOGRADER_POINTS={out / 'autograder' / 'points.toml'}")
     return 0
 
 
@@ -366,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--sandbox", choices=("auto", "bwrap", "user", "process", "fallback"), default="auto",
                         help="how student code is isolated: bubblewrap, the best fallback the host allows, "
                              "or auto (bubblewrap where it works; default)")
+
+    def course_flags(sp):
+        sp.add_argument("--tasks", help="comma-separated tasks this course sets, e.g. 0,1,2,2a,2b,3,4 (default: "
+                        "points.toml's [tasks] course, else all); a task they need is refused if left out")
+        sp.add_argument("--extra-credit", help="comma-separated tasks of the selection that are extra credit "
+                        "(default: points.toml's [tasks] extra_credit, else the task table's)")
 
     g = sub.add_parser("grade", help="grade one submission (folder, checkout or export zip)")
     g.add_argument("submission")
@@ -395,12 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
     gs = sub.add_parser("gradescope", help="build autograder.zip for Gradescope")
     gs.add_argument("out")
     gs.add_argument("--force", action="store_true")
+    course_flags(gs)
     gs.set_defaults(func=cmd_gradescope)
 
     r = sub.add_parser("release", help="build the student release (solutions stripped, hidden tests removed)")
     r.add_argument("out")
     r.add_argument("--force", action="store_true", help="replace OUT if it exists and is not empty")
     r.add_argument("--no-verify", action="store_true", help="skip importing the stripped modules")
+    course_flags(r)
     r.set_defaults(func=cmd_release)
     return p
 

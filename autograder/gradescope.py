@@ -27,6 +27,7 @@ import zipfile
 from pathlib import Path
 
 from .release import IGNORE, SOURCE_ROOT, build_release
+from .selection import prune, resolve, source_points
 
 TORCH_PIN = "torch==2.13.0"
 
@@ -80,7 +81,10 @@ exec "$PREFIX/bin/python" -m autograder grade "$SUBMISSION" --results "$RESULTS/
 """
 
 
-def build_package(out, force: bool = False, source: Path = SOURCE_ROOT) -> Path:
+def build_package(out, force: bool = False, source: Path = SOURCE_ROOT, tasks=None, extra_credit=None) -> Path:
+    """Write ``OUT/autograder.zip``. ``tasks`` / ``extra_credit``: the course's selection, as for
+    ``release`` (default: points.toml's ``[tasks]``); the zip then holds only those tasks' checks,
+    and a points.toml that says the selection."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     target = out / "autograder.zip"
@@ -88,11 +92,16 @@ def build_package(out, force: bool = False, source: Path = SOURCE_ROOT) -> Path:
         raise FileExistsError(f"{target} exists; pass --force to replace it")
     with tempfile.TemporaryDirectory(prefix="gradescope-") as tmp:
         tmp = Path(tmp)
-        release = build_release(tmp / "release", source=source, verify_imports=False)
+        course = resolve(tasks, extra_credit, source_points(source))
+        release = build_release(tmp / "release", source=source, verify_imports=False, tasks=tasks,
+                                extra_credit=extra_credit)
         kit = tmp / "kit"
         kit.mkdir()
         shutil.copytree(release / "student_src", kit / "student_src")
         shutil.copytree(source / "autograder", kit / "autograder", ignore=IGNORE)
+        if not course.full:  # the course's checks only, and its points.toml (the release's)
+            prune(kit, course)
+            shutil.copy2(release / "autograder" / "points.toml", kit / "autograder" / "points.toml")
         for name in ("pyproject.toml", "README.md", "environment.yml"):
             if (source / name).exists():
                 shutil.copy2(source / name, kit / name)

@@ -59,6 +59,7 @@ def _load_file(path: str) -> dict:
 def check_file() -> None:
     """Raise ``PointsError`` if the points file is broken (before any test is graded with it)."""
     _load()
+    course_tasks()
 
 
 def _value(text: str):
@@ -119,9 +120,47 @@ def visibility_for(check) -> str:
 def extra_credit_tasks() -> frozenset[str]:
     """Tasks whose tests are extra credit (``[tasks] extra_credit``; else the task table's, Task 5)."""
     tasks = _load().get("tasks", {}).get("extra_credit", task_table.ids(lambda t: t.extra_credit))
-    if isinstance(tasks, str):
-        tasks = [tasks]
-    return frozenset(str(t).strip().lower().removeprefix("task") for t in tasks)
+    return frozenset(_task_ids(tasks))
+
+
+def _task_ids(value) -> list[str]:
+    """``["2a", 5, "task6"]`` (a TOML list, or one string) -> ``["2a", "5", "6"]``."""
+    if isinstance(value, (str, int, float)):
+        value = [value]
+    out = []
+    for t in value or []:
+        if isinstance(t, float) and t.is_integer():  # the 3.10 reader reads 5 as 5.0
+            t = int(t)
+        out.append(str(t).strip().lower().removeprefix("task"))
+    return out
+
+
+def course_tasks() -> list[str]:
+    """The tasks this course sets, in the assignment's order: ``[tasks] course`` (task ids; a
+    release made with ``release --tasks`` has it), else every task of the task table. ``grade``,
+    ``check``, ``grade-all``, Gradescope and the release follow it."""
+    every = task_table.ids()
+    listed = _load().get("tasks", {}).get("course")
+    if listed is None:
+        return every
+    wanted = set(_task_ids(listed))
+    unknown = sorted(wanted - set(every), key=task_table.order)
+    if unknown:
+        raise PointsError(f"the points file {points_file()}: [tasks] course names {', '.join(unknown)}, which the "
+                          f"task table (student_src/kit/tasks.py) does not have ({', '.join(every)})")
+    return [t for t in every if t in wanted]
+
+
+def in_course(check, course: list[str] | None = None) -> bool:
+    """A check counts in this course: its task is one the course sets, and every student module it
+    needs belongs to a task of the course (``2b.comm_log_entries`` needs Task 4's ``profiling``:
+    a course without Task 4 drops it rather than fail it)."""
+    course = course_tasks() if course is None else course
+    if str(check.task) not in course:
+        return False
+    theirs = {t.module for t in task_table.TASKS.values() if t.id in course}
+    others = {t.module for t in task_table.TASKS.values() if t.id not in course} - theirs
+    return not any(m in others for m in getattr(check, "needs", ()))
 
 
 def is_extra_credit(check) -> bool:

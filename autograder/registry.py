@@ -162,11 +162,18 @@ def get(check_id: str) -> Check:
 
 
 def parse_tasks(text: str | None) -> set[str] | None:
-    """``"1,2a"`` -> ``{"1", "2a"}`` (``task2a`` works too); None means every task."""
+    """``"1,2a"`` -> ``{"1", "2a"}`` (``task2a`` works too); None means every task of the course.
+    A task outside the course (``points.course_tasks``) is refused."""
     if not text:
         return None
     tasks = {t.strip().lower().removeprefix("task") for t in text.split(",") if t.strip()}
     unknown = tasks - set(TASK_ORDER)
     if unknown:
         raise ValueError(f"unknown task(s) {sorted(unknown)}; choose from {','.join(TASK_ORDER)}")
+    from .points import course_tasks
+    course = course_tasks()
+    outside = sorted(tasks - set(course), key=task_key)
+    if outside:
+        raise ValueError(f"task(s) {', '.join(outside)} are not part of this course (points.toml's [tasks] course: "
+                         f"{', '.join(course)})")
     return tasks

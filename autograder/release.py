@@ -43,7 +43,7 @@ PLACEHOLDER = re.compile(r"\{\{shared:(\w+)\}\}")
 #: sandbox, the judges, ...; new grader modules ship without editing this file, and ``verify``
 #: imports the check command in the release to prove it is complete)
 INSTRUCTOR_ONLY = {"checks", "references.py", "release.py", "strip.py", "gradescope.py", "gradebook.py", "course",
-                   "nbgrader", "student", "README.md"}
+                   "nbgrader", "student", "README.md", "selection.py"}
 #: public test files at the top of tests/ (glob patterns)
 PUBLIC_TESTS = ["test_public*.py"]
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info", ".pytest_cache",
@@ -126,8 +126,21 @@ def verify(root: Path, import_modules: bool = True) -> None:
             raise ValueError(f"the release's modules do not import:\n{proc.stderr[-3000:]}")
 
 
-def build_release(out, force: bool = False, verify_imports: bool = True, source: Path = SOURCE_ROOT) -> Path:
-    """Build the student release into ``out`` (see the module docstring); returns its path."""
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def build_release(out, force: bool = False, verify_imports: bool = True, source: Path = SOURCE_ROOT,
+                  tasks=None, extra_credit=None) -> Path:
+    """Build the student release into ``out`` (see the module docstring); returns its path.
+
+    ``tasks`` ("0,1,2,2a,2b,3,4" or a list) and ``extra_credit`` pick the course's tasks
+    (``autograder/selection.py``; default: points.toml's ``[tasks]``, else every task)."""
+    from .selection import apply as apply_course, resolve, source_points
+
+    course = resolve(tasks, extra_credit, source_points(source))  # a bad selection fails before anything is written
     out = Path(out).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
@@ -148,8 +161,12 @@ def build_release(out, force: bool = False, verify_imports: bool = True, source:
         for pattern in PUBLIC_TESTS:
             for f in sorted((source / "tests").glob(pattern)):
                 _copy(f, tmp / "tests" / f.name)
+        apply_course(tmp, course)
         _strip_tree(tmp)
         verify(tmp, import_modules=verify_imports)
+        # mkdtemp made it 0700: the release gets the mode any new folder gets (0755 under umask 022),
+        # or ranks that run as nobody (--sandbox user) could not import its autograder
+        os.chmod(tmp, 0o777 & ~_umask())
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)

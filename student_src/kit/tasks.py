@@ -78,7 +78,9 @@ class Task:
                                      # unit for FSDP); None: not a training task
     needs_tasks: tuple[str, ...] = ()  # the other tasks whose student code its run calls (train_step, the loader):
                                        # a notebook's run cell checks them, and its own, for TODOs before it starts
-                                       # ranks (Task 0's init_distributed has a kit fallback: no run needs it)
+                                       # ranks (Task 0's init_distributed has a kit fallback: no run needs it); for a
+                                       # task that does not train, the tasks its notebook runs (4: 2b's, 8: 3's). A
+                                       # course that sets a task sets these too (`autograder release --tasks`)
 
     @property
     def trains(self) -> bool:
@@ -113,7 +115,8 @@ _ROWS = (
     Task("3", "DistributedDataParallel", "ddp", ("wrap_ddp",), "3_ddp", color="#d62728", sync="ddp", export=True,
          single_node_equivalence=True, traffic="ring_buckets", memory="replicated", needs_tasks=("1", "2")),
     Task("4", "traffic: what is communicated, and how many bytes", "profiling",
-         ("tensor_nbytes", "expected_allreduce_bytes", "CommLog"), "4_traffic", graded_from=("task4", "task2b")),
+         ("tensor_nbytes", "expected_allreduce_bytes", "CommLog"), "4_traffic", graded_from=("task4", "task2b"),
+         needs_tasks=("1", "2", "2b")),
     Task("5", "bucketed overlap (advanced)", "bucketed", ("BucketedDDP", "assign_buckets"), "5_bucketed",
          color="#9467bd", sync="bucketed", extra_credit=True, traffic="ring_buckets", memory="replicated",
          needs_tasks=("1", "2")),
@@ -136,7 +139,7 @@ _ROWS = (
     # two functions in every training task's run (kit/resume/checkpoint.py).
     Task("8", "training that survives a lost node: what to save", "resume",
          ("capture_training_state", "restore_training_state"), "8_fault_tolerance", color="#8c564b",
-         extra_credit=True, graded_from=("task8", "task3", "task2b", "task2a", "task1")),
+         extra_credit=True, graded_from=("task8", "task3", "task2b", "task2a", "task1"), needs_tasks=("1", "2", "3")),
 )
 
 #: every task by id, in the assignment's order
