@@ -14,7 +14,12 @@ the nbgrader course (``autograder/nbgrader/``, ``autograder/course/``), any othe
 
 The release is built in a temporary folder next to OUT and renamed into place only when it is
 complete and verified: no marker left in any file, every ``.py`` compiles, and the student
-modules import (a subprocess imports them with OUT first on ``sys.path``).
+modules import (a subprocess imports them with OUT first on ``sys.path``). It then gets the mode
+a new folder gets under the umask (``mkdtemp`` makes 0700: ranks that run as ``nobody``, the
+``user`` sandbox level, could not have imported its grader).
+
+``--tasks 0,1,2,2a,2b,3,4`` (or points.toml's ``[tasks] course``) makes a release of some tasks
+only (``selection.py``); without either, the full release.
 """
 
 from __future__ import annotations

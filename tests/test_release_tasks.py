@@ -249,3 +249,12 @@ def test_public_checks_of_the_release_pass_with_ranks_as_nobody(selected, world_
     data = json.loads(proc.stdout)
     assert "isolation: user" in data["output"] and data["tests"]
     assert all(t["status"] == "passed" for t in data["tests"]), data["tests"]
+
+
+def test_the_nbgrader_course_takes_the_courses_notebooks(selected, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOGRADER_POINTS": str(selected / "autograder" / "points.toml")}
+    proc = subprocess.run([sys.executable, "-m", "autograder.course", "init", str(tmp_path / "course")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {p.stem for p in (tmp_path / "course" / "source" / "dp").glob("*.ipynb")} == \
+        {task_table.TASKS[t].notebook for t in CHOSEN}

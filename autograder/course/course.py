@@ -1,6 +1,8 @@
 """Set up and release the kit's nbgrader course.
 
     python -m autograder.course init COURSE [--assignment dp] [--notebooks 1_single_node,2b_allreduce] [--force]
+    (default notebooks: those of the course's tasks, points.toml's [tasks] course; the stripped
+    student_src that ``release`` adds follows it too)
     python -m autograder.course release COURSE [--assignment dp]
 
 then nbgrader's own workflow, through the exchange the course folder holds (``COURSE/exchange``)::
@@ -52,6 +54,13 @@ def init(course, assignment: str = "dp", notebooks: list[str] | None = None, for
         if missing:
             raise FileNotFoundError(f"no such notebook(s) in {kit / 'notebooks'}: {', '.join(sorted(missing))}")
         wanted = [p for p in wanted if p.stem in names]
+    else:  # the course's tasks (points.toml's [tasks] course; default: every task)
+        from autograder.points import course_tasks
+        from autograder.task_table import tasks as task_table
+
+        chosen = set(course_tasks())
+        wanted = [p for p in wanted if not task_table.for_notebook(p.stem)
+                  or any(t.id in chosen for t in task_table.for_notebook(p.stem))]
     for nb in wanted:
         shutil.copy2(nb, src / nb.name)
     config = TEMPLATE.read_text().replace("@KIT@", str(kit)).replace("@ASSIGNMENT@", assignment)
@@ -131,7 +140,8 @@ def main(argv=None) -> int:
     i = sub.add_parser("init", help="create COURSE with nbgrader_config.py and source/ASSIGNMENT/*.ipynb")
     i.add_argument("course")
     i.add_argument("--assignment", default="dp")
-    i.add_argument("--notebooks", help="comma-separated notebook names (default: all)")
+    i.add_argument("--notebooks", help="comma-separated notebook names (default: the course's, points.toml's "
+                   "[tasks] course; else all)")
     i.add_argument("--force", action="store_true")
     r = sub.add_parser("release", help="generate_assignment + the stripped student_src in release/ASSIGNMENT")
     r.add_argument("course")
