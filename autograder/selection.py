@@ -189,7 +189,8 @@ _ROW = re.compile(r"^\| *([0-9][0-9a-z]*)\b[^|]*\|")
 
 
 def readme_text(text: str, course: Course) -> str:
-    """The README's task table without the rows of tasks the course does not set."""
+    """The README's task table without the rows of tasks the course does not set, and its list of
+    notebooks naming the course's only."""
     chosen = set(course.tasks)
     keep = []
     for line in text.splitlines(keepends=True):
@@ -197,7 +198,23 @@ def readme_text(text: str, course: Course) -> str:
         if m and m.group(1) in task_table.TASKS and m.group(1) not in chosen:
             continue
         keep.append(line)
-    return "".join(keep)
+    return _NOTEBOOK_LIST.sub(lambda m: _notebook_sentence(course), "".join(keep))
+
+
+_NOTEBOOK_LIST = re.compile(r"Work through the notebooks in order: [^.]*\.")
+
+
+def _notebook_sentence(course: Course) -> str:
+    """"Work through the notebooks in order: ..." naming the course's notebooks (extra credit last)."""
+    def named(extra: bool):
+        return [f"`{nb}`" for nb in dict.fromkeys(task_table.TASKS[t].notebook for t in course.tasks)
+                if all(o.id in course.extra_credit for o in task_table.for_notebook(nb) if o.id in course.tasks) == extra]
+    required, extra = named(False), named(True)
+    text = "Work through the notebooks in order: " + ", ".join(required)
+    if extra:
+        text += ", and " + (", ".join(extra[:-1]) + " or " + extra[-1] if len(extra) > 1 else extra[0]) + \
+            " if you want more"
+    return text + "."
 
 
 def table_patch(course: Course) -> str:

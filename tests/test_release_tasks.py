@@ -75,6 +75,14 @@ def test_a_selected_release_holds_only_its_tasks(selected):
     rows = [line.split("|")[1].split()[0] for line in (selected / "README.md").read_text().splitlines()
             if line.startswith("| ") and line.split("|")[1].split() and line.split("|")[1].split()[0] in task_table.TASKS]
     assert rows == CHOSEN
+    # and every file, notebook and command it (or a shipped module's message) mentions is there
+    sys.path.insert(0, str(ROOT / "tests"))
+    from mentions import check_tree
+
+    problems, checked = check_tree(selected, python_dirs=("student_src", "autograder"), exclude=("student_src/export.py",))
+    assert checked > 100 and problems == []
+    assert "Work through the notebooks in order: `0_collectives`, `1_single_node`, `2a_gather_scatter`, " \
+        "`2b_allreduce`, `3_ddp`, `4_traffic`." in (selected / "README.md").read_text()
     # points.toml: the course's tests only, and the selection
     points = (selected / "autograder" / "points.toml").read_text()
     assert 'course = ["0", "1", "2", "2a", "2b", "3", "4"]' in points and "extra_credit = []" in points
