@@ -11,8 +11,9 @@ export's folders, the report, the checks' task order) follows it too. The full s
 task, extra credit as ``points.toml`` says) is the full release, unchanged.
 
 A task needs the tasks in its row's ``needs_tasks`` (Task 6 calls 2b's ``allreduce_average``,
-Task 8's notebook runs Task 3): a selection that leaves one out is refused in one line that
-names what to add.
+Task 8's notebook runs Task 3) and the task its notebook is named for (Task 2 is taught in
+``2a_gather_scatter``, which checks and runs 2a): a selection that leaves one out is refused in
+one line that names what to add.
 """
 
 from __future__ import annotations
@@ -55,18 +56,31 @@ def source_points(source: Path) -> Path:
     return Path(os.environ.get("AUTOGRADER_POINTS") or Path(source) / "autograder" / "points.toml")
 
 
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def needs(task_id) -> list[str]:
+    """The tasks a course that sets ``task_id`` must set too: its row's ``needs_tasks``, and the task
+    its notebook is named for (Task 2 is taught in ``2a_gather_scatter``, whose check cell and run
+    are Task 2a's), followed through."""
+    todo, seen = [task_id], []
+    while todo:
+        row = task_table.TASKS[todo.pop()]
+        named = [t.id for t in task_table.for_notebook(row.notebook) if row.notebook.startswith(t.id + "_")]
+        for need in (*row.needs_tasks, *named):
+            if need != task_id and need not in seen:
+                seen.append(need)
+                todo.append(need)
+    return sorted(seen, key=task_table.order)
+
+
 def missing_needs(selected) -> dict[str, list[str]]:
-    """Task left out -> the selected tasks that need it (the rows' ``needs_tasks``, followed through)."""
+    """Task left out -> the selected tasks that need it (``needs``)."""
     selected = set(selected)
     missing: dict[str, list[str]] = {}
     for t in task_table.ids(lambda row: row.id in selected):
-        todo, seen = list(task_table.TASKS[t].needs_tasks), set()
-        while todo:
-            need = todo.pop()
-            if need in seen:
-                continue
-            seen.add(need)
-            todo += task_table.TASKS[need].needs_tasks
+        for need in needs(t):
             if need not in selected:
                 missing.setdefault(need, []).append(t)
     return dict(sorted(missing.items(), key=lambda kv: task_table.order(kv[0])))
@@ -89,9 +103,13 @@ def resolve(tasks=None, extra_credit=None, points_file: Path | None = None) -> C
     missing = missing_needs(chosen)
     if missing:
         fixed = ",".join(task_table.ids(lambda t: t.id in chosen or t.id in missing))
-        said = "; ".join(f"Task {', '.join(by)} need{'s' if len(by) == 1 else ''} {need}" for need, by in missing.items())
-        raise ValueError(f"the selection leaves out what its tasks need ({said}): add {', '.join(missing)} "
-                         f"(--tasks {fixed})")
+        by_needer: dict[tuple, list[str]] = {}
+        for need, by in missing.items():
+            by_needer.setdefault(tuple(by), []).append(need)
+        said = "; ".join(f"Task{'s' if len(by) > 1 else ''} {_and(list(by))} need{'' if len(by) > 1 else 's'} "
+                         f"{_and(needed)}" for by, needed in by_needer.items())
+        raise ValueError(f"the selection leaves out tasks that its tasks need ({said}): add {_and(list(missing))}, "
+                         f"i.e. --tasks {fixed}")
     order = tuple(task_table.ids(lambda t: t.id in chosen))
     if extra_credit is not None:
         extra = _ids(extra_credit, "--extra-credit")

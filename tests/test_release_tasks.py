@@ -177,8 +177,10 @@ def test_a_course_without_task_4_drops_the_2b_check_that_needs_its_module():
 
 
 def test_a_selection_that_leaves_out_what_its_tasks_need_is_refused_in_one_line(tmp_path):
-    for tasks, words in (("0,1,6", ("leaves out", "Task 6 needs 2", "Task 6 needs 2b", "--tasks 0,1,2,2b,6")),
-                         ("1,2,8", ("Task 8 needs 3", "add 3 (--tasks 1,2,3,8)")),
+    for tasks, words in (("0,1,6", ("leaves out", "(Task 6 needs 2, 2a and 2b)", "--tasks 0,1,2,2a,2b,6")),
+                         ("1,2,8", ("Tasks 2 and 8 need 2a; Task 8 needs 3", "add 2a and 3, i.e. --tasks 1,2,2a,3,8")),
+                         # Task 2 is taught in 2a's notebook (its check cell and run are 2a's)
+                         ("0,1,2,2b,3,4", ("Tasks 2, 2b, 3 and 4 need 2a", "--tasks 0,1,2,2a,2b,3,4")),
                          ("0,1,2,2b,4,9", ("unknown task(s) 9",))):
         proc = subprocess.run([sys.executable, "-m", "autograder", "release", str(tmp_path / "r"), "--tasks", tasks],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -187,8 +189,9 @@ def test_a_selection_that_leaves_out_what_its_tasks_need_is_refused_in_one_line(
         assert not (tmp_path / "r").exists()
     with pytest.raises(ValueError, match="--extra-credit names 5, which the selection leaves out"):
         resolve("0,1,2,2a,2b,3,4", "5")
-    assert resolve("0,1,2,2b,6", "6").extra_credit == ("6",)
-    assert resolve("0,1,2,2b,6").extra_credit == ("6",)  # the table's, of the selection
+    assert resolve("0,1,2,2a,2b,6", "6").extra_credit == ("6",)
+    assert resolve("0,1,2,2a,2b,6").extra_credit == ("6",)  # the table's, of the selection
+    assert resolve("0,1").tasks == ("0", "1")
     assert resolve().full and not resolve(",".join(task_table.ids()), "5").full
 
 
@@ -210,19 +213,19 @@ def test_the_full_release_is_unchanged(tmp_path):
 def test_the_gradescope_package_follows_the_selection(tmp_path):
     from autograder.gradescope import build_package
 
-    path = build_package(tmp_path / "gs", tasks="0,1,2,2b,6", extra_credit="6")
+    path = build_package(tmp_path / "gs", tasks="0,1,2,2a,2b,6", extra_credit="6")
     with zipfile.ZipFile(path) as zf:
         names = set(zf.namelist())
         points = zf.read("kit/autograder/points.toml").decode()
         table = zf.read("kit/student_src/kit/tasks.py").decode()
     assert {"kit/autograder/checks/task6.py", "kit/autograder/public/task2b.py", "kit/student_src/sharded_optimizer.py",
             "kit/autograder/checks/equivalence.py"} <= names
-    for gone in ("kit/autograder/checks/task2a.py", "kit/autograder/public/task5.py", "kit/student_src/fsdp.py",
+    for gone in ("kit/autograder/checks/task3.py", "kit/autograder/public/task5.py", "kit/student_src/fsdp.py",
                  "kit/autograder/checks/task8.py", "kit/student_src/resume.py"):
         assert gone not in names, gone
-    assert 'course = ["0", "1", "2", "2b", "6"]' in points and 'extra_credit = ["6"]' in points
-    assert '\n"2a.' not in points and '"6.matches_adamw_4_ranks" = 4' in points
-    assert 'for task_id in ("0", "1", "2", "2b", "6")' in table
+    assert 'course = ["0", "1", "2", "2a", "2b", "6"]' in points and 'extra_credit = ["6"]' in points
+    assert '\n"3.' not in points and '"6.matches_adamw_4_ranks" = 4' in points
+    assert 'for task_id in ("0", "1", "2", "2a", "2b", "6")' in table
 
 
 def _python_without_the_editable_install(tmp: Path) -> Path:
