@@ -31,6 +31,7 @@ from multiprocessing.connection import wait as mp_wait
 
 from . import wire
 from .capture import Capture, where_from_dump
+from .deadlines import Limits
 
 _LIVE_GROUPS: "weakref.WeakSet[SandboxGroup]" = weakref.WeakSet()
 _prefix_counter = itertools.count()
@@ -299,7 +300,6 @@ class SandboxGroup:
         """Wait for the submitted job on every rank (see the module docstring)."""
         s = self.settings
         if not hasattr(limits, "cpu"):
-            from .deadlines import Limits
             limits = Limits(cpu=float(limits), stall=s.stall, wall=float(limits) * s.wall_factor)
         timeout, stall = limits.cpu, limits.stall
         t0 = self._t0

@@ -54,7 +54,7 @@ def main(argv=None, defaults=None) -> int:
 
     try:
         cfg = parse_config(argv, defaults)
-        from student_src.kit.train.trainer import run
+        from student_src.kit.train.start import run
 
         metrics = run(cfg)
     except KitError as exc:

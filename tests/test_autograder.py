@@ -40,7 +40,7 @@ def mutant(dest: Path, patches: dict[str, str], kit_patch: str | None = None) ->
         path = dest / "student_src" / f"{module}.py"
         path.write_text(path.read_text() + "\n" + textwrap.dedent(code))
     if kit_patch:
-        (dest / "student_src" / "kit" / "models.py").write_text(kit_patch)
+        (dest / "student_src" / "kit" / "core" / "models.py").write_text(kit_patch)
     return dest
 
 
@@ -250,7 +250,7 @@ def test_deadlines_come_from_the_references_cost():
     fixed = Settings(timeout=20.0, stall=4.0, fixed_timeout=True, fixed_stall=True)
     assert (limits_for(check("heavy"), fixed, costs).cpu, limits_for(check("heavy"), fixed, costs).stall) == (20.0, 4.0)
     # the recorded table (a check added since has none: it gets the fixed --timeout until someone
-    # runs python -m autograder.deadlines --record)
+    # runs python -m autograder.costs --record)
     recorded = load_costs()
     assert recorded["calibration_cpu_s"] > 0 and {"2b.mean_4_ranks", "2a.mean_4_ranks"} <= set(recorded["checks"])
 
@@ -506,7 +506,7 @@ def test_zip_names_cannot_escape_the_workdir(tmp_path):
     assert not (tmp_path / "escaped.py").exists() and not (tmp_path / "work" / "escaped.py").exists()
     assert [s.shown() for s in sub.sources] == ["student_src"]
     ws = sub.workspace(sub.source_for("1"))
-    assert (ws / "student_src" / "train.py").exists() and (ws / "student_src" / "kit" / "models.py").exists()
+    assert (ws / "student_src" / "train.py").exists() and (ws / "student_src" / "kit" / "core" / "models.py").exists()
 
 
 def _layout(root: Path, folders: list[str]) -> Path:

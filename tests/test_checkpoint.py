@@ -17,7 +17,7 @@ from student_src.kit.resume import checkpoint
 from student_src.kit.core.config import parse_config
 from student_src.kit.errors import KitError
 from student_src.kit.ranks.launch import launch
-from student_src.kit.train.trainer import run
+from student_src.kit.train.start import run
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-6

@@ -124,7 +124,7 @@ def test_ranks_started_with_the_multi_node_flags_share_the_hosts_cores(small_rte
     import subprocess
     import sys
 
-    from student_src.kit.ranks.launch import available_cores
+    from student_src.kit.ranks.cores import available_cores
 
     port, out = _free_port(), tmp_path / "out"
     procs = [subprocess.Popen(
@@ -151,7 +151,7 @@ def test_ranks_started_with_the_multi_node_flags_share_the_hosts_cores(small_rte
 def test_torchrun_local_world_size_sets_the_share_and_num_threads_overrides(monkeypatch):
     from student_src.kit.ranks import process_group
     from student_src.kit.core.config import parse_config
-    from student_src.kit.ranks.launch import available_cores
+    from student_src.kit.ranks.cores import available_cores
 
     before = torch.get_num_threads()
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",

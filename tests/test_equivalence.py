@@ -5,7 +5,7 @@ same seed, the same permutation split across ranks, fixed padding, sync before c
 import pytest
 
 from student_src.kit.core.config import parse_config
-from student_src.kit.train.trainer import run
+from student_src.kit.train.start import run
 
 STEPS = 4
 

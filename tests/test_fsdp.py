@@ -479,7 +479,7 @@ def test_the_timeline_shows_the_all_gathers_inside_each_forward_and_backward(sma
     """--timeline on Task 7: every sharded parameter's all_gather falls inside its forward, the
     re-gathers and the reduce_scatters inside backward (issue 24: timelines show FSDP's gathers)."""
     from student_src.kit.core.config import parse_config
-    from student_src.kit.train.trainer import run
+    from student_src.kit.train.start import run
 
     metrics = run(parse_config(["--task", "7", "--model_name_or_path", "tiny", "--data_dir", str(small_rte),
                                 "--max_seq_length", "32", "--global_batch_size", "8", "--max_steps", "3", "--dropout", "0",

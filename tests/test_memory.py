@@ -170,7 +170,7 @@ def test_a_run_is_measured_after_its_first_optimizer_step():
 def test_task1_records_its_memory_in_metrics(small_rte, tmp_path):
     """An in-process Task 1 run on tiny writes ``memory`` into metrics.json, within 5% of the model."""
     from student_src.kit.core.config import parse_config
-    from student_src.kit.train.trainer import run
+    from student_src.kit.train.start import run
 
     cfg = parse_config(["--task", "1", "--model_name_or_path", "tiny", "--data_dir", str(small_rte),
                         "--max_seq_length", "16", "--global_batch_size", "8", "--max_steps", "1", "--no_progress",

@@ -231,7 +231,7 @@ def test_exit_process_keeps_what_a_normal_exit_does(had_group):
     interpreter's teardown): its exit code, unflushed output and atexit handlers must survive."""
     script = "\n".join([
         "import atexit, sys",
-        "from student_src.kit import process_group",
+        "from student_src.kit.ranks import process_group",
         f"process_group._HAD_GROUP[0] = {had_group}",
         "atexit.register(lambda: print('atexit ran'))",
         "print('buffered', end='')",

@@ -6,6 +6,7 @@ import shutil
 import torch
 
 from student_src.kit.core import slices
+from student_src.kit.core import data as kdata
 from student_src.kit.core.data import get_processor
 
 
@@ -16,7 +17,7 @@ def _labels(data_dir):
 
 def test_patterns_come_from_the_sidecar_and_have_one_label_each(small_rte):
     labels, names = _labels(small_rte)
-    sl = slices.load_dev_slices(small_rte, "RTE", labels, names)
+    sl = kdata.load_dev_slices(small_rte, "RTE", labels, names)
     assert sl.by == "pattern" and len(sl.slice_of) == len(labels)
     rows = (small_rte / "dev_patterns.tsv").read_text().splitlines()[1:]
     assert [sl.names[i] for i in sl.slice_of.tolist()] == [r.split("\t")[1] for r in rows]
@@ -26,7 +27,7 @@ def test_patterns_come_from_the_sidecar_and_have_one_label_each(small_rte):
 
 def test_counts_add_up_over_strided_shares(small_rte):
     labels, names = _labels(small_rte)
-    sl = slices.load_dev_slices(small_rte, "RTE", labels, names)
+    sl = kdata.load_dev_slices(small_rte, "RTE", labels, names)
     n = len(labels)
     hits = torch.arange(n) % 3 == 0
     whole = sl.count(range(n), hits)
@@ -42,9 +43,9 @@ def test_without_the_sidecar_slices_by_premise_length(small_rte, tmp_path):
     data = tmp_path / "RTE"
     shutil.copytree(small_rte, data, ignore=shutil.ignore_patterns("dev_patterns.tsv", "cached"))
     labels, names = _labels(data)
-    sl = slices.load_dev_slices(data, "RTE", labels, names)
+    sl = kdata.load_dev_slices(data, "RTE", labels, names)
     assert sl.by == "premise length" and sl.names[0] == "1-15 words"
     # a stale sidecar (other sizes) is ignored rather than mislabelling examples
     (data / "dev_patterns.tsv").write_text("index\tpattern\tgroup\n0\tswap\thard\n")
-    assert slices.load_dev_slices(data, "RTE", labels, names).by == "premise length"
+    assert kdata.load_dev_slices(data, "RTE", labels, names).by == "premise length"
     assert slices.markdown_table({"eval": [{"epoch": 1, "accuracy": 0.5, "loss": 0.7, "examples": 3}]}) == ""

@@ -9,7 +9,7 @@ import torch
 
 from student_src.kit import student_api, tasks
 from student_src.kit.core.config import parse_config
-from student_src.kit.train.trainer import setup_task
+from student_src.kit.train.task_setup import setup_task
 
 KIT = Path(__file__).resolve().parents[1] / "student_src" / "kit"
 STUDENT_MODULES = set(tasks.modules())

@@ -7,7 +7,7 @@ import torch
 
 from student_src.kit.measure import memory_model, traffic_model
 from student_src.kit.core.config import parse_config
-from student_src.kit.train.trainer import make_optimizer, make_scheduler
+from student_src.kit.train.optim import make_optimizer, make_scheduler
 from student_src.sharded_optimizer import ShardedOptimizer, assign_owners
 
 

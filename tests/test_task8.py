@@ -107,7 +107,7 @@ def test_a_restore_that_loses_the_position_is_named(tmp_path, monkeypatch):
 
 def test_the_injected_fault_kills_the_planned_rank_once(tmp_path):
     marker = tmp_path / "killed"
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from student_src.kit import faults\n"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from student_src.kit.resume import faults\n"
             "for step in range(1, 6):\n"
             "    for rank in (0, 2): faults.maybe_kill(rank, step, None)\n"
             "print('survived')\n")
@@ -139,7 +139,7 @@ def test_a_lost_node_is_restarted_once_and_the_group_finishes(capsys):
     """Node 1 dies after 'step 3' on the first attempt; the restarted group (same command) finishes."""
     from student_src.kit.cluster import emulated as cluster, net as cluster_net
 
-    code = ("import os, sys; sys.path.insert(0, sys.argv[1]); from student_src.kit import faults\n"
+    code = ("import os, sys; sys.path.insert(0, sys.argv[1]); from student_src.kit.resume import faults\n"
             "faults.maybe_kill(int(os.environ['DPK_NODE']), 3, None)\n")
     try:
         res = cluster.run([sys.executable, "-c", code, str(ROOT), "--save_every", "1", "--resume", "auto"], nodes=2,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from student_src.kit.cluster import emulated as cluster, net
-from student_src.kit.ranks.launch import available_cores
+from student_src.kit.ranks.cores import available_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "dpkth-"

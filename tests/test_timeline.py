@@ -14,7 +14,7 @@ COMMON = ["--model_name_or_path", "tiny", "--max_seq_length", "32", "--global_ba
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, small_rte):
     from student_src.kit.core.config import parse_config
-    from student_src.kit.train.trainer import run
+    from student_src.kit.train.start import run
 
     root = tmp_path_factory.mktemp("runs")
     two = ["--world_size", "2", "--spawn"]

@@ -32,7 +32,7 @@ def main():
     p.add_argument("--tasks", default="2a,2b,3")
     a = p.parse_args()
     from student_src.kit.core.config import parse_config
-    from student_src.kit.train.trainer import run
+    from student_src.kit.train.start import run
 
     rows = []
     for ws in [int(x) for x in a.world_sizes.split(",")]:

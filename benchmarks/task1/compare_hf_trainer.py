@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 def kit_loop(model_name, ds, batch, steps, lr):
     from student_src.kit.core.models import load_model
-    from student_src.kit.train.trainer import build_optimizer, single_node_loader
+    from student_src.kit.train.optim import build_optimizer
+    from student_src.kit.train.trainer import single_node_loader
     from student_src.kit.core.config import TrainConfig
     from student_src.train import train_step
 

@@ -14,7 +14,7 @@ This file imports nothing but the standard library: the grader loads it by its p
 (``autograder/task_table.py``), in its own process and in the sandbox, without importing the
 student package.
 
-``sync`` says how the kit's training loop runs a task (``trainer.setup_task``):
+``sync`` says how the kit's training loop runs a task (``train/task_setup.py``):
 
 * ``None``        not a training task (Task 0's collectives, Task 2's loader, Task 4's counts);
 * ``"none"``      one process, no synchronisation (Task 1);
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 #: the ``sync`` kinds that wrap the model (``--grad_compression`` applies to them)
 WRAPPERS = ("ddp", "bucketed")
-#: every ``sync`` kind the training loop knows (module docstring; ``trainer.setup_task``)
+#: every ``sync`` kind the training loop knows (module docstring; ``train/task_setup.py``)
 SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp")
 #: the colour of a task without one of its own (plots)
 DEFAULT_COLOR = "#888888"

@@ -39,6 +39,7 @@ from typing import Optional
 from student_src.kit.cluster import net
 from student_src.kit.cluster.net import ClusterSpec
 from student_src.kit.errors import KitError
+from student_src.kit.resume import faults
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,8 +136,6 @@ def _raise_interrupt(signum, frame):
 
 def _fault_env(kill_node: Optional[int], at_step: Optional[int], marker_dir: str) -> dict:
     """The environment that makes node ``kill_node``'s rank die after ``at_step`` (``faults.py``)."""
-    from student_src.kit.resume import faults
-
     if kill_node is None:
         return {}
     return {faults.ENV_STEP: str(at_step), faults.ENV_RANK: str(kill_node),

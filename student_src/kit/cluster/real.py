@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from student_src.kit.errors import KitError
+
 #: CloudLab's standard Ubuntu image (Python 3 is in it; the set-up adds venv and pip)
 CLOUDLAB_IMAGE = "urn:publicid:IDN+emulab.net+image+emulab-ops//UBUNTU22-64-STD"
 #: CloudLab's experimental LAN: node i gets SUBNET.(i+1), as on the emulated cluster
@@ -131,8 +133,6 @@ srun --nodes "$NNODES" --ntasks "$NNODES" --ntasks-per-node 1 bash -c '
 
 def _check_nodes(nodes: int) -> int:
     if not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
-        from student_src.kit.errors import KitError
-
         raise KitError(f"nodes must be an integer between 1 and {MAX_NODES}, got {nodes!r}")
     return nodes
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from student_src.kit.core import slices
 from student_src.kit.errors import KitError
 
 SPLITS = ("train", "dev", "test")
@@ -313,7 +314,24 @@ def load_glue_dataset(data_dir, task_name, split, tokenizer, max_seq_length,
             _save_cache(path, tensors)
     dataset = GlueDataset(tensors, processor.labels)
     if split == "dev":  # accuracy per pattern / premise length, next to the overall accuracy
-        from student_src.kit.core.slices import load_dev_slices
-
         dataset.slices = load_dev_slices(data_dir, task_name, tensors["labels"], processor.labels)
     return dataset
+
+
+def load_dev_slices(data_dir, task_name: str, labels: torch.Tensor, label_list=()) -> slices.DevSlices | None:
+    """The slices of the dev examples in ``data_dir`` (``labels``: their gold label indices):
+    by pattern when a matching ``dev_patterns.tsv`` is there, else by premise length; None if
+    dev cannot be read."""
+    n = len(labels)
+    sidecar = Path(data_dir) / slices.PATTERNS_FILE
+    found = slices.pattern_slices(sidecar, n) if sidecar.is_file() else None
+    if found is None:
+        try:
+            examples = get_processor(task_name).get_examples(data_dir, "dev")
+        except KitError:
+            return None
+        if len(examples) != n:
+            return None
+        found = slices.length_slices([e.text_a for e in examples])
+    found.labels = slices.shared_labels(found, labels, tuple(label_list))
+    return found

@@ -14,8 +14,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from student_src.kit.errors import KitError
+from student_src.kit import tasks
 from student_src.kit.core.timing import summarize_iter_times
+from student_src.kit.errors import KitError
 
 
 @dataclass
@@ -55,7 +56,6 @@ def build(cfg, ctx, *, title: str, model: dict, history: History, wall_time_s: f
     """
     import torch
 
-    from student_src.kit import tasks
 
     metrics = {
         "task": cfg.task, "title": title, "world_size": ctx.world_size,

@@ -153,7 +153,7 @@ BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{p
 class RunMonitor:
     """Live view of a launch: a progress bar per rank, a loss curve, rank 0's log lines.
 
-    Called with every event a rank emits (``trainer.run(cfg, on_event=monitor)``; ``notebook.run_task``). In Jupyter it
+    Called with every event a rank emits (``start.run(cfg, on_event=monitor)``; ``notebook.run_task``). In Jupyter it
     draws ipywidgets (tqdm's notebook bars in a box, an Image for the curve, an Output for the
     log); elsewhere it falls back to one text bar per rank.
     """
@@ -237,6 +237,7 @@ class RunMonitor:
         return ", ".join(field for field in (self.rate_text(rank), f"loss={loss:.4f}") if field)
 
     def _draw(self) -> None:
+        # here, not at the top: it imports matplotlib, heavy for a module that may never need it
         from student_src.kit.plots import figures as plots
 
         self._last_draw = time.perf_counter()

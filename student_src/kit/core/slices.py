@@ -10,7 +10,7 @@ evaluation (``trainer.evaluate``) also counts hits per *slice* of dev:
   generator (or know its seed) to find out which example is which;
 * on any other data (the real RTE has no patterns), by **premise length** in words.
 
-``load_dev_slices`` reads them once per run; ``DevSlices.count`` turns per-example hits into
+``data.load_dev_slices`` reads them once per run; ``DevSlices.count`` turns per-example hits into
 per-slice counts (one small tensor, so ranks can all-reduce it like the overall totals);
 ``DevSlices.rows`` gives the table stored in ``metrics.json`` under ``eval[i]["slices"]``;
 ``markdown_table`` shows it (notebook 1, ``make report``).
@@ -58,7 +58,7 @@ class DevSlices:
         return {"by": self.by, "rows": rows}
 
 
-def _pattern_slices(path: Path, n: int) -> DevSlices | None:
+def pattern_slices(path: Path, n: int) -> DevSlices | None:
     lines = path.read_text(encoding="utf-8").splitlines()
     if not lines or lines[0].split("\t") != ["index", "pattern", "group"]:
         return None
@@ -77,7 +77,7 @@ def _pattern_slices(path: Path, n: int) -> DevSlices | None:
     return DevSlices("pattern", names, groups, slice_of)
 
 
-def _length_slices(premises: list[str]) -> DevSlices:
+def length_slices(premises: list[str]) -> DevSlices:
     def bucket(text: str) -> int:
         words = len(text.split())
         return next(i for i, (top, _) in enumerate(LENGTH_BUCKETS) if top is None or words <= top)
@@ -86,35 +86,13 @@ def _length_slices(premises: list[str]) -> DevSlices:
                      torch.tensor([bucket(p) for p in premises], dtype=torch.long))
 
 
-def _shared_labels(sl: DevSlices, labels: torch.Tensor, label_list) -> list[str]:
+def shared_labels(sl: DevSlices, labels: torch.Tensor, label_list) -> list[str]:
     """Per slice, the gold label when every example of the slice has it (a pattern has one)."""
     out = []
     for i in range(len(sl.names)):
         found = labels[sl.slice_of == i].unique().tolist()
         out.append(label_list[found[0]] if len(found) == 1 and 0 <= found[0] < len(label_list) else "")
     return out
-
-
-def load_dev_slices(data_dir, task_name: str, labels: torch.Tensor, label_list=()) -> DevSlices | None:
-    """The slices of the dev examples in ``data_dir`` (``labels``: their gold label indices):
-    by pattern when a matching ``dev_patterns.tsv`` is there, else by premise length; None if
-    dev cannot be read."""
-    from student_src.kit.core.data import get_processor
-    from student_src.kit.errors import KitError
-
-    n = len(labels)
-    sidecar = Path(data_dir) / PATTERNS_FILE
-    found = _pattern_slices(sidecar, n) if sidecar.is_file() else None
-    if found is None:
-        try:
-            examples = get_processor(task_name).get_examples(data_dir, "dev")
-        except KitError:
-            return None
-        if len(examples) != n:
-            return None
-        found = _length_slices([e.text_a for e in examples])
-    found.labels = _shared_labels(found, labels, tuple(label_list))
-    return found
 
 
 def markdown_table(metrics: dict, epoch: int | None = None) -> str:

@@ -21,14 +21,20 @@ import os
 import sys
 import time
 
+from student_src.kit.core.config import parse_config
+from student_src.kit.core.models import check_model_available, model_defaults
+from student_src.kit.core.progress import ConsoleEvents
+from student_src.kit.errors import KitError
+from student_src.kit.ranks import launch as klaunch
+
 #: --quick: the same four runs on the tiny model, 2 ranks, a few steps (tests use it)
 QUICK = {"model": "tiny", "steps": 6, "dist_steps": 3, "world_size": 2, "max_seq_length": 32,
          "global_batch_size": 16, "learning_rate": 1e-3, "warmup_steps": 4}
 
 
 def _run(argv):
-    from student_src.kit.core.config import parse_config
-    from student_src.kit.train.trainer import run
+    # here, not at the top: it imports torch, heavy for a module that may never need it
+    from student_src.kit.train.start import run
 
     return run(parse_config(argv))
 
@@ -39,6 +45,7 @@ def _tasks_in_one_world(ctx, cfgs):
     Exactly what ``run_glue --spawn`` would train, once per task; only the start-up (4 processes
     importing torch and transformers on 2 cores, about 15 s) is paid once instead of three times.
     """
+    # here, not at the top: it imports torch, heavy for a module that may never need it
     from student_src.kit.train.trainer import train
 
     return [train(cfg, ctx) for cfg in cfgs]
@@ -46,12 +53,9 @@ def _tasks_in_one_world(ctx, cfgs):
 
 def _run_distributed(argvs):
     """Launch the configurations of ``argvs`` (same world size) in one set of local ranks."""
-    from student_src.kit.ranks import launch as klaunch
+    # here, not at the top: it imports torch, heavy for a module that may never need it
     from student_src.kit.ranks import process_group
-    from student_src.kit.core.config import parse_config
-    from student_src.kit.core.models import check_model_available
-    from student_src.kit.core.progress import ConsoleEvents
-    from student_src.kit.train.trainer import check_data, check_output_dir
+    from student_src.kit.train.start import check_data, check_output_dir
 
     cfgs = [parse_config(argv) for argv in argvs]
     for cfg in cfgs:
@@ -89,9 +93,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    from student_src.kit.errors import KitError
-    from student_src.kit.core.models import model_defaults
-
     args = parse_args(argv)
     defaults = model_defaults(args.model)
     lr = args.learning_rate if args.learning_rate is not None else defaults.get("learning_rate")

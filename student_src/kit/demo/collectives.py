@@ -24,7 +24,10 @@ import socket
 
 from matplotlib.figure import Figure
 
+from student_src.kit.notebook.runs import grading, show_figure
 from student_src.kit.plots.figures import RANK_COLORS
+from student_src.kit.ranks.launch import launch
+from student_src.kit.student_api import collectives_module
 
 ROOT = 0
 #: the collectives of the demo, in the notebook's order: (function, title)
@@ -110,7 +113,6 @@ def demo_rank(ctx, port: int, timeout_s: float = 30.0) -> dict:
     """One rank of the demo: your init_distributed, then each collective (a TODO is skipped)."""
     import torch.distributed as dist
 
-    from student_src.kit.student_api import collectives_module
 
     C = collectives_module()
 
@@ -137,9 +139,6 @@ def run(world_size: int = 4, timeout: float = 120.0):
 
     Returns None while nbgrader executes the notebook (grading runs the checks only).
     """
-    from student_src.kit.ranks.launch import launch
-    from student_src.kit.notebook.runs import grading
-
     if grading():
         print("nbgrader is executing: the demo is skipped")
         return None
@@ -221,7 +220,6 @@ def _same(got, want) -> bool:
 
 def show_reference(world_size: int = 4) -> None:
     """Display what every collective should do (needs IPython)."""
-    from student_src.kit.notebook.runs import show_figure
     for fig in reference_figures(world_size):
         show_figure(fig)
 
@@ -230,7 +228,6 @@ def show(result) -> None:
     """Display before/after of a ``run`` (nothing when the run was skipped)."""
     if result is None:
         return
-    from student_src.kit.notebook.runs import show_figure
     for name, fig, status in result_figures(result):
         print(status)
         if fig is not None:

@@ -22,8 +22,10 @@ import shutil
 import time
 from contextlib import contextmanager
 
-from student_src.kit.resume import faults
 from student_src.kit.errors import KitError
+from student_src.kit.notebook import runs as notebook
+from student_src.kit.notebook.runs import show_figure
+from student_src.kit.resume import faults
 
 REFERENCE, RESUMED = "lost_rank_reference", "lost_rank_resumed"
 
@@ -46,8 +48,6 @@ def lose_a_rank(task: str = "3", steps: int = 12, save_every: int = 4, kill_at: 
                 world_size: int | None = None) -> dict | None:
     """Run ``task`` uninterrupted, then with rank ``kill_rank`` lost after step ``kill_at`` and the run
     restarted with ``--resume auto``; return both runs' metrics, the wall times and the time lost."""
-    from student_src.kit.notebook import runs as notebook
-
     if notebook.grading():
         print("nbgrader is executing this notebook: nothing is trained here")
         return None
@@ -108,8 +108,8 @@ def show(result: dict | None) -> None:
         return
     from IPython.display import Markdown, display
 
+    # here, not at the top: it imports matplotlib, heavy for a module that may never need it
     from student_src.kit.plots import figures as plots
-    from student_src.kit.notebook.runs import show_figure
 
     fig = plots.loss_curves({"uninterrupted": result["reference"]["losses"],
                              "lost a rank, resumed": result["resumed"]["losses"]},

@@ -28,6 +28,8 @@ from typing import Iterable, Optional
 
 import torch
 
+from student_src.kit.measure import memory_model
+
 CATEGORIES = ("params", "grads", "optimizer", "other")
 #: attributes under which a wrapper keeps the optimizer it drives
 INNER_OPTIMIZER_ATTRS = ("optim", "local_optimizer", "optimizer", "inner", "base_optimizer")
@@ -170,8 +172,6 @@ class RunMemoryMeter:
     compares params + grads + optimizer with the prediction's ``states``."""
 
     def __init__(self, strategy: Optional[str], model, ctx):
-        from student_src.kit.measure import memory_model
-
         self.strategy, self.ctx = strategy, ctx
         self.layout = memory_model.model_layout(model)
         self.model = self.optimizer = None
@@ -192,8 +192,6 @@ class RunMemoryMeter:
             self.when = "after the first optimizer step"
 
     def predicted(self) -> Optional[dict]:
-        from student_src.kit.measure import memory_model
-
         if self.strategy is None:
             return None
         kind = optimizer_kind(self.optimizer)

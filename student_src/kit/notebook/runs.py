@@ -41,8 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from student_src.kit import student_api, tasks
-from student_src.kit.errors import KitError
+from student_src.kit.core.config import parse_config
+from student_src.kit.core.models import load_model
 from student_src.kit.core.progress import RunMonitor
+from student_src.kit.errors import KitError
+from student_src.kit.report import build as report
+from student_src.kit.report import scaling as scaling_report
+from student_src.kit.report.build import incomparable_reasons, markdown_table
+from student_src.kit.student_api import traffic_functions
 
 ENV_QUICK, ENV_RUNS, ENV_DATA, ENV_ROOT = "KIT_NOTEBOOK_QUICK", "KIT_RUNS_DIR", "KIT_DATA_DIR", "KIT_ROOT"
 
@@ -208,8 +214,8 @@ def run_task(task: str, steps: int | None = None, name: str | None = None, extra
     if blocker:
         print(blocker)
         return None
-    from student_src.kit.core.config import parse_config
-    from student_src.kit.train.trainer import run
+    # here, not at the top: it imports torch, heavy for a module that may never need it
+    from student_src.kit.train.start import run
 
     argv = task_argv(task, steps=steps, name=name, extra=extra, world_size=world_size)
     cfg = parse_config(argv)
@@ -301,8 +307,6 @@ def load_metrics(task: str, name: str | None = None) -> dict | None:
 def task1_reference(like: dict | None = None) -> dict | None:
     """Task 1's metrics for the comparison: the earlier run if it matches ``like``'s settings
     and is long enough, otherwise a fresh Task 1 run with the same number of steps."""
-    from student_src.kit.report.build import incomparable_reasons
-
     ref = load_metrics("1")
     if ref is not None and (like is None or (not incomparable_reasons(ref, like) and len(ref["losses"]) >= len(like.get("losses", [])))):
         return ref
@@ -319,8 +323,8 @@ def show_results(task: str, metrics: dict | None = None, name: str | None = None
     across every task run so far in this mode (40 iterations, first dropped, in full mode)."""
     from IPython.display import Image, Markdown, display
 
+    # here, not at the top: it imports matplotlib, heavy for a module that may never need it
     from student_src.kit.plots import figures as plots
-    from student_src.kit.report import build as report
 
     if grading():
         print("nbgrader is executing this notebook: results are not computed here")
@@ -368,23 +372,19 @@ def _this_run(task: str, metrics: dict | None, name: str | None = None) -> dict 
 def show_timeline(task: str, metrics: dict | None = None, name: str | None = None) -> None:
     """Each rank's forward, backward, collectives and optimizer step of a run made with
     ``--timeline N`` (``runs/<mode>/timeline_<task>.png``)."""
-    from student_src.kit.report.scaling import show_timeline as draw
-
     if grading():
         return
     metrics = _this_run(task, metrics, name)
     if metrics is not None:
-        draw(metrics, session().runs_dir / f"timeline_{task}.png")
+        scaling_report.show_timeline(metrics, session().runs_dir / f"timeline_{task}.png")
         quick_note()
 
 
 def show_scaling() -> list[dict]:
     """The what-if model's speed-up curves from Task 1's compute, with this mode's runs as dots."""
-    from student_src.kit.report.scaling import show_scaling as draw
-
     if grading():
         return []
-    points = draw(session().runs_dir)
+    points = scaling_report.show_scaling(session().runs_dir)
     quick_note()
     return points
 
@@ -393,6 +393,7 @@ def show_figure(fig) -> None:
     """Display a kit figure (``plots.*``) as a PNG, whatever the notebook's matplotlib backend."""
     from IPython.display import Image, display
 
+    # here, not at the top: it imports matplotlib, heavy for a module that may never need it
     from student_src.kit.plots.figures import to_png
 
     display(Image(to_png(fig)))
@@ -407,10 +408,6 @@ def predict_traffic(world_size: int | None = None) -> dict | None:
     """
     from IPython.display import Markdown, display
 
-    from student_src.kit.core.config import parse_config
-    from student_src.kit.core.models import load_model
-    from student_src.kit.report.build import markdown_table
-    from student_src.kit.student_api import traffic_functions
 
     if grading():
         return None
@@ -445,8 +442,6 @@ def your_prediction(model_name: str, world_size: int, scope: str = "loopback") -
     """Task 4: the bytes per iteration YOUR functions predict for a run's ``traffic`` block, or
     "TODO" while they are TODOs: every gradient's ring all_reduce, summed over the ranks (what a
     loopback interface counts) or, on a real NIC, one rank's sent + received."""
-    from student_src.kit.core.models import load_model
-
     if student_api.todos_left("4", names=PREDICTION, student_dir=session().root / "student_src"):
         return "TODO"
     tensor_nbytes, expected_allreduce_bytes = student_api.traffic_functions(fresh=True)
@@ -465,8 +460,8 @@ def show_traffic(prefix: str = "traffic_") -> list[dict]:
     (``your_prediction``) and the kit's (headers and the loss all_gather included)."""
     from IPython.display import Image, Markdown, display
 
+    # here, not at the top: it imports matplotlib, heavy for a module that may never need it
     from student_src.kit.plots import figures as plots
-    from student_src.kit.report import build as report
 
     if grading():
         return []

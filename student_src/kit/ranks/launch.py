@@ -33,6 +33,7 @@ Why each piece is here:
 """
 
 import datetime
+import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
@@ -41,10 +42,10 @@ import threading
 import time
 import traceback
 
-import multiprocessing as mp
-
 from student_src.kit.core import progress
+from student_src.kit.core.config import TrainConfig
 from student_src.kit.errors import KitError
+from student_src.kit.ranks.cores import default_threads
 
 
 class RankFailure(KitError):
@@ -58,19 +59,6 @@ class RankFailure(KitError):
 
 class LaunchTimeout(KitError):
     """The ranks did not finish (or made no progress) in time; all were stopped."""
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity, e.g. a container's share), else all."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # macOS, Windows
-        return max(1, os.cpu_count() or 1)
-
-
-def default_threads(ranks_on_host: int) -> int:
-    """Torch threads per rank when ``ranks_on_host`` ranks share this machine's cores."""
-    return max(1, available_cores() // max(1, ranks_on_host))
 
 
 #: what the forkserver imports once for every rank it forks (third-party only: see the module docstring)
@@ -152,6 +140,7 @@ def _child(payload, rank, world_size, store_port, threads, events, results, init
     import torch
 
     torch.set_num_threads(threads)
+    # here, not at the top: it imports torch, heavy for a module that may never need it
     from student_src.kit.ranks import process_group
 
     try:
@@ -234,8 +223,6 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
         RankFailure: a rank raised, exited early, or was killed; the others were stopped.
         LaunchTimeout: the deadline or the stall timeout passed; all ranks were stopped.
     """
-    from student_src.kit.core.config import TrainConfig
-
     if world_size < 1:
         raise KitError(f"world_size must be at least 1, got {world_size}")
     cfg = cfg or TrainConfig()

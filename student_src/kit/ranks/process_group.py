@@ -30,7 +30,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from student_src.kit import student_api
+from student_src.kit.core.progress import RankLog
 from student_src.kit.errors import KitError
+from student_src.kit.ranks.cores import default_threads
 from student_src.kit.ranks.network_interface import interface_towards, loopback_interface
 from student_src.kit.ranks.world_size_watch import WorldSizeWatch, world_size_mismatch
 
@@ -136,8 +139,6 @@ def host_id() -> str:
 
 def threads_per_rank(cfg, ranks_on_host: int) -> int:
     """``--num_threads`` if given, else this machine's cores shared by the ranks on it."""
-    from student_src.kit.ranks.launch import default_threads
-
     return cfg.num_threads or default_threads(ranks_on_host)
 
 
@@ -178,8 +179,6 @@ def note_task0_todo() -> None:
     """Say that Task 0 is still a TODO the way every informational line goes: rank 0's log
     (the launcher's parent shows it above the progress bar, or in a notebook's run log), else
     stdout. Never stderr: Jupyter paints stderr red, and this is not an error."""
-    from student_src.kit.core.progress import RankLog
-
     RankLog(0)(TASK0_TODO_NOTE)
     sys.stdout.flush()
 
@@ -197,8 +196,6 @@ def student_init(host: str, port: int, rank: int, world_size: int, backend: str,
     workers itself). ``check_world_size``: ranks started by hand may disagree on the world size;
     a ``WorldSizeWatch`` then turns gloo's timeout into the kit's one-line message.
     """
-    from student_src.kit import student_api
-
     theirs = student_api.init_distributed()
     if theirs is None:  # no student_src/collectives.py (or no init_distributed in it)
         return False

@@ -23,62 +23,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 from pathlib import Path
 
-from student_src.kit import tasks
 from student_src.kit.core import timing
+from student_src.kit.report.html import HTML_NAME, write_html
+from student_src.kit.report.runs import incomparable_reasons, label, load_runs, reference_run  # noqa: F401 (report.X too)
+from student_src.kit.report.scaling import scaling_section
 
 TIMING_ITERS = 40  # the assignment: mean over 40 iterations, first discarded
-
-
-# --------------------------------------------------------------------------- loading
-def load_runs(runs_dir) -> dict:
-    """``{run name: metrics}`` for every ``metrics.json`` below ``runs_dir`` (name = its folder,
-    relative to ``runs_dir``), ordered by task then name."""
-    root = Path(runs_dir)
-    runs = {}
-    for path in sorted(root.rglob("metrics.json")):
-        try:
-            metrics = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue  # a run still writing, or a stray file: not ours to judge
-        if not isinstance(metrics, dict) or "task" not in metrics:
-            continue
-        name = path.parent.relative_to(root).as_posix()
-        runs[name if name != "." else path.parent.name] = metrics
-    return dict(sorted(runs.items(), key=lambda kv: (tasks.order(kv[1].get("task")), kv[0])))
-
-
-def label(name: str, metrics: dict) -> str:
-    """A short label for tables and plots: ``Task 2b`` (plus the run's folder if it is not the
-    usual ``taskX``, e.g. the batch sizes of Task 4)."""
-    task = str(metrics.get("task"))
-    base = f"Task {task}"
-    leaf = name.rsplit("/", 1)[-1]
-    return base if leaf in (f"task{task}", f"task_{task}") else f"{base} ({leaf})"
-
-
-def reference_run(runs: dict) -> tuple[str, dict] | tuple[None, None]:
-    """The Task 1 run the others are compared with (the one named ``task1`` if there are several)."""
-    ones = [(n, m) for n, m in runs.items() if str(m.get("task")) == "1"]
-    if not ones:
-        return None, None
-    ones.sort(key=lambda nm: (nm[0].rsplit("/", 1)[-1] != "task1", nm[0]))
-    return ones[0]
-
-
-def incomparable_reasons(a: dict, b: dict) -> list[str]:
-    """Why two runs' losses should NOT be compared step by step (empty list: they should agree)."""
-    why = []
-    ca, cb = a.get("config", {}), b.get("config", {})
-    if a.get("global_batch_size") != b.get("global_batch_size"):
-        why.append(f"global batch {a.get('global_batch_size')} vs {b.get('global_batch_size')}")
-    for key in ("model_name_or_path", "seed", "max_seq_length", "learning_rate", "dropout"):
-        if ca.get(key) != cb.get(key):
-            why.append(f"{key} {ca.get(key)} vs {cb.get(key)}")
-    return why
 
 
 # --------------------------------------------------------------------------- tables
@@ -193,6 +146,7 @@ def eval_markdown(rows: list[dict]) -> str:
 
 def slice_sections(runs: dict) -> list[str]:
     """Report lines: each Task 1 run's last dev accuracy per slice (what it learned, what not)."""
+    # here, not at the top: it imports torch, heavy for a module that may never need it
     from student_src.kit.core.slices import markdown_table as slice_markdown
 
     out = []
@@ -220,6 +174,7 @@ def _write_csv(path: Path, headers: list, rows: list[list]) -> None:
 def write_report(runs_dir, out, shown_as: str | None = None) -> dict:
     """Write report.md, the CSV tables, the PNG plots and index.html into ``out``; return
     ``{name: path}``. ``shown_as``: how the report's title names ``runs_dir`` (default: as given)."""
+    # here, not at the top: it imports matplotlib, heavy for a module that may never need it
     from student_src.kit.plots import figures as plots
 
     runs = load_runs(runs_dir)
@@ -251,6 +206,7 @@ def write_report(runs_dir, out, shown_as: str | None = None) -> dict:
         (out / "traffic.png").write_bytes(plots.to_png(plots.traffic_bars(traffic)))
         written.update({k: out / k for k in ("traffic.csv", "traffic.png")})
 
+    # here, not at the top: it imports matplotlib, heavy for a module that may never need it
     from student_src.kit.plots.memory import memory_bars, memory_markdown, memory_rows
 
     memory = memory_rows(runs)  # bytes per rank, measured beside the memory model's prediction
@@ -258,7 +214,6 @@ def write_report(runs_dir, out, shown_as: str | None = None) -> dict:
         (out / "memory.png").write_bytes(plots.to_png(memory_bars(memory)))
         written["memory.png"] = out / "memory.png"
 
-    from student_src.kit.report.scaling import scaling_section
 
     scaling_files, scaling_md = scaling_section(runs, out)  # timelines, speed-up on the what-if curves
     written.update(scaling_files)
@@ -279,7 +234,6 @@ def write_report(runs_dir, out, shown_as: str | None = None) -> dict:
     sections += scaling_md
     (out / "report.md").write_text("\n".join(sections))
     written["report.md"] = out / "report.md"
-    from student_src.kit.report.html import HTML_NAME, write_html
 
     written[HTML_NAME] = write_html(out)
     return written

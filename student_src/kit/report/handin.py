@@ -22,6 +22,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from student_src.kit.report.build import write_report
+from student_src.kit.report.html import HTML_NAME, write_html
+
 NOTEBOOKS = "notebooks"
 REPORT = "report"
 #: where the notebooks write their runs (``kit/notebook/runs.py``): this variable, else ``<kit>/runs``
@@ -102,9 +105,6 @@ def pack_notebooks(root: Path, dest: Path, packed: Packed) -> None:
 
 def pack_report(root: Path, dest: Path, packed: Packed) -> None:
     """The student's ``report/`` (with an index.html), else one built from their runs, else nothing."""
-    from student_src.kit.report.build import write_report
-    from student_src.kit.report.html import HTML_NAME, write_html
-
     theirs = Path(root) / REPORT
     full, quick = runs_root(root) / "full", runs_root(root) / "quick"
     if (theirs / "report.md").is_file() or (theirs / HTML_NAME).is_file():

@@ -1,7 +1,7 @@
 """The report's scaling part: each run's per-rank timeline, and measured speed-ups on the
 what-if model's curves.
 
-``report.py`` calls :func:`scaling_section` with its loaded runs; it returns the files it wrote
+``build.py`` calls :func:`scaling_section` with its loaded runs; it returns the files it wrote
 and the markdown that shows them. Measured speed-up = the Task 1 run's mean time per iteration
 over the multi-worker run's (same global batch); the predicted curves use the Task 1 run's
 compute (its ``--timeline`` split when recorded) and 1 and 10 Gbit/s links. Local ``--spawn``
@@ -13,6 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from student_src.kit.errors import KitError
+from student_src.kit.plots.timeline import plot_timeline
+from student_src.kit.report.runs import load_runs, reference_run
+from student_src.kit.whatif.scaling import compute_from_metrics, LinkModel, predict, tensor_sizes
 
 RATES_GBIT = (1.0, 10.0)
 LATENCY_S = 1e-4
@@ -23,8 +26,6 @@ def _safe(name: str) -> str:
 
 
 def timeline_figures(runs: dict, out: Path) -> dict:
-    from student_src.kit.plots.timeline import plot_timeline
-
     written = {}
     for name, metrics in runs.items():
         events = metrics.get("timeline")
@@ -47,7 +48,7 @@ def measured_speedups(runs: dict, reference: dict) -> list[dict]:
 
 
 def speedup_figure(runs: dict, reference: dict, out: Path) -> dict:
-    from student_src.kit.whatif.scaling import LinkModel, compute_from_metrics, predict, tensor_sizes
+    # here, not at the top: it imports matplotlib, heavy for a module that may never need it
     from student_src.kit.plots.whatif import model_note, plot_scaling
 
     try:
@@ -69,8 +70,6 @@ def speedup_figure(runs: dict, reference: dict, out: Path) -> dict:
 
 def scaling_section(runs: dict, out) -> tuple[dict, list[str]]:
     """Write the timeline and speed-up PNGs into ``out``; return ``({name: path}, markdown lines)``."""
-    from student_src.kit.report.build import reference_run
-
     out = Path(out)
     written = timeline_figures(runs, out)
     _, reference = reference_run(runs)
@@ -94,8 +93,6 @@ def show_scaling(runs_dir, out_name: str = "speedup.png") -> list[dict]:
     return the measured points (needs a Task 1 run there: notebook 1)."""
     from IPython.display import Image, display
 
-    from student_src.kit.report.build import load_runs, reference_run
-
     runs = load_runs(runs_dir)
     _, reference = reference_run(runs)
     if reference is None:
@@ -113,7 +110,6 @@ def show_timeline(metrics: dict | None, path) -> None:
     """Notebook API: draw the per-rank timeline of a run made with ``--timeline N``."""
     from IPython.display import Image, display
 
-    from student_src.kit.plots.timeline import plot_timeline
 
     if not metrics or not metrics.get("timeline"):
         print("this run has no timeline: run it with --timeline 2")

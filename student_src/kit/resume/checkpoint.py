@@ -91,8 +91,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from student_src.kit.resume import faults, fsdp_state
+from student_src.kit import student_api
 from student_src.kit.errors import KitError
+from student_src.kit.resume import faults, fsdp_state
 
 FORMAT = 1
 META = "kit.json"
@@ -245,8 +246,6 @@ _TODO_SAID = [False]
 def _student_pair(run):
     """Task 8's ``(capture_training_state, restore_training_state)`` where they apply (a
     ``torch.optim`` optimizer without a sharded contract), else None."""
-    from student_src.kit import student_api
-
     if not isinstance(run.optimizer, torch.optim.Optimizer) or any(callable(getattr(run.optimizer, n, None)) for n in ("sharded_state_dict", "full_state_dict")):
         return None
     if _fsdp(run):  # shards: only the kit's whole-tensor save resumes at another world size
@@ -257,8 +256,6 @@ def _student_pair(run):
 
 def _student_state(run, epoch: int, batches_done: int) -> dict | None:
     """The student's ``capture_training_state`` of ``run``, or None while it is a TODO (said once)."""
-    from student_src.kit import student_api
-
     pair = _student_pair(run)
     if pair is None:
         return None

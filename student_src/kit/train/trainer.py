@@ -1,25 +1,9 @@
 """The training loop every task shares.
 
-Task 1 runs it on one process; Tasks 2a, 2b, 3, 5 and 6 run the *same* loop on every rank and
-differ only in how gradients are synchronised and which optimizer steps (the task table's ``sync``
-column, ``tasks.py``; ``setup_task`` returns the three as a ``TaskSetup``):
-
-============  =====================================  ==========================================
-``sync``      model                                  ``sync_gradients`` passed to ``train_step``
-============  =====================================  ==========================================
-none (1)      the model                              none
-function (2a, 2b)  the model                         ``sync.gather_scatter_average`` /
-                                                     ``sync.allreduce_average`` (+ a CommLog)
-ddp (3)       ``ddp.wrap_ddp(model)``                none (DDP syncs inside ``backward()``)
-bucketed (5)  ``bucketed.BucketedDDP(model)``        ``model.finish_gradient_synchronization``
-sharded_optimizer (6)  the model; the optimizer is   ``sync.allreduce_average`` (Task 2b)
-              ``ShardedOptimizer(groups, AdamW, ...)``
-fsdp (7)      ``fsdp.FSDP(model)`` (the model's slots  ``model.finish_gradient_synchronization``,
-              hold shards: AdamW is built over them)  then ``model.clip_grad_norm_`` (global norm)
-============  =====================================  ==========================================
-
-Every other task steps the kit's AdamW (``build_optimizer``); a ``sharded_optimizer`` task's class
-gets the same parameter groups and settings, and the LR scheduler drives it the same way.
+Task 1 runs it on one process; every other training task runs the *same* loop on every rank and
+differs only in how gradients are synchronised and which optimizer steps: ``task_setup.py``
+(the task table's ``sync`` column) says how. ``optim.py`` builds the optimizer and schedule,
+``start.py`` checks a run before it starts and starts it (one process, or N ranks).
 
 Student code is reached only through ``student_api`` (the boundary, with its TODO handling);
 progress goes out through ``progress``; ``metrics.json`` is built by ``metrics.build``.
@@ -32,29 +16,31 @@ mean of the ranks' losses, gathered for logging only, apart from the gradient tr
 """
 
 import math
-import os
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from student_src.kit.ranks import launch as klaunch
+from student_src.kit import student_api, tasks
+from student_src.kit.compression import wire_dtype
 from student_src.kit.core import metrics as kmetrics
 from student_src.kit.core import progress
-from student_src.kit import student_api, tasks
-from student_src.kit.resume.checkpoint import Checkpointer
-from student_src.kit.compression import register_ddp_compression, wire_dtype
 from student_src.kit.core.config import TrainConfig, per_worker_batch_size
+from student_src.kit.core.data import get_processor, load_glue_dataset
+from student_src.kit.core.metrics import write_metrics  # noqa: F401  (trainer.write_metrics: where runs write their results)
+from student_src.kit.core.models import count_parameters, load_model, load_tokenizer
 from student_src.kit.errors import KitError
 from student_src.kit.measure.memory_meter import RunMemoryMeter
-from student_src.kit.core.metrics import write_metrics  # noqa: F401  (trainer.write_metrics: where runs write their results)
 from student_src.kit.measure.timeline import recorder_for
+from student_src.kit.measure.traffic_meter import RunTrafficMeter
 from student_src.kit.measure.traffic_model import fsdp_calls, traffic_pattern
+from student_src.kit.resume.checkpoint import Checkpointer
+from student_src.kit.train.optim import make_scheduler
+from student_src.kit.train.task_setup import broadcast_parameters, setup_task
 
 FIRST_LOSSES_PRINTED = 5
 
@@ -81,55 +67,6 @@ def single_node_loader(dataset, batch_size: int, seed: int):
 
     sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed, drop_last=True)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
-
-
-def parameter_groups(model, cfg: TrainConfig) -> list[dict]:
-    """The trainable parameters in two groups: weight decay, and none on biases and LayerNorm."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _fused_adamw_works(groups) -> bool:
-    """The fused kernel is several times faster than the per-tensor loop (CPU and CUDA); probed on
-    a throwaway AdamW, so that a wrapper class is built once, with or without it."""
-    params = [p for g in groups for p in g["params"]]
-    try:
-        torch.optim.AdamW(params[:1] or [torch.zeros(1)], lr=0.0, fused=True)
-        return True
-    except (RuntimeError, TypeError, ValueError):
-        return False
-
-
-def make_optimizer(model, cfg: TrainConfig, wrapper=None):
-    """The kit's AdamW over ``parameter_groups``, or ``wrapper(groups, torch.optim.AdamW, **settings)``
-    (a ``sharded_optimizer`` task's class) with the same groups and settings."""
-    groups = parameter_groups(model, cfg)
-    settings = {"lr": cfg.learning_rate, **({"fused": True} if _fused_adamw_works(groups) else {})}
-    if wrapper is None:
-        return torch.optim.AdamW(groups, **settings)
-    optimizer = wrapper(groups, torch.optim.AdamW, **settings)
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise KitError(f"{type(optimizer).__name__} is not a torch.optim.Optimizer: the learning-rate scheduler "
-                       "drives it, so keep the template's base class (class ShardedOptimizer(torch.optim.Optimizer))")
-    return optimizer
-
-
-def make_scheduler(optimizer, cfg: TrainConfig, total_steps: int):
-    """Linear warm-up over ``--warmup_steps``, then linear decay to 0 at ``total_steps``."""
-    from transformers import get_linear_schedule_with_warmup
-
-    return get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, max(total_steps, 1))
-
-
-def build_optimizer(model, cfg: TrainConfig, total_steps: int, wrapper=None):
-    """AdamW (no weight decay on biases and LayerNorm; ``wrapper`` around it, see
-    ``make_optimizer``) and a linear warm-up/decay schedule."""
-    optimizer = make_optimizer(model, cfg, wrapper)
-    return optimizer, make_scheduler(optimizer, cfg, total_steps)
 
 
 def _on_device(batch: dict, device) -> dict:
@@ -182,92 +119,6 @@ def evaluate(model, dataset, ctx, batch_size: int, lockstep: bool = False) -> di
     return result
 
 
-# --------------------------------------------------------------------------- task set-up
-@dataclass
-class TaskSetup:
-    """How one task trains (``setup_task``): the model ``train_step`` gets, the gradient sync it
-    passes, the student's CommLog (Task 4) when it works, and the optimizer that steps."""
-
-    model: torch.nn.Module
-    sync_gradients: Callable | None
-    comm_log: object | None
-    optimizer: torch.optim.Optimizer
-
-
-def _function_sync(fn):
-    """``(sync_gradients, comm_log)`` for a ``"function"`` sync: ``fn(model)``, given the student's
-    CommLog too when it takes one and the CommLog works."""
-    comm_log = student_api.comm_log() if student_api.accepts(fn, "comm_log") else None
-    if comm_log is None:
-        return fn, None
-    return (lambda m: fn(m, comm_log=comm_log)), comm_log
-
-
-def _torch_zero1(groups, optimizer_cls, **settings):
-    """``--torch_sharding`` for Task 6: torch's ``ZeroRedundancyOptimizer`` with the kit's groups and
-    settings, in the place of the student's ``ShardedOptimizer`` (a ``torch.optim.Optimizer`` too)."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    settings.pop("fused", None)  # ZeroRedundancyOptimizer builds its own local optimizer per rank
-    return ZeroRedundancyOptimizer(groups, optimizer_class=optimizer_cls, **settings)
-
-
-def _fsdp_sync(max_grad_norm: float):
-    """An ``"fsdp"`` task's sync: the last reduce_scatter and the replicated gradients' all_reduce,
-    then the clip by the *global* norm (every rank's shards). ``train_step``'s own clip then sees
-    gradients whose norm is already within ``max_grad_norm`` and multiplies them by exactly 1."""
-    def sync(model):
-        model.finish_gradient_synchronization()
-        if max_grad_norm and max_grad_norm > 0:
-            model.clip_grad_norm_(max_grad_norm)
-    return sync
-
-
-def setup_task(cfg: TrainConfig, model, ctx) -> TaskSetup:
-    """How the task table's ``sync`` kind of ``cfg.task`` runs the student's function (``tasks.py``
-    says what each kind means): the model to train, its sync, the CommLog and the optimizer."""
-    task = tasks.get(cfg.task)
-    if task.sync == "none":
-        return TaskSetup(model, None, None, make_optimizer(model, cfg))
-    fn = student_api.function(task.id)
-    if task.sync == "function":
-        return TaskSetup(model, *_function_sync(fn), make_optimizer(model, cfg))
-    if task.sync == "sharded_optimizer":
-        averaging = [t for t in map(tasks.get, task.needs_tasks) if t.sync == "function"]
-        if not averaging:
-            raise KitError(f"Task {task.id}: a sharded_optimizer task names the task whose function averages its "
-                           "gradients in needs_tasks (see student_src/kit/tasks.py)")
-        sync, comm_log = _function_sync(student_api.function(averaging[0].id))
-        return TaskSetup(model, sync, comm_log, make_optimizer(model, cfg, wrapper=_torch_zero1 if cfg.torch_sharding else fn))
-    if task.sync == "fsdp":
-        if cfg.torch_sharding:  # torch's FSDP2: gradients are reduce-scattered inside backward; clip_grad_norm_ knows DTensors
-            from student_src.kit.train.fsdp2 import wrap_fsdp2
-
-            wrapped = wrap_fsdp2(model)
-            return TaskSetup(wrapped, None, None, make_optimizer(model, cfg))
-        wrapped = fn(model)  # the model's own slots now hold this rank's shards (fp32 masters)
-        return TaskSetup(wrapped, _fsdp_sync(cfg.max_grad_norm), None, make_optimizer(model, cfg))
-    compression = None if cfg.grad_compression == "none" else cfg.grad_compression
-    if task.sync == "ddp":
-        wrapped = fn(model)
-        if compression is not None:
-            register_ddp_compression(wrapped, compression)
-        return TaskSetup(wrapped, None, None, make_optimizer(model, cfg))
-    if task.sync == "bucketed":
-        wrapped = fn(model, bucket_cap_mb=cfg.bucket_cap_mb, compression=compression)
-        return TaskSetup(wrapped, (lambda m: m.finish_gradient_synchronization()), None, make_optimizer(model, cfg))
-    raise KitError(f"Task {task.id}: the task table names an unknown sync kind {task.sync!r} (see student_src/kit/tasks.py)")
-
-
-def _broadcast_parameters(model, ctx) -> None:
-    """Start every rank from rank 0's weights (they already agree when seeded alike; this makes
-    it certain, e.g. for a model name whose head is initialised differently)."""
-    if ctx.world_size > 1:
-        with torch.no_grad():
-            for t in list(model.parameters()) + list(model.buffers()):
-                dist.broadcast(t.data, src=0)
-
-
 @dataclass
 class Run:
     """One task's training on this rank: everything the loop needs, built by ``_prepare``."""
@@ -307,9 +158,6 @@ def train(cfg: TrainConfig, ctx) -> dict | None:
 
 
 def _train(cfg: TrainConfig, ctx) -> dict | None:
-    from student_src.kit.core.data import get_processor, load_glue_dataset
-    from student_src.kit.core.models import count_parameters, load_model, load_tokenizer
-
     wall_start = time.perf_counter()
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
@@ -325,7 +173,7 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
     set_seed(cfg.seed)  # identical initial weights on every rank, whatever the data code drew
     model = load_model(cfg.model_name_or_path, num_labels=len(processor.labels), dropout=cfg.dropout).to(ctx.device)
     if task.distributed:
-        _broadcast_parameters(model, ctx)
+        broadcast_parameters(model, ctx)
     model.train()
     history = kmetrics.History(ctx.world_size)
     parts = {"model": {"name": cfg.model_name_or_path, "parameters": count_parameters(model)}}
@@ -388,8 +236,6 @@ def _traffic_meter(cfg, ctx):
     if not tasks.get(cfg.task).distributed:  # config.validate says so first; a TrainConfig built by hand
         raise KitError("--measure_traffic measures gradient traffic between ranks: use it with --task "
                        + tasks.spoken(tasks.ids(lambda t: t.distributed)))
-    from student_src.kit.measure.traffic_meter import RunTrafficMeter
-
     return RunTrafficMeter(cfg.task, ctx.world_size, ctx.rank, interface=cfg.traffic_interface,
                            master_ip=(ctx.master.rsplit(":", 1)[0] or None) if ctx.master else None,
                            sample_csv=cfg.traffic_csv if ctx.rank == 0 else None)
@@ -498,78 +344,8 @@ def _fsdp_calls(run: Run) -> list:
     clip = bool(run.cfg.max_grad_norm and run.cfg.max_grad_norm > 0)
     return fsdp_calls(sharded, list(per_dtype.values()), clip=clip)
 
+
 # --------------------------------------------------------------------------- entry points
 def train_rank(ctx, cfg: TrainConfig):
     """What each launched rank runs (importable, so the spawn start method can find it)."""
     return train(cfg, ctx)
-
-
-def _writes_results(cfg: TrainConfig) -> bool:
-    """Whether this process ends as rank 0 (the one that writes metrics.json)."""
-    if cfg.spawn:
-        return True
-    if cfg.local_rank >= 0:
-        return cfg.local_rank == 0
-    return os.environ.get("RANK", "0") == "0"
-
-
-def check_output_dir(cfg: TrainConfig) -> None:
-    """Before anything trains: refuse to mix a new run into a non-empty output folder unless
-    asked to, and refuse a folder this process cannot write (a finished run would be lost)."""
-    if not cfg.output_dir or not _writes_results(cfg):
-        return
-    out = Path(cfg.output_dir)
-    if out.exists() and not out.is_dir():
-        raise KitError(f"--output_dir {out} is a file; give a folder")
-    if out.is_dir() and any(out.iterdir()) and not cfg.overwrite_output_dir and not cfg.resume:
-        raise KitError(f"--output_dir {out} is not empty; pass --overwrite_output_dir or choose another folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise KitError(f"--output_dir {out} is not writable ({exc.strerror or exc}); choose a folder you can write to") from None
-
-
-def check_data(cfg: TrainConfig) -> None:
-    """Before any rank starts: the splits the run reads exist, and one global batch fits in train."""
-    from student_src.kit.core.data import split_path
-
-    if cfg.do_eval:
-        split_path(cfg.data_dir, "dev")
-    if cfg.do_train:
-        path = split_path(cfg.data_dir, "train")
-        world = cfg.world_size or int(os.environ.get("WORLD_SIZE", "1") or 1)
-        per_worker, _ = per_worker_batch_size(cfg, world)
-        with open(path, "rb") as f:
-            examples = sum(1 for line in f if line.strip()) - 1  # minus the header
-        if 0 <= examples < per_worker * world:
-            raise KitError(f"{path} has {examples} examples, fewer than one global batch ({per_worker * world}); "
-                           "lower --global_batch_size or --per_device_train_batch_size")
-
-
-def run(cfg: TrainConfig, on_event=None) -> dict:
-    """Run ``cfg`` however it asks to be started; return rank 0's metrics."""
-    from student_src.kit.ranks import process_group
-
-    from student_src.kit.core.models import check_model_available
-
-    check_output_dir(cfg)
-    process_group.pick_device(cfg, 0)  # --backend nccl without a GPU is refused here, not in every rank
-    check_data(cfg)
-    check_model_available(cfg.model_name_or_path)
-    if cfg.spawn:
-        stall = max(cfg.dist_timeout, process_group.MIN_COLLECTIVE_TIMEOUT_S)
-        results = klaunch.launch(train_rank, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
-                                 on_event=on_event or progress.ConsoleEvents(cfg))
-        return results[0]
-    with progress.event_sink(on_event):  # in-process runs report to on_event too (notebooks)
-        if not tasks.get(cfg.task).distributed and process_group.resolve_mode(cfg) == "single":
-            ctx = process_group.DistContext(device=process_group.pick_device(cfg, 0)[0])
-            return train(cfg, ctx)
-        ctx = process_group.init_distributed(cfg)
-        try:
-            return train(cfg, ctx)
-        finally:
-            process_group.cleanup()

@@ -13,8 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from student_src.kit.measure import memory_model
+from student_src.kit.core.models import load_model
 from student_src.kit.errors import KitError
+from student_src.kit.measure import memory_model
 
 COLUMNS = ("params", "grads", "optimizer", "states", "working_set", "peak")
 
@@ -50,7 +51,6 @@ def model_size(model: str | None, params: str | None) -> tuple[str, dict]:
     if params is not None:
         psi = parse_count(params)
         return f"Ψ = {psi:,.0f} parameters", {"params": psi}
-    from student_src.kit.core.models import load_model
 
     layout = memory_model.model_layout(load_model(model, num_labels=2))
     psi = sum(layout["tensors"])

@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from student_src.kit import tasks as task_table
+from student_src.kit.core.models import load_model
 from student_src.kit.errors import KitError
+from student_src.kit.whatif.memory import run as memory_main
 
 #: the tasks whose gradients travel (the task table's ``traffic`` column says how)
 TASKS = tuple(task_table.ids(lambda t: t.traffic is not None))
@@ -196,8 +198,6 @@ def predict(compute: ComputeProfile, tensor_nbytes: Sequence[int], link: LinkMod
 # --------------------------------------------------------------------------- from a run
 def tensor_sizes(model_name: str) -> list[int]:
     """Bytes of each trainable parameter of ``model_name``, in parameter order (float32)."""
-    from student_src.kit.core.models import load_model
-
     model = load_model(model_name, num_labels=2)
     return [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
 
@@ -285,8 +285,6 @@ def main(argv=None) -> int:
                         help="how shards are cut (default: whole tensors dealt greedily for ZeRO, flat for FSDP)")
     args = p.parse_args(argv)
     if args.memory:
-        from student_src.kit.whatif.memory import run as memory_main
-
         return memory_main(args)
     if not args.metrics:
         p.error("give --metrics (a Task 1 run's metrics.json), or --memory for the bytes per rank")
@@ -310,6 +308,7 @@ def main(argv=None) -> int:
     elif args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.plot:
+        # here, not at the top: it imports matplotlib, heavy for a module that may never need it
         from student_src.kit.plots.whatif import plot_scaling
 
         plot_scaling(rows, args.plot)

@@ -1,0 +1,242 @@
+"""Imports run one way, and you can see it.
+
+Every module of the kit (``student_src/kit``) and of the grader (``autograder``) is parsed with
+``ast``: imports at the top and inside functions, relative ones resolved. The tests fail on
+
+* an import loop (a cycle of modules that import each other, however deep the import sits);
+* in the kit, an arrow against the order of rooms: a room imports only the rooms below it
+  (``ROOMS``, the same order as the map in ``student_src/kit/__init__.py``);
+* in the kit, an import of a kit module inside a function without a comment that says why
+  (such imports are kept only to keep a heavy or optional dependency out of a light module:
+  torch, transformers, matplotlib, IPython widgets).
+
+The checker itself is tested on a planted loop, so a green run means something.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KIT = ROOT / "student_src" / "kit"
+
+#: the kit's rooms from the ground floor up; "contract" = the modules at the top of the kit
+#: (errors, tasks, student_api, compression). A room may import itself and the rooms before it.
+ROOMS = ("contract", "plots", "core", "ranks", "measure", "resume", "train", "whatif", "report", "cluster",
+         "notebook", "demo")
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str        # the importing module
+    target: str        # the imported module (a module of the same package)
+    line: int
+    in_function: bool
+    commented: bool    # a comment on the import's line(s) or the line above
+
+    def __str__(self):
+        where = "inside a function" if self.in_function else "at the top"
+        return f"{self.source} -> {self.target} (line {self.line}, {where})"
+
+
+def modules(folder: Path, package: str) -> dict[str, Path]:
+    """``{dotted name: file}`` of every module below ``folder`` (the package ``package``)."""
+    out = {}
+    for path in sorted(folder.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        parts = path.relative_to(folder).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join((package, *parts))] = path
+    return out
+
+
+def _resolve(module: str, is_package: bool, node) -> list[str]:
+    """The dotted names an import statement may load (``from a import b``: ``a.b`` and ``a``)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[:len(base) - (node.level - 1)]
+        origin = ".".join(base + ([node.module] if node.module else []))
+    else:
+        origin = node.module or ""
+    return [f"{origin}.{alias.name}" for alias in node.names] + [origin]
+
+
+def imports(folder: Path, package: str) -> list[Import]:
+    """Every import of one module of the package by another, at the top or inside a function."""
+    mods = modules(folder, package)
+    found = []
+    for name, path in mods.items():
+        text = path.read_text()
+        lines = text.splitlines()
+        is_package = path.name == "__init__.py"
+
+        def visit(node, in_function):
+            for child in ast.iter_child_nodes(node):
+                inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    said = any("#" in line for line in lines[child.lineno - 1:child.end_lineno])
+                    above = child.lineno - 2  # a run of imports shares the comment above it
+                    while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+                        above -= 1
+                    said = said or (above >= 0 and lines[above].strip().startswith("#"))
+                    targets = set()
+                    for dotted in _resolve(name, is_package, child):
+                        # the longest prefix that is one of our modules (``import a.b.c`` loads a.b.c)
+                        parts = dotted.split(".")
+                        while parts and ".".join(parts) not in mods:
+                            parts.pop()
+                        if parts:
+                            targets.add(".".join(parts))
+                    # ``from pkg import mod``: the module, not also the package's face
+                    if isinstance(child, ast.ImportFrom):
+                        origin = _resolve(name, is_package, child)[-1]
+                        if any(t != origin for t in targets):
+                            targets.discard(origin)
+                    for target in sorted(targets - {name}):
+                        found.append(Import(name, target, child.lineno, in_function, said))
+                visit(child, inner)
+
+        visit(ast.parse(text), False)
+    return found
+
+
+def cycles(edges: list[Import]) -> list[list[str]]:
+    """The import loops: strongly connected groups of two or more modules (Tarjan)."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.source, set()).add(e.target)
+        graph.setdefault(e.target, set())
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def strong(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def describe(loop: list[str], edges: list[Import]) -> str:
+    inside = set(loop)
+    return "loop: " + "; ".join(str(e) for e in edges if e.source in inside and e.target in inside)
+
+
+def rooms_of(folder: Path, package: str) -> dict[str, str]:
+    """``{module: room}``: a module in a subfolder is in that room, a module at the top in the contract."""
+    out = {}
+    for name, path in modules(folder, package).items():
+        rel = path.relative_to(folder).parts
+        out[name] = rel[0] if len(rel) > 1 else "contract"
+    return out
+
+
+def against_order(edges: list[Import], folder: Path, package: str, order=ROOMS) -> list[Import]:
+    """Imports from a lower room into a higher one (or into a room the order does not name)."""
+    where = rooms_of(folder, package)
+    rank = {r: i for i, r in enumerate(order)}
+    return [e for e in edges if rank.get(where[e.target], len(order)) > rank.get(where[e.source], -1)]
+
+
+# --------------------------------------------------------------------------- the kit and the grader
+def test_the_kit_has_no_import_loop():
+    edges = imports(KIT, "student_src.kit")
+    assert len(edges) > 100, "the checker found too few imports to be reading the kit"
+    loops = cycles(edges)
+    assert not loops, "\n".join(describe(loop, edges) for loop in loops)
+
+
+def test_the_grader_has_no_import_loop():
+    edges = imports(ROOT / "autograder", "autograder")
+    assert len(edges) > 50, "the checker found too few imports to be reading the grader"
+    loops = cycles(edges)
+    assert not loops, "\n".join(describe(loop, edges) for loop in loops)
+
+
+def test_every_room_is_in_the_order_and_the_map():
+    """A new folder in the kit needs its place in ``ROOMS`` and on the map (kit/__init__.py)."""
+    folders = {p.name for p in KIT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(ROOMS) - {"contract"}
+    kit_map = (KIT / "__init__.py").read_text()
+    assert [r for r in ROOMS[1:] if f"  {r}/" not in kit_map] == []
+    for r in folders:
+        assert ast.get_docstring(ast.parse((KIT / r / "__init__.py").read_text())), f"{r}/__init__.py says nothing"
+
+
+def test_kit_imports_run_down_the_rooms():
+    wrong = against_order(imports(KIT, "student_src.kit"), KIT, "student_src.kit")
+    assert not wrong, "imports against the order of rooms " + str(ROOMS) + ":\n" + "\n".join(map(str, wrong))
+
+
+def test_kit_imports_inside_functions_say_why():
+    """One kit module imports another inside a function only to keep a heavy or optional
+    dependency (torch, transformers, matplotlib, IPython) out of a light module, and says so."""
+    silent = [e for e in imports(KIT, "student_src.kit") if e.in_function and not e.commented]
+    assert not silent, "import at the top, or say why not:\n" + "\n".join(map(str, silent))
+
+
+# --------------------------------------------------------------------------- the checker itself
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    folder = tmp_path / "pkg"
+    for rel, text in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
+    return folder
+
+
+def test_the_checker_finds_a_loop_through_a_function_level_import(tmp_path):
+    folder = _package(tmp_path, {
+        "__init__.py": "",
+        "a.py": "from pkg.b import g\n",
+        "b.py": "def g():\n    from . import a  # planted\n    return a\n",
+        "c.py": "from .a import g\n",
+    })
+    edges = imports(folder, "pkg")
+    assert {(e.source, e.target, e.in_function) for e in edges} == {
+        ("pkg.a", "pkg.b", False), ("pkg.b", "pkg.a", True), ("pkg.c", "pkg.a", False)}
+    assert cycles(edges) == [["pkg.a", "pkg.b"]]
+
+
+def test_the_checker_finds_a_planted_loop_and_an_upward_arrow_in_a_copy_of_the_kit(tmp_path):
+    copy = tmp_path / "kit"
+    shutil.copytree(KIT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert not cycles(imports(copy, "student_src.kit"))
+    timing = copy / "core" / "timing.py"
+    timing.write_text(timing.read_text() + "\n\ndef _planted():\n    from student_src.kit.core import metrics  # planted\n"
+                      "    from student_src.kit.train import trainer  # planted\n    return metrics, trainer\n")
+    edges = imports(copy, "student_src.kit")
+    loops = cycles(edges)
+    assert any({"student_src.kit.core.timing", "student_src.kit.core.metrics"} <= set(loop) for loop in loops)
+    wrong = against_order(edges, copy, "student_src.kit")
+    assert [(e.source, e.target) for e in wrong] == [("student_src.kit.core.timing", "student_src.kit.train.trainer")]
+    silent = [e for e in edges if e.in_function and not e.commented]
+    assert not [e for e in silent if e.source == "student_src.kit.core.timing"]
+    timing.write_text(timing.read_text().replace("  # planted", ""))
+    silent = [e for e in imports(copy, "student_src.kit") if e.in_function and not e.commented]
+    assert {e.target for e in silent if e.source == "student_src.kit.core.timing"} == {
+        "student_src.kit.core.metrics", "student_src.kit.train.trainer"}
