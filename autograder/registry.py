@@ -44,6 +44,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
+from .points import course_tasks
 from .task_table import tasks as task_table
 
 #: the order tasks appear in tables and results (unknown tasks go last): the kit's task table
@@ -170,7 +171,6 @@ def parse_tasks(text: str | None) -> set[str] | None:
     unknown = tasks - set(TASK_ORDER)
     if unknown:
         raise ValueError(f"unknown task(s) {sorted(unknown)}; choose from {','.join(TASK_ORDER)}")
-    from .points import course_tasks
     course = course_tasks()
     outside = sorted(tasks - set(course), key=task_key)
     if outside:

@@ -32,6 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .selection import apply as apply_course, resolve, source_points
 from .strip import has_markers, strip_notebook, strip_source
 from .task_table import tasks as task_table
 
@@ -143,8 +144,6 @@ def build_release(out, force: bool = False, verify_imports: bool = True, source:
 
     ``tasks`` ("0,1,2,2a,2b,3,4" or a list) and ``extra_credit`` pick the course's tasks
     (``autograder/selection.py``; default: points.toml's ``[tasks]``, else every task)."""
-    from .selection import apply as apply_course, resolve, source_points
-
     course = resolve(tasks, extra_credit, source_points(source))  # a bad selection fails before anything is written
     out = Path(out).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:

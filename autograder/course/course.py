@@ -34,6 +34,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from autograder.points import course_tasks
+from autograder.task_table import tasks as task_table
+
 KIT = Path(__file__).resolve().parents[2]
 TEMPLATE = Path(__file__).resolve().parent / "nbgrader_config.py"
 #: what release/ASSIGNMENT gets besides the notebooks (taken from the stripped student release)
@@ -55,9 +58,6 @@ def init(course, assignment: str = "dp", notebooks: list[str] | None = None, for
             raise FileNotFoundError(f"no such notebook(s) in {kit / 'notebooks'}: {', '.join(sorted(missing))}")
         wanted = [p for p in wanted if p.stem in names]
     else:  # the course's tasks (points.toml's [tasks] course; default: every task)
-        from autograder.points import course_tasks
-        from autograder.task_table import tasks as task_table
-
         chosen = set(course_tasks())
         wanted = [p for p in wanted if not task_table.for_notebook(p.stem)
                   or any(t.id in chosen for t in task_table.for_notebook(p.stem))]
