@@ -80,7 +80,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     ``sandbox``: the isolation level for student code (``auto`` takes the strongest this host
     allows; see ``autograder.sandbox``). Every check gets fresh ranks, with deadlines from the
     reference solution's own cost (``deadlines.py``). ``observe(check, outcome)``, if given, sees
-    what every check's ranks did (``deadlines.record`` measures the costs with it).
+    what every check's ranks did (``costs.record`` measures the costs with it).
     """
     from .sandbox import GraderFiles, choose, SandboxError
     settings = settings or Settings()
