@@ -200,7 +200,7 @@ def points_text(text: str, course: Course) -> str:
         out.append("\n[tasks]\n")
         out.append("course = [" + ", ".join(f'"{t}"' for t in course.tasks) + "]\n")
         out.append("extra_credit = [" + ", ".join(f'"{t}"' for t in course.extra_credit) + "]\n")
-    return "".join(out)
+    return re.sub(r"\n{3,}", "\n\n", "".join(out))  # one blank line where blocks went
 
 
 _ROW = re.compile(r"^\| *([0-9][0-9a-z]*)\b[^|]*\|")
