@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from autograder import margins
 from autograder.fixtures import derive_seed, trusted_step
 
 STEPS = 3
@@ -131,13 +132,13 @@ def judge_equivalence(payloads, secrets, what: str) -> None:
             raise CheckFailure(f"{what}: rank {r} did not report its {STEPS} losses")
     for step, want in enumerate(ref["losses"]):
         got = sum(float(p["losses"][step]) for p in payloads) / world
-        if not abs(got - want) <= TOL:
+        if not margins.within(abs(got - want), TOL, "loss"):
             raise CheckFailure(
                 f"{what}: at step {step + 1} the mean loss over the {world} ranks is {got:.6f} but single-node "
                 f"training on the same global batch gives {want:.6f} (tolerance {TOL:g}); "
                 + ("the gradients are not the exact average (a sum, a missing parameter, no exchange at all?)"
                    if step else "the first step's loss differs: do the ranks start from the same weights?"))
     for r, p in enumerate(payloads):
-        if not abs(float(p["probe"]) - ref["probe"]) <= TOL:
+        if not margins.within(abs(float(p["probe"]) - ref["probe"]), TOL, "probe"):
             raise CheckFailure(f"{what}: after {STEPS} steps rank {r}'s model gives loss {p['probe']:.6f} on a "
                                f"probe batch, single-node training gives {ref['probe']:.6f}: the replicas drifted apart")

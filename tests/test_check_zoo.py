@@ -45,6 +45,8 @@ TASK_2 = {"2.shards_disjoint_complete", "2.per_worker_batch_size", "2.set_epoch_
           "2.equal_steps_per_rank"}
 TASK_3 = {"3.returns_ddp", "3.params_identical_across_ranks", "3.loss_matches_single_node"}
 TASK_4 = {"4.tensor_nbytes", "4.expected_allreduce_bytes", "4.comm_log_records"}
+TASK_5 = {"5.public_matches_single_process", "5.world_size_1", "5.one_bucket_sgd", "5.two_buckets_adamw",
+          "5.six_buckets_adamw", "5.six_buckets_4_ranks", "5.grad_accumulation", "5.compress_fp16", "5.compress_bf16"}
 TASK_6 = {"6.public_shards_and_matches_adamw", "6.matches_adamw_4_ranks", "6.state_sharded_4_ranks",
           "6.float64_3_ranks", "6.world_size_1", "6.loss_matches_single_node"}
 TASK_7 = {"7.public_matches_adamw_2_ranks", "7.matches_adamw_4_ranks", "7.shards_only_4_ranks", "7.float64_2_ranks",
@@ -253,6 +255,49 @@ ZOO = {
             return round((world_size - 1) * nbytes / world_size)  # forgot the all-gather phase: (N-1)/N
         """,
         {"4.expected_allreduce_bytes"}, "expected_allreduce_bytes"),
+    # ------------------------------------------------------------------ 5
+    "5_no_division": ("bucketed", "5", """
+        def _summed(self):  # the solution's finish without dividing by the world size: sums, not means
+            while self._next_to_launch < len(self.buckets):
+                self._launch_bucket(self.buckets[self._next_to_launch])
+                self._next_to_launch += 1
+            for bucket in self.buckets:
+                if bucket.stale:
+                    if bucket.work is not None:
+                        bucket.work.wait()
+                    self._launch_bucket(bucket)
+            for bucket in self.buckets:
+                if bucket.work is not None:
+                    bucket.work.wait()
+                flat = decompress(bucket.buffer, bucket.dtype)
+                for p, start in zip(bucket.params, bucket.offsets):
+                    if p.grad is not None:
+                        p.grad.copy_(flat[start:start + p.numel()].view_as(p.grad))
+                bucket.reset()
+            self._next_to_launch = 0
+
+        BucketedDDP.finish_gradient_synchronization = _summed
+        """,
+        # every multi-rank check, the AdamW ones too (judged on the gradients: Adam's step would hide the factor)
+        {"5.public_matches_single_process", "5.one_bucket_sgd", "5.two_buckets_adamw", "5.six_buckets_adamw",
+         "5.six_buckets_4_ranks", "5.grad_accumulation", "5.compress_fp16", "5.compress_bf16"},
+        "divided by the world size"),
+    "5_wrong_bucket_order": ("bucketed", "5", """
+        def assign_buckets(params, bucket_cap_bytes):  # registration order: bucket 0 is complete last in backward
+            buckets, current, current_bytes = [], [], 0
+            for p in params:
+                nbytes = p.numel() * p.element_size()
+                if current and (current_bytes + nbytes > bucket_cap_bytes or p.dtype != current[0].dtype):
+                    buckets.append(current)
+                    current, current_bytes = [], 0
+                current.append(p)
+                current_bytes += nbytes
+            if current:
+                buckets.append(current)
+            return buckets
+        """,
+        # trains right (the public check sees only the parameters); every hidden check compares the layout
+        TASK_5 - {"5.public_matches_single_process"}, "reverse registration order"),
     # ------------------------------------------------------------------ 6
     "6_wraps_adamw_without_sharding": ("sharded_optimizer", "6", """
         class ShardedOptimizer(torch.optim.Optimizer):  # full AdamW on every rank: trains right, saves nothing
@@ -374,7 +419,7 @@ MAY_ALSO_LOSE = {"2b_off_by_a_tolerance": {"2b.loss_matches_single_node"},
                  "7_sums_instead_of_averaging": {"7.public_matches_adamw_2_ranks", "7.matches_adamw_4_ranks",
                                                  "7.float64_2_ranks", "7.bf16_compute_2_ranks"}}
 
-ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "4": TASK_4, "6": TASK_6, "7": TASK_7, "8": TASK_8}
+ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "4": TASK_4, "5": TASK_5, "6": TASK_6, "7": TASK_7, "8": TASK_8}
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))

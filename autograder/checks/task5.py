@@ -3,8 +3,12 @@
 How it grades: the submission's ``BucketedDDP`` trains a small toy model on 1, 2 or 4 gloo
 ranks, every rank on its own slice of a global batch, and each rank reports its parameters after
 *every* optimizer step. The judge, in the grader's own process, trains a plain single-process
-model on the concatenated batch with our own code and requires the two to agree within ``TOL``.
-Nothing the student wrote is used to compute what is right.
+model on the concatenated batch with our own code and requires the two to agree within ``TOL``
+(SGD, whose step is linear in the gradient). With AdamW it judges one step at a time instead
+(``autograder/stepwise.py`` says why a trajectory would fail a correct submission for some
+grading keys): the gradients each rank's optimizer saw against the whole batch's at that rank's
+own weights, and every step against AdamW replayed on them. Nothing the student wrote is used
+to compute what is right.
 
 The toy model (:class:`ToyModel`) has each awkward case the task names: a tied weight (input
 embedding shared with the output layer: one Parameter registered twice), a frozen layer, a layer
@@ -43,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autograder import margins, stepwise
 from autograder.registry import CheckFailure, define_check
 from autograder.spy import CollectiveSpy
 
@@ -214,7 +219,8 @@ def run_scenario(load_module: Callable, rank: int, world_size: int, settings: di
         names = {id(p): n for n, p in local.named_parameters()}
         out = {"buckets": [[names.get(id(p), "?") for p in b.params] for b in wrapped.buckets],
                "start": torch.cat([p.detach().reshape(-1) for _, p in trainable(local)]),
-               "scale": float(local.scale), "positions": local.positions.tolist(), "params": [], "steps": [], "none_ok": True, "tie_ok": True}
+               "scale": float(local.scale), "positions": local.positions.tolist(), "params": [], "grads": [], "steps": [],
+               "none_ok": True, "tie_ok": True}
         for step in range(STEPS):
             spy.calls.clear()
             for m in range(micro):
@@ -224,6 +230,7 @@ def run_scenario(load_module: Callable, rank: int, world_size: int, settings: di
                 loss.backward()
                 spy.phase = None
             wrapped.finish_gradient_synchronization()
+            out["grads"].append({n: (None if p.grad is None else p.grad.detach().clone()) for n, p in trainable(local)})
             out["none_ok"] &= local.unused.weight.grad is None and local.frozen.weight.grad is None
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -258,6 +265,46 @@ def baseline(scenario: str, secrets: tuple):
     return start, params
 
 
+def _unflatten(flat: torch.Tensor) -> dict:
+    """A flat vector of the trainable parameters (``run_scenario``'s order) by name."""
+    out, at = {}, 0
+    for name, p in trainable(ToyModel(0)):
+        out[name] = flat[at:at + p.numel()].reshape(p.shape)
+        at += p.numel()
+    return out
+
+
+def _adamw_problems(payloads: List[dict], secrets: List[int], settings: dict) -> List[str]:
+    """AdamW is judged step by step (``autograder/stepwise.py`` says why a whole trajectory is not):
+    each step's synced gradients against the whole batch's at the rank's own weights, and each
+    step against AdamW replayed on those gradients."""
+    micro = settings.get("micro", 1)
+
+    def model():
+        return ToyModel(seed=0, param_seed=_param_seed(secrets[0]))
+
+    def grad_at(params, step):
+        def loss_of(m):
+            total = 0
+            for k in range(micro):
+                shares = [_rank_batch(s, step, k) for s in secrets]
+                total = total + m(torch.cat([x for x, _ in shares]), torch.cat([y for _, y in shares]))
+            return total
+        return stepwise.gradients_at(model(), params, loss_of)
+
+    def replay_from(start, grads):
+        return stepwise.replay(stepwise.load(model(), start), grads,
+                               lambda m: _optimizer("adamw", [p for _, p in trainable(m)]))
+
+    start = _unflatten(payloads[0]["start"])
+    for r, p in enumerate(payloads):
+        problem = stepwise.judge_rank([_unflatten(x) for x in p["params"]], p["grads"], start, grad_at, replay_from)
+        if problem:
+            return [f"rank {r}, {problem}: are all buckets all-reduced, divided by the world size and copied back "
+                    "into .grad before the optimizer step?"]
+    return []
+
+
 def judge_scenario(scenario: str, payloads: List[dict], secrets: List[int]) -> List[str]:
     """Parent side: every problem found in the ranks' reports (an empty list means pass)."""
     settings = SCENARIOS[scenario]
@@ -273,13 +320,16 @@ def judge_scenario(scenario: str, payloads: List[dict], secrets: List[int]) -> L
     if r0["buckets"] != want:
         problems.append(f"bucket layout {r0['buckets']} != expected {want} (reverse registration "
                         "order, cap in MiB, the tied weight once, frozen parameters left out)")
-    tol = COMPRESSED_TOL.get(settings.get("compression"), TOL)
-    for step in range(STEPS):
-        worst = max((r["params"][step] - base[step]).abs().max().item() for r in payloads)
-        if not worst <= tol:
-            problems.append(f"after step {step + 1} the parameters differ from single-process training "
-                            f"on the whole batch by {worst:.2e} (> {tol:g})")
-            break
+    if settings["optim"] == "adamw":
+        problems += _adamw_problems(payloads, secrets, settings)
+    else:
+        tol = COMPRESSED_TOL.get(settings.get("compression"), TOL)
+        for step in range(STEPS):
+            worst = max((r["params"][step] - base[step]).abs().max().item() for r in payloads)
+            if not margins.within(worst, tol, f"step {step + 1}"):
+                problems.append(f"after step {step + 1} the parameters differ from single-process training "
+                                f"on the whole batch by {worst:.2e} (> {tol:g})")
+                break
     if not all(r["none_ok"] for r in payloads):
         problems.append("a .grad that was None (frozen or unused parameter) is not None after the sync")
     if not all(r["tie_ok"] for r in payloads):

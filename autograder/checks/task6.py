@@ -4,9 +4,9 @@ Each check trains Task 5's toy model (``checks/task5.py``'s ``ToyModel``: a tied
 layer, a layer the forward never uses, parameters of very different sizes) for a few AdamW steps
 with the student's ``ShardedOptimizer`` in two param groups, every rank on its own secret-seeded
 share of the batch, the gradients averaged by the grader's own all_reduce. The rank side and the
-judges are the public check's (``public/task6.py``): the judge trains plain AdamW on the whole
-batch in the grader's own process and counts the optimizer state from the tensors each rank's
-optimizer holds.
+judges are the public check's (``public/task6.py``): the judge checks every step against plain
+AdamW in the grader's own process, one step at a time (``autograder/stepwise.py``), and counts
+the optimizer state from the tensors each rank's optimizer holds.
 
 * ``matches_adamw_4_ranks``: ``step`` calls broadcast (and nothing but the table's collectives);
   parameters identical on every rank after every step and equal to plain AdamW; the tie intact;
@@ -55,8 +55,7 @@ def _reference(secrets, dtype=torch.float32):
 
 
 def _unchanged_judge(payloads, secrets, dtype=torch.float32):
-    history, _ = _reference(secrets, dtype)
-    shared.judge_matches(payloads, history, dtype)
+    shared.judge_matches(payloads, lambda: _model(dtype), lambda m, r, step: _loss(secrets[r], m, step), STEPS, dtype)
 
 
 @define_check("6.matches_adamw_4_ranks", task="6", world_size=4, needs="sharded_optimizer",

@@ -6,7 +6,9 @@ batch (drawn from the rank's secret), the grader averages the gradients with its
 (what Task 2b does in a real run), and the student's ``ShardedOptimizer`` around AdamW steps.
 After every step the judge, in the grader's own process, requires:
 
-* every rank's parameters identical, and equal to plain AdamW on the whole batch;
+* every rank's parameters identical, and every step plain AdamW's on the whole batch, judged one
+  step at a time (``autograder/stepwise.py`` says why): the gradients the optimizer was given
+  against the whole batch's at the rank's weights, the parameters against AdamW replayed on them;
 * every parameter's optimizer state on one rank only, counted from the tensors the optimizer
   holds (``held_state``), not from anything the student reports.
 
@@ -20,14 +22,12 @@ import types
 
 import torch
 
-from autograder import fixtures
+from autograder import fixtures, stepwise
 from autograder.registry import CheckFailure, define_check
 
 LR = 0.02
 WEIGHT_DECAY = 0.01
 STEPS = 2
-#: (atol, rtol) of parameters against plain AdamW, per dtype
-TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-10, 1e-10)}
 
 
 # ---------------------------------------------------------------- rank side
@@ -121,7 +121,7 @@ def train_sharded(ctx, model, loss_of, steps: int) -> dict:
         if cls is None:
             ctx.fail("student_src/sharded_optimizer.py has no class ShardedOptimizer; keep the template's name")
         opt = cls(param_groups(model), torch.optim.AdamW, lr=LR, weight_decay=WEIGHT_DECAY)
-        out = {"init_calls": spy.names(), "params": [], "calls": [], "tie_ok": True}
+        out = {"init_calls": spy.names(), "params": [], "grads": [], "calls": [], "tie_ok": True}
         for step in range(steps):
             loss_of(model, step).backward()
             for p in model.parameters():
@@ -130,6 +130,8 @@ def train_sharded(ctx, model, loss_of, steps: int) -> dict:
                     p.grad.div_(world)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
+            out["grads"].append({n: (None if p.grad is None else p.grad.detach().clone())
+                                 for n, p in model.named_parameters()})
             spy.calls.clear()
             opt.step()
             out["calls"].append(spy.names())
@@ -159,15 +161,20 @@ def reference(model, loss_of_rank, world: int, steps: int) -> tuple[list[dict], 
     return history, held_state(opt, model)["per_param"]
 
 
-def judge_identical(payloads, history, dtype=torch.float32) -> None:
+def _set_lr(opt, step: int) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step)
+
+
+def judge_identical(payloads, shapes: dict, steps: int, dtype=torch.float32) -> None:
     """Every rank's parameters identical after every step (shapes and dtypes kept): what the
-    broadcasts are for. ``history`` (the reference) names the parameters and their shapes."""
-    for step, want in enumerate(history):
+    broadcasts are for. ``shapes``: the model's parameters by name."""
+    for step in range(steps):
         for r, p in enumerate(payloads):
             got = p["params"][step] if len(p.get("params", [])) > step else None
             if got is None:
                 raise CheckFailure(f"rank {r} did not finish step {step + 1}")
-            for name, w in want.items():
+            for name, w in shapes.items():
                 g = got.get(name)
                 if g is None or g.shape != w.shape:
                     raise CheckFailure(f"rank {r}: parameter {name} is missing or changed shape")
@@ -179,21 +186,30 @@ def judge_identical(payloads, history, dtype=torch.float32) -> None:
                                        "must be broadcast from the rank that owns it after the local step")
 
 
-def judge_matches(payloads, history, dtype=torch.float32) -> None:
-    """Every rank's parameters identical after every step, and equal to plain AdamW's."""
-    judge_identical(payloads, history, dtype)  # first: do the ranks agree (a missing broadcast shows there)
-    atol, rtol = TOLERANCE[dtype]
-    for step, want in enumerate(history):
-        for r, p in enumerate(payloads):
-            got = p["params"][step]
-            for name, w in want.items():
-                g = got[name]
-                if not torch.allclose(g.double(), w.double(), atol=atol, rtol=rtol):
-                    err = (g.double() - w.double()).abs().max().item()
-                    raise CheckFailure(f"rank {r}, step {step + 1}: {name} differs from plain AdamW on the whole batch "
-                                       f"by {err:.2e}; does the local optimizer get each group's settings before "
-                                       "every step (the lr the scheduler sets in param_groups, weight_decay) and "
-                                       "step every owned parameter?")
+def judge_matches(payloads, make_model, loss_of_rank, steps: int, dtype=torch.float32) -> None:
+    """Every rank's parameters identical after every step, and each step plain AdamW's on the
+    whole batch: judged one step at a time (``autograder/stepwise.py`` says why): the gradients
+    the optimizer was given against the whole batch's at the rank's weights, the parameters
+    against plain AdamW replayed on those gradients from the model's initial weights.
+    ``make_model()`` builds the initial model; ``loss_of_rank(model, rank, step)`` a rank's loss."""
+    world = len(payloads)
+    start = {n: p.detach().clone() for n, p in make_model().named_parameters()}
+    judge_identical(payloads, start, steps, dtype)  # first: do the ranks agree (a missing broadcast shows there)
+
+    def grad_at(params, step):
+        return stepwise.gradients_at(make_model(), params,
+                                     lambda m: sum(loss_of_rank(m, r, step) for r in range(world)) / world)
+
+    def replay_from(first, grads):
+        return stepwise.replay(stepwise.load(make_model(), first), grads,
+                               lambda m: torch.optim.AdamW(param_groups(m), lr=LR, weight_decay=WEIGHT_DECAY), _set_lr)
+
+    for r, p in enumerate(payloads):
+        problem = stepwise.judge_rank(p["params"][:steps], p["grads"][:steps], start, grad_at, replay_from, dtype)
+        if problem:
+            raise CheckFailure(f"rank {r}, {problem}; does the local optimizer get each group's settings before "
+                               "every step (the lr the scheduler sets in param_groups, weight_decay), step every "
+                               "owned parameter and leave the gradients alone?")
     if not all(p.get("tie_ok", True) for p in payloads):
         raise CheckFailure("the tied weight is no longer shared (head.weight is not embed.weight)")
 
@@ -245,7 +261,9 @@ def shards_and_matches(ctx):
 
 @shards_and_matches.judge
 def _(payloads, secrets):
-    history, per_param = reference(fixtures.make_model(seed=0),
-                                   lambda m, r, step: m(**_batch(secrets[r], step)).loss, len(payloads), STEPS)
-    judge_matches(payloads, history)
+    def loss_of_rank(m, r, step):
+        return m(**_batch(secrets[r], step)).loss
+
+    _, per_param = reference(fixtures.make_model(seed=0), loss_of_rank, len(payloads), STEPS)
+    judge_matches(payloads, lambda: fixtures.make_model(seed=0), loss_of_rank, STEPS)
     judge_sharded(payloads, per_param)

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from autograder import fixtures, judging
+from autograder import fixtures, judging, margins
 from autograder.public.task6 import _walk
 from autograder.registry import CheckFailure, define_check
 
@@ -194,7 +194,7 @@ def judge_matches(payloads, secrets, dtype=torch.float32, compute_dtype=None) ->
                                    "the padding off")
             if g.dtype != w.dtype:
                 raise CheckFailure(f"rank {r}: full_state_dict()'s {name} is {g.dtype}, the parameter is {w.dtype}")
-            if not torch.allclose(g.double(), w.double(), atol=tol, rtol=tol):
+            if not margins.close(g, w, tol, tol, name):
                 err = (g.double() - w.double()).abs().max().item()
                 raise CheckFailure(f"rank {r}: after {STEPS} AdamW steps {name} differs from single-process AdamW on "
                                    f"the whole batch by {err:.2e} (tolerance {tol:g}): do all ranks start from rank "
@@ -229,7 +229,7 @@ def _judge_close_on_average(payloads, want: dict, tol: float) -> None:
                 total += (g.double() - w.double()).abs().sum().item()
                 count += w.numel()
         mean = total / max(count, 1)
-        if not mean <= tol:
+        if not margins.within(mean, tol, "mean"):
             raise CheckFailure(f"rank {r}: with compute_dtype=bf16 the parameters differ from single-process bf16 "
                                f"training by {mean:.2e} on average (tolerance {tol:g}): is every gradient the mean over "
                                "ranks (reduce_scatter's sum / N), cast to fp32 before it is reduced?")

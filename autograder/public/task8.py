@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from autograder import fixtures
+from autograder import fixtures, margins
 from autograder.registry import CheckFailure, define_check
 
 EXAMPLES = 24
@@ -207,12 +207,12 @@ def judge_resumed(payload: dict, secret: int, sc: Scenario) -> None:
                                f"{want:.3g}: is the scheduler's state (how far it has stepped) saved and restored, "
                                "and the optimizer's (its learning rate)?")
     for i, (got, want) in enumerate(zip(got_losses, want_losses)):
-        if abs(got - want) > TOLERANCE:
+        if not margins.within(abs(got - want), TOLERANCE, "loss"):
             raise CheckFailure(f"step {k + i + 1} (the {i + 1}. after the resume) has loss {got:.6f}, the uninterrupted "
                                f"run {want:.6f}. {sc.hint}")
     for name, want in params.items():
         got = payload["params"].get(name)
-        if got is None or got.shape != want.shape or not torch.allclose(got, want, rtol=0, atol=TOLERANCE):
+        if got is None or got.shape != want.shape or not margins.close(got, want, TOLERANCE, 0.0, name):
             raise CheckFailure(f"after the last step {name} differs from the uninterrupted run's. {sc.hint}")
 
 
