@@ -135,34 +135,20 @@ size, every rank starting from different random weights:
 Which names: torch 2.13 renamed ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` to
 ``all_gather_single`` / ``reduce_scatter_single`` (the old names still work, with a
 FutureWarning). Both work on gloo (CPU); :func:`all_gather_single` and
-:func:`reduce_scatter_single` below pick whichever this torch has.
+:func:`reduce_scatter_single` (provided, in ``kit/train/fsdp_helpers.py`` with the other helpers
+that are not your job) pick whichever this torch has.
 """
 import math
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .kit.errors import KitError
-
-#: what the default policy shards: the modules that hold almost all of BERT's parameters
-DEFAULT_POLICY = (nn.Linear, nn.Embedding)
-COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def all_gather_single(output, input, group=None, async_op=False):
-    """``dist.all_gather_single`` (torch >= 2.13), else ``dist.all_gather_into_tensor``: rank r's
-    ``input`` lands in ``output[r * input.numel():(r + 1) * input.numel()]`` on every rank."""
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(output, input, group=group, async_op=async_op)
-
-
-def reduce_scatter_single(output, input, group=None, async_op=False):
-    """``dist.reduce_scatter_single`` (torch >= 2.13), else ``dist.reduce_scatter_tensor``: rank r
-    receives the SUM over ranks of ``input[r * output.numel():(r + 1) * output.numel()]``."""
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(output, input, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+# provided (not your job): the collectives under torch's two names, Recipe, GatherForCompute, the policy
+from .kit.train.fsdp_helpers import (COMPUTE_DTYPES, DEFAULT_POLICY, GatherForCompute, Recipe,  # noqa: F401
+                                     all_gather_single, reduce_scatter_single, setup_fsdp, shard_bytes,
+                                     shared_parameters, storage_key)
 
 
 def shard_flat(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
@@ -200,82 +186,6 @@ class ShardedParam:
         return f"ShardedParam({type(self.module).__name__}.{self.name}, shape={tuple(self.shape)})"
 
 
-class Recipe:
-    """What :meth:`FSDP._pack` stores instead of a view of gathered weights (provided): enough to
-    rebuild the view after all_gathering the shards again."""
-
-    __slots__ = ("sp", "call", "size", "stride", "offset", "dtype")
-
-    def __init__(self, sp: ShardedParam, call: int, view: torch.Tensor):
-        self.sp, self.call = sp, call
-        self.size, self.stride, self.offset, self.dtype = view.size(), view.stride(), view.storage_offset(), view.dtype
-
-
-class GatherForCompute(torch.autograd.Function):
-    """Full weights from a shard: forward = all_gather, backward = reduce_scatter (provided).
-
-    ``GatherForCompute.apply(sp.shard, fsdp, sp, call)`` returns ``sp``'s full flat weights
-    (``padded_numel`` elements, in the compute dtype) as a tensor autograd tracks, so every
-    operation on views of it sends its gradient here. Autograd calls ``backward`` once, with
-    the gradient of the whole flat tensor, after every use has produced its part. It returns
-    None for the shard: :meth:`FSDP._after_backward` puts the reduced piece into
-    ``sp.shard.grad`` itself, once the asynchronous reduce_scatter has arrived.
-    """
-
-    @staticmethod
-    def forward(ctx, shard, fsdp, sp, call):
-        ctx.fsdp, ctx.sp, ctx.call = fsdp, sp, call
-        return fsdp._all_gather(sp)
-
-    @staticmethod
-    def backward(ctx, grad_full):
-        ctx.fsdp._after_backward(ctx.sp, ctx.call, grad_full)
-        return None, None, None, None
-
-
-def _storage_key(t: torch.Tensor) -> int:
-    """The address of the memory block under ``t`` (0 for a tensor without one)."""
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # sparse or other storage-less tensors
-        return 0
-
-
-def shared_parameters(module: nn.Module) -> set:
-    """ids of the parameters that sit in more than one slot (tied weights), found by identity."""
-    slots: Dict[int, int] = {}
-    for m in module.modules():
-        for p in m._parameters.values():
-            if p is not None:
-                slots[id(p)] = slots.get(id(p), 0) + 1
-    return {pid for pid, n in slots.items() if n > 1}
-
-
-def _as_policy(policy) -> Callable[[nn.Module], bool]:
-    if policy is None:
-        policy = DEFAULT_POLICY
-    if isinstance(policy, type):
-        policy = (policy,)
-    if isinstance(policy, (tuple, list)):
-        classes = tuple(policy)
-        if not all(isinstance(c, type) and issubclass(c, nn.Module) for c in classes):
-            raise KitError(f"policy: give module classes (e.g. (nn.Linear, nn.Embedding)) or a function "
-                           f"module -> bool, got {policy!r}")
-        return lambda m: isinstance(m, classes)
-    if callable(policy):
-        return policy
-    raise KitError(f"policy: give module classes (e.g. (nn.Linear, nn.Embedding)) or a function module -> bool, "
-                   f"got {policy!r}")
-
-
-def _same_start_on_every_rank(module: nn.Module, process_group) -> None:
-    """Overwrite every parameter and buffer with rank 0's values (ranks may have built the model
-    with different seeds). Once, before sharding: one broadcast per tensor is fine here."""
-    with torch.no_grad():
-        for t in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(t.data, group=process_group, group_src=0)
-
-
 class FSDP(nn.Module):
     """Fully sharded data parallelism by hand: see the module docstring for the design.
 
@@ -286,9 +196,10 @@ class FSDP(nn.Module):
     * ``compute_dtype``: None (compute in the parameters' dtype), ``torch.bfloat16`` or
       ``torch.float16`` (16-bit compute, fp32 master weights).
     * Construct it after ``init_process_group`` (without one it runs as world size 1). The
-      constructor (provided) broadcasts rank 0's parameters and buffers, replaces each selected
-      parameter by its shard (``self.sharded``, a list of :class:`ShardedParam`), lists the rest
-      (``self.replicated``: trainable parameters that are not sharded) and registers the hooks.
+      constructor (provided; ``setup_fsdp`` in the kit) broadcasts rank 0's parameters and
+      buffers, replaces each selected parameter by its shard (``self.sharded``, a list of
+      :class:`ShardedParam`), lists the rest (``self.replicated``: trainable parameters that are
+      not sharded) and registers the hooks.
 
     Attributes the methods use: ``self.world_size``, ``self.rank``, ``self.distributed``,
     ``self.process_group``, ``self.compute_dtype``; ``self.units`` maps each hooked module to
@@ -303,50 +214,7 @@ class FSDP(nn.Module):
     def __init__(self, module: nn.Module, policy=None, compute_dtype: Optional[torch.dtype] = None,
                  process_group=None):
         super().__init__()
-        if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
-            raise KitError(f"compute_dtype must be torch.bfloat16, torch.float16 (or None), got {compute_dtype!r}")
-        select = _as_policy(policy)
-        self.module = module
-        self.process_group = process_group
-        self.compute_dtype = compute_dtype
-        self.distributed = dist.is_available() and dist.is_initialized()
-        self.world_size = dist.get_world_size(process_group) if self.distributed else 1
-        self.rank = dist.get_rank(process_group) if self.distributed else 0
-        if self.distributed:
-            _same_start_on_every_rank(module, process_group)
-
-        tied = shared_parameters(module)
-        self.sharded: List[ShardedParam] = []
-        self.units: Dict[nn.Module, List[ShardedParam]] = {}
-        for m in module.modules():
-            if not select(m):
-                continue
-            for name, p in list(m._parameters.items()):
-                if p is None or not p.requires_grad or id(p) in tied or not p.is_floating_point():
-                    continue
-                sp = ShardedParam(m, name, p, self.rank, self.world_size)
-                m._parameters[name] = sp.shard  # the module now holds only this rank's piece
-                self.sharded.append(sp)
-                self.units.setdefault(m, []).append(sp)
-        sharded_ids = {id(sp.shard) for sp in self.sharded}
-        self.replicated: List[nn.Parameter] = [p for p in module.parameters()
-                                               if p.requires_grad and id(p) not in sharded_ids]
-        self.casts: Dict[nn.Module, List[Tuple[str, nn.Parameter]]] = {}
-        if compute_dtype is not None:
-            for m in module.modules():
-                own = [(n, p) for n, p in m._parameters.items()
-                       if p is not None and id(p) not in sharded_ids and p.is_floating_point()]
-                if own:
-                    self.casts[m] = own
-        # state_dict keys of the sharded parameters (a module reachable by two paths has two)
-        self._sharded_keys = {f"{path}.{sp.name}" if path else sp.name: sp
-                              for path, m in module.named_modules(remove_duplicate=False)
-                              for sp in self.units.get(m, [])}
-
-        self.gathered: Dict[int, Tuple[ShardedParam, int]] = {}
-        self.regathered: Dict[Tuple[int, int], torch.Tensor] = {}
-        self.pending = None
-        self.calls = 0
+        setup_fsdp(self, module, policy, compute_dtype, process_group, ShardedParam)
         self._hooks = []
         for m in dict.fromkeys(list(self.units) + list(self.casts)):
             self._hooks.append(m.register_forward_pre_hook(self._before_forward))
@@ -387,7 +255,7 @@ class FSDP(nn.Module):
         * number this call: ``self.calls += 1``, ``call = self.calls``;
         * ``full = GatherForCompute.apply(sp.shard, self, sp, call)`` (all_gathers, and tells
           autograd where the gradient goes);
-        * remember it in ``self.gathered[_storage_key(full)] = (sp, call)`` (how
+        * remember it in ``self.gathered[storage_key(full)] = (sp, call)`` (how
           :meth:`_pack` recognises views of it);
         * put the view ``full[:sp.numel].view(sp.shape)`` into ``module._parameters[sp.name]``
           (write into the dict: ``setattr`` refuses a tensor that is not a Parameter).
@@ -400,7 +268,7 @@ class FSDP(nn.Module):
         for sp in self.units.get(module, []):
             self.calls += 1
             full = GatherForCompute.apply(sp.shard, self, sp, self.calls)
-            self.gathered[_storage_key(full)] = (sp, self.calls)
+            self.gathered[storage_key(full)] = (sp, self.calls)
             module._parameters[sp.name] = full[:sp.numel].view(sp.shape)
         for name, p in self.casts.get(module, []):
             module._parameters[name] = p.to(self.compute_dtype)
@@ -424,12 +292,12 @@ class FSDP(nn.Module):
     def _pack(self, tensor: torch.Tensor):
         """Saved-tensor pack hook: autograd is about to keep ``tensor`` for backward.
 
-        If ``tensor`` lives in gathered full weights (its ``_storage_key`` is in
+        If ``tensor`` lives in gathered full weights (its ``storage_key`` is in
         ``self.gathered``, and it is not 0) and has their dtype, return ``Recipe(sp, call,
         tensor)`` instead; otherwise return ``tensor`` itself (activations are kept as usual).
         """
         ### BEGIN SOLUTION
-        key = _storage_key(tensor)
+        key = storage_key(tensor)
         entry = self.gathered.get(key) if key else None
         if entry is None or tensor.dtype != (self.compute_dtype or entry[0].dtype):
             return tensor
@@ -578,12 +446,4 @@ class FSDP(nn.Module):
         shards), ``replicated`` (every other parameter, frozen included) and ``grads`` (their
         ``.grad``), each storage counted once. Between steps ``sharded`` is about 1/N of the
         sharded parameters' full size."""
-        seen, out = set(), {"sharded": 0, "replicated": 0, "grads": 0}
-        shard_ids = {id(sp.shard) for sp in self.sharded}
-        for p in self.parameters():
-            for kind, t in (("sharded" if id(p) in shard_ids else "replicated", p), ("grads", p.grad)):
-                key = _storage_key(t) if t is not None else 0
-                if key and key not in seen:
-                    seen.add(key)
-                    out[kind] += t.untyped_storage().nbytes()
-        return out
+        return shard_bytes(self)

@@ -24,9 +24,9 @@ class ToyShardedOptimizer:
     their parameters and broadcast them (ZeRO-1 in a dozen lines)."""
 
     def __init__(self, model, lr=0.1):
-        from student_src.kit.resume import checkpoint
+        from student_src.kit.resume import state
 
-        self.checkpoint, self.model = checkpoint, model
+        self.state, self.model = state, model
         self.params = list(model.parameters())
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.owner = [i % self.world for i in range(len(self.params))]
@@ -46,10 +46,10 @@ class ToyShardedOptimizer:
         self.model.zero_grad(set_to_none=set_to_none)
 
     def sharded_state_dict(self):
-        return self.checkpoint.torch_shard_state(self.model, self.local)
+        return self.state.torch_shard_state(self.model, self.local)
 
     def load_sharded_state_dict(self, state):
-        self.checkpoint.load_torch_shard_state(self.model, self.local, state)
+        self.state.load_torch_shard_state(self.model, self.local, state)
 
 
 class _Run:

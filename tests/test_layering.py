@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -240,3 +241,16 @@ def test_the_checker_finds_a_planted_loop_and_an_upward_arrow_in_a_copy_of_the_k
     silent = [e for e in imports(copy, "student_src.kit") if e.in_function and not e.commented]
     assert {e.target for e in silent if e.source == "student_src.kit.core.timing"} == {
         "student_src.kit.core.metrics", "student_src.kit.train.trainer"}
+
+
+# --------------------------------------------------------------------------- small files
+MAX_LINES = 450
+
+
+def test_no_source_file_over_450_lines():
+    """A file a reader takes in at once: split by what the parts do, not by line count alone."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    long = sorted((n, rel) for rel in listed if not rel.startswith("tests/") and (ROOT / rel).is_file()
+                  and (n := len((ROOT / rel).read_text().splitlines())) > MAX_LINES)
+    assert not long, long

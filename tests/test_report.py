@@ -147,3 +147,20 @@ def test_report_command_on_missing_folder(tmp_path, repo_root):
     proc = subprocess.run([sys.executable, "-m", "student_src.kit.report", str(tmp_path / "nope"), str(tmp_path / "o")],
                           cwd=repo_root, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "not a folder" in proc.stderr
+
+
+def test_every_measured_multi_rank_task_reaches_the_speedup_plot():
+    """Each run of a task the what-if model knows, with a time per iteration and Task 1's global
+    batch, is a dot on the speed-up plot: Tasks 6 and 7 too (a hand-list once left them out)."""
+    from student_src.kit import tasks
+    from student_src.kit.report.scaling import measured_speedups
+    from student_src.kit.whatif.scaling import TASKS as WHATIF_TASKS
+
+    reference = {"task": tasks.reference(), "global_batch_size": 64, "timing": {"mean_s": 1.0}}
+    runs = {f"task{t}": {"task": t, "world_size": 4, "global_batch_size": 64, "timing": {"mean_s": 0.5}}
+            for t in tasks.ids(lambda t: t.distributed)}
+    runs["other_batch"] = {"task": WHATIF_TASKS[0], "world_size": 4, "global_batch_size": 32, "timing": {"mean_s": 0.5}}
+    runs["no_timing"] = {"task": WHATIF_TASKS[0], "world_size": 4, "global_batch_size": 64}
+    got = measured_speedups(runs, reference)
+    assert [r["task"] for r in got] == list(WHATIF_TASKS) == tasks.ids(lambda t: t.traffic is not None)
+    assert {r["speedup"] for r in got} == {2.0}

@@ -15,8 +15,9 @@ from autograder.registry import define_check
 WITH_NONE = {"frozen": True, "unused": True}
 
 
-def define_all(task: str) -> dict:
-    """The hidden mean checks of ``task`` ("2a" or "2b") and its collectives check."""
+def define_all(task: str, collectives: tuple[str, str, str]) -> dict:
+    """The hidden mean checks of ``task`` ("2a" or "2b") and its collectives check, named and
+    worded by ``collectives``: ``(check name, what the title says, what the promise says)``."""
     # promise=: the words of sync.py's module docstring ("Cases the checks test") naming each case
     out = {
         "none_grads": mean_check(task, "none_grads_skipped", "skips parameters whose .grad is None (frozen, unused)",
@@ -36,10 +37,6 @@ def define_all(task: str) -> dict:
                                                      "their dtype", 4, 1, dtype=torch.float64,
                               promise=("float64 gradients", "keep each gradient's dtype")),
     }
-    collectives = {"2a": ("uses_gather_scatter", "uses dist.gather and dist.scatter only",
-                          "use only gather and scatter here"),
-                   "2b": ("uses_all_reduce", "uses dist.all_reduce (SUM) only",
-                          "use only all_reduce with op=SUM here")}[task]
 
     def run(ctx):
         return fixtures.run_sync(ctx, task, {})

@@ -6,4 +6,5 @@ used (definitions shared with 2b in ``_sync.py``).
 
 from autograder.checks._sync import define_all
 
-CHECKS = define_all("2a")
+CHECKS = define_all("2a", ("uses_gather_scatter", "uses dist.gather and dist.scatter only",
+                          "use only gather and scatter here"))

@@ -9,7 +9,7 @@ from autograder.checks._sync import WITH_NONE, define_all
 from autograder.registry import define_check
 
 TASK = "2b"
-CHECKS = define_all(TASK)
+CHECKS = define_all(TASK, ("uses_all_reduce", "uses dist.all_reduce (SUM) only", "use only all_reduce with op=SUM here"))
 
 
 class RecordingLog:

@@ -195,29 +195,29 @@ def optional(probe, default=None):
 # ----------------------------------------------------------------------- what the kit calls
 def train_step():
     """Task 1: ``train_step(model, batch, optimizer, scheduler, sync_gradients, max_grad_norm)``."""
-    return function("1", "train_step")
+    return named("train_step")
 
 
 def build_train_loader():
     """Task 2: ``build_train_loader(dataset, batch_size, rank, world_size, seed)``."""
-    return function("2", "build_train_loader")
+    return named("build_train_loader")
 
 
 def init_distributed():
     """Task 0's ``init_distributed``, or None without ``student_src/collectives.py``; it may
     still raise ``NotImplementedError`` (``process_group.student_init`` falls back then)."""
-    return optional(lambda: function("0", "init_distributed"))
+    return optional(lambda: named("init_distributed"))
 
 
 def collectives_module():
     """Task 0's module, for the demo that runs each warm-up collective (a TODO is skipped there)."""
-    return module(tasks.get("0").module)
+    return module(tasks.for_function("init_distributed").module)
 
 
 def comm_log():
     """A fresh Task 4 ``CommLog`` if the student's works (Task 4 is optional), else None."""
     def probe():
-        log_cls = function("4", "CommLog")
+        log_cls = named("CommLog")
         probe_log = log_cls()
         probe_log.record("all_reduce", _zeros(2))
         return log_cls() if len(probe_log) == 1 else None
@@ -228,7 +228,12 @@ def comm_log():
 def traffic_functions(fresh: bool = False):
     """Task 4's ``(tensor_nbytes, expected_allreduce_bytes)`` (the notebook's prediction);
     ``fresh``: from the file as it is now (a notebook kernel re-imports it)."""
-    return function("4", "tensor_nbytes", fresh=fresh), function("4", "expected_allreduce_bytes")
+    return named("tensor_nbytes", fresh=fresh), named("expected_allreduce_bytes")
+
+
+def named(name: str, fresh: bool = False):
+    """The student function (or class) ``name``, from the module of the task the table gives it to."""
+    return function(tasks.for_function(name).id, name, fresh=fresh)
 
 
 def accepts(fn, parameter: str) -> bool:

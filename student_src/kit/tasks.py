@@ -175,6 +175,20 @@ def for_notebook(stem: str) -> list[Task]:
     return [t for t in TASKS.values() if t.notebook == stem]
 
 
+def reference() -> str:
+    """The single-node training task every multi-rank run is compared with, step by step (the
+    training task without a gradient sync: Task 1)."""
+    return ids(lambda t: t.sync == "none")[0]
+
+
+def for_function(name: str) -> Task:
+    """The task whose student module provides the function (or class) ``name``."""
+    for t in TASKS.values():
+        if name in t.functions:
+            return t
+    raise ValueError(f"no task of the table names the student function {name!r}")
+
+
 def modules() -> list[str]:
     """Every student module, once, in task order."""
     return list(dict.fromkeys(t.module for t in TASKS.values()))

@@ -41,7 +41,7 @@ def parse_args(argv=None):
     p.add_argument("--world_size", type=int)
     p.add_argument("--local_rank", type=int)
     p.add_argument("--spawn", type=int, help="start this many local ranks on loopback instead")
-    p.add_argument("--task", choices=sorted(PATTERNS), default="2b")
+    p.add_argument("--task", choices=sorted(PATTERNS), default=next(t for t, kind in PATTERNS.items() if kind == "ring"))
     p.add_argument("--sizes", default="4096", help="comma-separated gradient tensor sizes in bytes")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)

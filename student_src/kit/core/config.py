@@ -23,7 +23,7 @@ from student_src.kit.errors import KitError
 class TrainConfig:
     """Everything a run needs; ``vars(args)`` of the parser below, validated."""
 
-    task: str = "1"
+    task: str = tasks.reference()
     model_type: str = "bert"
     model_name_or_path: str = "minilm"
     task_name: str = "RTE"

@@ -21,12 +21,16 @@ import os
 import sys
 import time
 
+from student_src.kit import tasks as task_table
 from student_src.kit.core.config import parse_config
 from student_src.kit.core.models import check_model_available, model_defaults
 from student_src.kit.core.progress import ConsoleEvents
 from student_src.kit.errors import KitError
 from student_src.kit.ranks import launch as klaunch
 
+#: the single-node task, and the required multi-rank tasks whose losses must equal its own (2a, 2b, 3)
+REFERENCE = task_table.reference()
+DISTRIBUTED = tuple(task_table.ids(lambda t: t.single_node_equivalence and not t.extra_credit))
 #: --quick: the same four runs on the tiny model, 2 ranks, a few steps (tests use it)
 QUICK = {"model": "tiny", "steps": 6, "dist_steps": 3, "world_size": 2, "max_seq_length": 32,
          "global_batch_size": 16, "learning_rate": 1e-3, "warmup_steps": 4}
@@ -111,17 +115,17 @@ def main(argv=None) -> int:
     try:
         print(f"=== Task 1: {args.model} on one process, {args.steps} steps, then dev accuracy")
         t0 = time.perf_counter()
-        t1 = _run(["--task", "1", "--max_steps", str(args.steps), "--output_dir", f"{args.output_dir}/task1", *common])
+        t1 = _run(["--task", REFERENCE, "--max_steps", str(args.steps), "--output_dir", f"{args.output_dir}/task1", *common])
         phases.append(("task 1", time.perf_counter() - t0))
         ref = t1
         if not same_schedule:
             print(f"\n=== Task 1 reference: {args.dist_steps} steps, the schedule the distributed runs use")
             t0 = time.perf_counter()
-            ref = _run(["--task", "1", "--do_train", "--max_steps", str(args.dist_steps),
+            ref = _run(["--task", REFERENCE, "--do_train", "--max_steps", str(args.dist_steps),
                         "--output_dir", f"{args.output_dir}/task1_ref", *common])
             phases.append(("task 1 reference", time.perf_counter() - t0))
-        rows = [("1", 1, t1)]
-        tasks = ("2a", "2b", "3")
+        rows = [(REFERENCE, 1, t1)]
+        tasks = DISTRIBUTED
         print(f"\n=== Tasks {', '.join(tasks)}: {args.world_size} local ranks (started once for all three), "
               f"{args.dist_steps} steps each")
         t0 = time.perf_counter()

@@ -24,7 +24,8 @@ import socket
 
 from matplotlib.figure import Figure
 
-from student_src.kit.notebook.runs import grading, show_figure
+from student_src.kit.notebook.runs import grading
+from student_src.kit.notebook.show import show_figure
 from student_src.kit.plots.figures import RANK_COLORS
 from student_src.kit.ranks.launch import launch
 from student_src.kit.student_api import collectives_module

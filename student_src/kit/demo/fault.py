@@ -22,9 +22,10 @@ import shutil
 import time
 from contextlib import contextmanager
 
+from student_src.kit import tasks
 from student_src.kit.errors import KitError
 from student_src.kit.notebook import runs as notebook
-from student_src.kit.notebook.runs import show_figure
+from student_src.kit.notebook.show import show_figure
 from student_src.kit.resume import faults
 
 REFERENCE, RESUMED = "lost_rank_reference", "lost_rank_resumed"
@@ -44,10 +45,12 @@ def _environment(**values):
                 os.environ[k] = v
 
 
-def lose_a_rank(task: str = "3", steps: int = 12, save_every: int = 4, kill_at: int = 7, kill_rank: int = 1,
+def lose_a_rank(task: str | None = None, steps: int = 12, save_every: int = 4, kill_at: int = 7, kill_rank: int = 1,
                 world_size: int | None = None) -> dict | None:
     """Run ``task`` uninterrupted, then with rank ``kill_rank`` lost after step ``kill_at`` and the run
-    restarted with ``--resume auto``; return both runs' metrics, the wall times and the time lost."""
+    restarted with ``--resume auto``; return both runs' metrics, the wall times and the time lost.
+    ``task``: default, the training task Task 8's notebook runs (the last of its ``needs_tasks``)."""
+    task = task or tasks.for_function("capture_training_state").needs_tasks[-1]
     if notebook.grading():
         print("nbgrader is executing this notebook: nothing is trained here")
         return None

@@ -26,6 +26,7 @@ import csv
 import sys
 from pathlib import Path
 
+from student_src.kit import tasks
 from student_src.kit.core import timing
 from student_src.kit.report.html import HTML_NAME, write_html
 from student_src.kit.report.runs import incomparable_reasons, label, load_runs, reference_run  # noqa: F401 (report.X too)
@@ -151,7 +152,7 @@ def slice_sections(runs: dict) -> list[str]:
 
     out = []
     for name, m in runs.items():
-        table = slice_markdown(m) if str(m.get("task")) == "1" else ""
+        table = slice_markdown(m) if str(m.get("task")) == tasks.reference() else ""
         if table:
             out += [f"## What {label(name, m)} learned: dev accuracy per slice", "", table, ""]
     return out

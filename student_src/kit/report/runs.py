@@ -40,7 +40,7 @@ def label(name: str, metrics: dict) -> str:
 
 def reference_run(runs: dict) -> tuple[str, dict] | tuple[None, None]:
     """The Task 1 run the others are compared with (the one named ``task1`` if there are several)."""
-    ones = [(n, m) for n, m in runs.items() if str(m.get("task")) == "1"]
+    ones = [(n, m) for n, m in runs.items() if str(m.get("task")) == tasks.reference()]
     if not ones:
         return None, None
     ones.sort(key=lambda nm: (nm[0].rsplit("/", 1)[-1] != "task1", nm[0]))

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from student_src.kit import tasks as task_table
 from student_src.kit.errors import KitError
 from student_src.kit.plots.timeline import plot_timeline
 from student_src.kit.report.runs import load_runs, reference_run
-from student_src.kit.whatif.scaling import compute_from_metrics, LinkModel, predict, tensor_sizes
+from student_src.kit.whatif.scaling import TASKS as WHATIF_TASKS
+from student_src.kit.whatif.scaling import LinkModel, compute_from_metrics, predict, tensor_sizes
 
 RATES_GBIT = (1.0, 10.0)
 LATENCY_S = 1e-4
@@ -37,12 +39,14 @@ def timeline_figures(runs: dict, out: Path) -> dict:
 
 
 def measured_speedups(runs: dict, reference: dict) -> list[dict]:
+    """Every measured multi-rank run of a task the what-if model knows (the table's traffic column),
+    with a time per iteration and the reference's global batch: its speed-up over the reference."""
     base = (reference.get("timing") or {}).get("mean_s")
     batch = reference.get("global_batch_size")
     rows = []
     for name, m in runs.items():
         mean = (m.get("timing") or {}).get("mean_s")
-        if str(m.get("task")) in ("2a", "2b", "3", "5") and mean and base and m.get("global_batch_size") == batch:
+        if str(m.get("task")) in WHATIF_TASKS and mean and base and m.get("global_batch_size") == batch:
             rows.append({"run": name, "task": str(m["task"]), "nodes": m.get("world_size", 1), "speedup": base / mean})
     return rows
 
@@ -57,7 +61,7 @@ def speedup_figure(runs: dict, reference: dict, out: Path) -> dict:
     except (KitError, KeyError, OSError):
         return {}
     measured = measured_speedups(runs, reference)
-    tasks = sorted({r["task"] for r in measured}) or ["2a", "2b", "3"]
+    tasks = sorted({r["task"] for r in measured}, key=task_table.order) or list(WHATIF_TASKS)
     rows = []
     for gbit in RATES_GBIT:
         rows += predict(compute, sizes, LinkModel(gbit * 1e9, LATENCY_S), tasks, (1, 2, 4, 8, 16, 32, 64),
@@ -73,7 +77,7 @@ def scaling_section(runs: dict, out) -> tuple[dict, list[str]]:
     out = Path(out)
     written = timeline_figures(runs, out)
     _, reference = reference_run(runs)
-    if reference is not None and any(str(m.get("task")) != "1" for m in runs.values()):
+    if reference is not None and any(str(m.get("task")) != task_table.reference() for m in runs.values()):
         written.update(speedup_figure(runs, reference, out))
     lines = []
     if "speedup.png" in written:

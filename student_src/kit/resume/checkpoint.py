@@ -21,7 +21,7 @@ the first returns (with DCP, as below) and restores with the second, for every r
 optimizer is a ``torch.optim`` optimizer: one source of truth, and a student whose capture
 forgets the scheduler sees their own resumed run drift. While they are still TODOs (the
 release), and for a sharded optimizer (its contract below), the kit saves its own state
-(``_state``); ``kit.json`` records which (``saved_by``), and a checkpoint is loaded the way it
+(``kit_state``); ``kit.json`` records which (``saved_by``), and a checkpoint is loaded the way it
 was saved.
 
 Layout of ``DIR``::
@@ -68,7 +68,7 @@ needs. An optimizer of the course's own (not a ``torch.optim.Optimizer``) joins 
 ``full_state_dict()`` / ``load_full_state_dict(state)`` (every rank returning the whole,
 gathered state) is accepted in the same way. If the shard is a ``torch.optim`` optimizer over
 the owned parameters, ``torch_shard_state(model, opt)`` and ``load_torch_shard_state(model, opt,
-state)`` below implement the pair. A checkpoint saved on 2 ranks then loads on 4: each rank asks
+state)`` (``state.py``) implement the pair. A checkpoint saved on 2 ranks then loads on 4: each rank asks
 for the keys of the parameters it owns now, wherever they were saved.
 
 Sharded parameters (Task 7: the student's ``FSDP``): the model and AdamW's moments are saved
@@ -79,7 +79,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 import time
@@ -87,13 +86,14 @@ import uuid
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from student_src.kit import student_api
 from student_src.kit.errors import KitError
-from student_src.kit.resume import faults, fsdp_state
+from student_src.kit.resume import faults
+from student_src.kit.resume.state import (identity, is_fsdp_run, kit_state, load_model_state_of, model_state_of,
+                                          optimizer_hooks, rng_state, set_rng_state)
 
 FORMAT = 1
 META = "kit.json"
@@ -149,96 +149,6 @@ def find(resume: str, cfg) -> Path | None:
     return found
 
 
-# --------------------------------------------------------------------------- what is saved
-def _flat():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(flatten_optimizer_state_dict=True)
-
-
-def torch_shard_state(model, optimizer) -> dict:
-    """A ``torch.optim`` optimizer's state, flat and keyed by parameter name (for any subset of
-    ``model``'s parameters: a shard). Before the first step the entries are zeros, so it also
-    serves as the template DCP loads into."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    return get_optimizer_state_dict(model, optimizer, options=_flat())
-
-
-def load_torch_shard_state(model, optimizer, state: dict) -> None:
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-    set_optimizer_state_dict(model, optimizer, state, options=_flat())
-
-
-def _optimizer_hooks(optimizer, model=None):
-    """``(get, load)`` for the optimizer: its own pair (module docstring), else torch's; for AdamW
-    over an FSDP wrapper's shards (Task 7, ``model``), whole moments (``fsdp_state.py``)."""
-    if model is not None and fsdp_state.is_fsdp(model):
-        return ((lambda base: fsdp_state.optimizer_state(model, optimizer)),
-                (lambda base, state: fsdp_state.load_optimizer_state(model, optimizer, state)))
-    for get, load in (("sharded_state_dict", "load_sharded_state_dict"), ("full_state_dict", "load_full_state_dict")):
-        if callable(getattr(optimizer, get, None)) and callable(getattr(optimizer, load, None)):
-            return (lambda model: getattr(optimizer, get)()), (lambda model, state: getattr(optimizer, load)(state))
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return (lambda model: torch_shard_state(model, optimizer)), (lambda model, state: load_torch_shard_state(model, optimizer, state))
-    raise KitError(f"cannot checkpoint an optimizer of type {type(optimizer).__name__}: give it "
-                   "sharded_state_dict()/load_sharded_state_dict() (see student_src/kit/resume/checkpoint.py)")
-
-
-def rng_state(device) -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def identity(run) -> dict:
-    cfg = run.cfg
-    parameters = (fsdp_state.full_parameter_count(run.model) if _fsdp(run)
-                  else sum(p.numel() for p in run.base_model.parameters()))  # shards count whole: any world size
-    return {"task": str(cfg.task), "task_name": cfg.task_name, "model_name_or_path": str(cfg.model_name_or_path),
-            "parameters": parameters,
-            "max_seq_length": cfg.max_seq_length, "global_batch_size": run.batch["global_batch_size"], "seed": cfg.seed}
-
-
-def _fsdp(run) -> bool:
-    """The run trains the student's FSDP (Task 7): its model holds shards (``fsdp_state.py``)."""
-    return fsdp_state.is_fsdp(getattr(run, "model", None))
-
-
-def _model_state(run) -> dict:
-    """The model's state for DCP: torch's, or an FSDP wrapper's shards gathered whole (Task 7)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    return fsdp_state.model_state(run.model) if _fsdp(run) else get_model_state_dict(run.base_model)
-
-
-def _load_model_state(run, state: dict) -> None:
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-    if _fsdp(run):
-        fsdp_state.load_model_state(run.model, state)
-    else:
-        set_model_state_dict(run.base_model, state)
-
-
-def _state(run) -> dict:
-    """What DCP writes: tensors and the scheduler (``kit.json`` holds the rest)."""
-    get_optimizer, _ = _optimizer_hooks(run.optimizer, getattr(run, "model", None))
-    return {"model": _model_state(run), "optimizer": get_optimizer(run.base_model),
-            "scheduler": run.scheduler.state_dict() if run.scheduler is not None else {},
-            "rng": {f"rank{run.ctx.rank}": rng_state(run.ctx.device)}}
-
-
 # --------------------------------------------------------------------------- Task 8: the student's pair
 _TODO_SAID = [False]
 
@@ -248,10 +158,10 @@ def _student_pair(run):
     ``torch.optim`` optimizer without a sharded contract), else None."""
     if not isinstance(run.optimizer, torch.optim.Optimizer) or any(callable(getattr(run.optimizer, n, None)) for n in ("sharded_state_dict", "full_state_dict")):
         return None
-    if _fsdp(run):  # shards: only the kit's whole-tensor save resumes at another world size
+    if is_fsdp_run(run):  # shards: only the kit's whole-tensor save resumes at another world size
         return None
-    return student_api.optional(lambda: (student_api.function("8", "capture_training_state"),
-                                         student_api.function("8", "restore_training_state")))
+    return student_api.optional(lambda: (student_api.named("capture_training_state"),
+                                         student_api.named("restore_training_state")))
 
 
 def _student_state(run, epoch: int, batches_done: int) -> dict | None:
@@ -364,7 +274,7 @@ def save(run, directory: Path, epoch: int, batches_done: int) -> Path:
         tmp.mkdir(parents=True, exist_ok=False)
     _barrier()
     student = _student_state(run, epoch, batches_done)
-    _dcp(dcp.save, {"student": student} if student is not None else _state(run), tmp)
+    _dcp(dcp.save, {"student": student} if student is not None else kit_state(run), tmp)
     if rank == 0:
         h = run.history
         meta = {"format": FORMAT, **identity(run), "saved_by": "student" if student is not None else "kit",
@@ -442,16 +352,16 @@ def _load_dcp(dcp, state: dict, path: Path) -> None:
 
 
 def _kit_load(run, path: Path, meta: dict) -> dict:
-    """Load a checkpoint of the kit's own state (``_state``); return this rank's saved generators."""
+    """Load a checkpoint of the kit's own state (``kit_state``); return this rank's saved generators."""
     import torch.distributed.checkpoint as dcp
 
-    get_optimizer, load_optimizer = _optimizer_hooks(run.optimizer, getattr(run, "model", None))
+    get_optimizer, load_optimizer = optimizer_hooks(run.optimizer, getattr(run, "model", None))
     source = f"rank{run.ctx.rank % meta['world_size']}"
-    state = {"model": _model_state(run), "optimizer": get_optimizer(run.base_model),
+    state = {"model": model_state_of(run), "optimizer": get_optimizer(run.base_model),
              "scheduler": run.scheduler.state_dict() if run.scheduler is not None else {},
              "rng": {source: rng_state(run.ctx.device)}}
     _load_dcp(dcp, state, path)
-    _load_model_state(run, state["model"])
+    load_model_state_of(run, state["model"])
     load_optimizer(run.base_model, state["optimizer"])
     if run.scheduler is not None:
         run.scheduler.load_state_dict(state["scheduler"])
