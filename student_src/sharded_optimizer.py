@@ -148,12 +148,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
         ### END SOLUTION
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, **kwargs):
         """Step the local shard's optimizer, then broadcast every parameter from its owner.
 
         1. copy each group's settings (the scheduler's ``lr`` among them) from
            ``self.param_groups[i]`` to ``self.local_optimizer.param_groups[i]``;
-        2. ``self.local_optimizer.step()`` (parameters whose ``.grad`` is None are skipped);
+        2. ``self.local_optimizer.step(**kwargs)`` (parameters whose ``.grad`` is None are
+           skipped; ``kwargs`` are whatever the caller gave ``step`` besides the closure, passed
+           on as torch's ``ZeroRedundancyOptimizer`` does);
         3. for every parameter, in the same order on every rank:
            ``dist.broadcast(p.data, src=self.owner[id(p)])`` (nothing to send on one rank).
 
@@ -169,7 +171,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for key, value in group.items():
                 if key != "params":
                     local[key] = value
-        self.local_optimizer.step()
+        self.local_optimizer.step(**kwargs)
         if self.world_size > 1:
             seen = set()
             for group in self.param_groups:
@@ -186,15 +188,76 @@ class ShardedOptimizer(torch.optim.Optimizer):
         computes and averages every gradient)."""
         super().zero_grad(set_to_none=set_to_none)
 
-    # ------------------------------------------------------------------ provided: saving the shard
+    # ------------------------------------------------------------------ provided: groups added later
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group, as any ``torch.optim.Optimizer`` allows (e.g. to unfreeze a layer during
+        training): it joins ``self.param_groups`` and its parameters get owners by the same rule,
+        continued after the groups already there (``assign_owners`` over all groups gives the old
+        parameters the owners they had), and this rank's owned ones join ``self.local_optimizer``
+        as a new group (empty where it owns none). Every rank must add the same group."""
+        super().add_param_group(param_group)  # the constructor adds its groups through here too
+        if "local_optimizer" not in vars(self):
+            return
+        self.owner = assign_owners(self.param_groups, self.world_size)
+        group = self.param_groups[-1]
+        settings = {k: v for k, v in group.items() if k != "params"}
+        mine = [p for p in group["params"] if self.owner[id(p)] == self.rank]
+        self.local_optimizer.add_param_group({**settings, "params": mine})
+
+    # ------------------------------------------------------------------ provided: saving the state
+    # Three forms, for three uses:
+    # * state_dict() / load_state_dict(): torch's format over *every* parameter (param_groups list
+    #   them all, as a plain optimizer's do), with the state of the parameters this rank owns; after
+    #   consolidate_state_dict(to) the rank `to` holds every parameter's state and its state_dict() is
+    #   what a plain optimizer of the whole model saves. A plain AdamW loads either; load_state_dict
+    #   takes either, keeping only the state of the parameters this rank owns.
+    # * consolidate_state_dict(to=0): a collective (every rank calls it), as in torch's
+    #   ZeroRedundancyOptimizer: gathers every rank's state onto rank `to`.
+    # * sharded_state_dict() / load_sharded_state_dict(): the kit's checkpoints (per rank, keyed by
+    #   position, so a run saved on 2 ranks resumes on 4).
     def state_dict(self) -> dict:
-        """This rank's shard of the state (``self.local_optimizer.state_dict()``): each rank saves
-        its own; parameters are numbered within the shard, so load it on the same rank and
-        world size. (The kit's checkpoints use ``sharded_state_dict`` below instead.)"""
-        return self.local_optimizer.state_dict()
+        """Torch's optimizer format: every parameter in ``param_groups``, the state of those this
+        rank owns (of every parameter on the rank that ``consolidate_state_dict`` gathered to)."""
+        held = dict(self.local_optimizer.state)
+        held.update(getattr(self, "_consolidated", {}))
+        mine, self.state = self.state, held  # torch packs self.state; the wrapper keeps none of its own
+        try:
+            return super().state_dict()
+        finally:
+            self.state = mine
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.local_optimizer.load_state_dict(state_dict)
+        """Load a ``state_dict`` (this class's, consolidated or not, or a plain optimizer's over the
+        same param groups): the groups' settings, and the state of the parameters this rank owns."""
+        super().load_state_dict(state_dict)  # torch's checks and casts; it fills self.state with every entry
+        loaded, self.state = self.state, type(self.state)()
+        local = self.local_optimizer
+        for group, own in zip(self.param_groups, local.param_groups):
+            own.update({k: v for k, v in group.items() if k != "params"})
+        local.state.clear()
+        for p, entry in loaded.items():
+            if self.owner.get(id(p)) == self.rank:
+                local.state[p] = entry
+        self.__dict__.pop("_consolidated", None)
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Gather every rank's optimizer state onto rank ``to`` (call it on every rank: it is a
+        collective); then ``state_dict()`` on rank ``to`` holds every parameter's state."""
+        index = {id(p): key for key, p in self._positions()}
+        mine = {index[id(p)]: {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in entry.items()}
+                for p, entry in self.local_optimizer.state.items()}
+        if self.world_size > 1:
+            gathered = [None] * self.world_size if self.rank == to else None
+            dist.gather_object(mine, gathered, dst=to)
+        else:
+            gathered = [mine]
+        if self.rank != to:
+            self.__dict__.pop("_consolidated", None)
+            return
+        params = dict(self._positions())
+        self._consolidated = {params[key]: {k: (v.to(params[key].device) if isinstance(v, torch.Tensor) else v)
+                                            for k, v in entry.items()}
+                              for part in gathered for key, entry in part.items()}
 
     def _positions(self):
         """``(key, param)`` for every parameter: ``"<group>.<index>"`` in ``self.param_groups``,

@@ -113,3 +113,44 @@ def report_pid(ctx):
 def report_surroundings(ctx):
     """What a rank sees of its launcher: an environment variable, the working directory, sys.path."""
     return os.environ.get("KIT_PROBE"), os.getcwd(), sys.path[0]
+
+
+def sharded_optimizer_like_torch(ctx):
+    """Task 6's optimizer used as torch users use one (issue 31, items 10 and 11): a group added
+    after two steps (the second Linear unfrozen), ``step`` with a keyword, then the state saved
+    three ways. Returns what the test compares with plain AdamW on the whole batch."""
+    from student_src.sharded_optimizer import ShardedOptimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    model[2].requires_grad_(False)
+    opt = ShardedOptimizer([{"params": list(model[0].parameters())}], torch.optim.AdamW, lr=0.05,
+                           weight_decay=0.01)
+    out = {"params": [], "kwargs_ok": True}
+    g = torch.Generator().manual_seed(1)
+    for step in range(5):
+        if step == 2:
+            model[2].requires_grad_(True)
+            opt.add_param_group({"params": list(model[2].parameters()), "weight_decay": 0.0})
+        x = torch.randn(8, 6, generator=g)
+        mine = x[ctx.rank::ctx.world_size]
+        (model(mine).square().mean() / ctx.world_size).backward()
+        for p in model.parameters():
+            if p.grad is not None and ctx.world_size > 1:
+                dist.all_reduce(p.grad)
+        opt.step(closure=None) if step != 3 else opt.step(None)
+        opt.zero_grad()
+        out["params"].append([p.detach().clone() for p in model.parameters()])
+    out["owned_groups"] = [len(gr["params"]) for gr in opt.local_optimizer.param_groups]
+    out["own_state"] = opt.state_dict()
+    opt.consolidate_state_dict(to=0)
+    out["full_state"] = opt.state_dict() if ctx.rank == 0 else None
+    # a fresh optimizer of the same shape loads the consolidated state and keeps only its own part
+    fresh = ShardedOptimizer([{"params": list(model[0].parameters())}], torch.optim.AdamW, lr=0.05, weight_decay=0.01)
+    fresh.add_param_group({"params": list(model[2].parameters()), "weight_decay": 0.0})
+    full = [out["full_state"]]
+    if ctx.world_size > 1:
+        dist.broadcast_object_list(full, src=0)
+    fresh.load_state_dict(full[0])
+    out["reloaded_own_keys"] = sorted(fresh.state_dict()["state"])
+    return out

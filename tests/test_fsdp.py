@@ -493,3 +493,19 @@ def test_the_timeline_shows_the_all_gathers_inside_each_forward_and_backward(sma
 
     assert len(inside("all_gather_single", "forward")) > 10       # one per sharded parameter of tiny
     assert inside("all_gather_single", "backward") and inside("reduce_scatter_single", "backward")
+
+
+def test_the_task7_toy_loss_stays_in_the_dtype_under_test():
+    """Issue 31 item 15: the public Task 7 model summed float64 logits in fp32, so on 3 ranks a
+    float64 check would fail correct code by rounding alone (6.4e-9 > 1e-10). Only 16-bit compute
+    takes the loss in fp32."""
+    import torch
+
+    from autograder.public import task7
+
+    ids, labels = task7.rank_batch(1, 0)
+    for dtype in (torch.float32, torch.float64):
+        model = task7.ToyModel(task7.init_seed(0)).to(dtype)
+        assert model(ids, labels).dtype == dtype
+    half = task7.ToyModel(task7.init_seed(0)).to(torch.bfloat16)
+    assert half(ids, labels).dtype == torch.float32

@@ -3,8 +3,11 @@ clipping on the wrapped optimizer), the checkpoint contract, the traffic model. 
 behaviour is graded by the checks (tests/test_autograder.py grades the solution, the zoo in
 tests/test_check_zoo.py grades wrong ones) and run_glue's losses by tests/test_equivalence.py."""
 
+import pytest
 import torch
 
+import rank_fns
+from student_src.kit.ranks.launch import launch
 from student_src.kit.measure import memory_model, traffic_model
 from student_src.kit.core.config import parse_config
 from student_src.kit.train.optim import make_optimizer, make_scheduler
@@ -84,3 +87,55 @@ def test_traffic_model_adds_one_broadcast_per_parameter_from_its_owner():
         assert zero1.sent[r] - ring.sent[r] == sum(2 * s if o == r else s if (o + 1) % n == r else 0
                                                    for s, o in zip(sizes, owners))
     assert traffic_model.textbook_bytes("6", 400, 4) == 900  # 2(N-1)/N + (N-1)/N of 400 bytes
+
+
+def _plain_adamw_run():
+    """What ShardedOptimizer must match: plain AdamW on the whole batch, the group added at step 2."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    model[2].requires_grad_(False)
+    opt = torch.optim.AdamW([{"params": list(model[0].parameters())}], lr=0.05, weight_decay=0.01)
+    g = torch.Generator().manual_seed(1)
+    history = []
+    for step in range(5):
+        if step == 2:
+            model[2].requires_grad_(True)
+            opt.add_param_group({"params": list(model[2].parameters()), "weight_decay": 0.0})
+        model(torch.randn(8, 6, generator=g)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        history.append([p.detach().clone() for p in model.parameters()])
+    return opt, history
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_group_added_during_training_is_sharded_and_the_state_round_trips(world_size):
+    """Issue 31, items 10-11: add_param_group shards the new group (on 2 ranks step() raised
+    KeyError; on 1 the group never updated), step() takes keywords as torch's optimizers do, and
+    state_dict / consolidate_state_dict / load_state_dict round-trip with a plain AdamW."""
+    plain, history = _plain_adamw_run()
+    results = launch(rank_fns.sharded_optimizer_like_torch, world_size, timeout=120)
+    for r, out in enumerate(results):
+        for step, (got, want) in enumerate(zip(out["params"], history)):
+            for g, w in zip(got, want):
+                assert torch.allclose(g, w, atol=1e-6), (r, step)
+    # the added group is sharded: its two parameters are owned once, across the ranks
+    assert sum(out["owned_groups"][1] for out in results) == 2
+    assert sum(out["owned_groups"][0] for out in results) == 2
+    # every rank's own state_dict is torch's format over all 4 parameters, with its own entries only
+    for out in results:
+        sd = out["own_state"]
+        assert [g["params"] for g in sd["param_groups"]] == [[0, 1], [2, 3]]
+        assert len(sd["state"]) == sum(out["owned_groups"])
+    # consolidated on rank 0: what plain AdamW holds, loadable by a plain AdamW
+    full, want = results[0]["full_state"], plain.state_dict()
+    assert sorted(full["state"]) == sorted(want["state"]) == [0, 1, 2, 3]
+    for i, entry in want["state"].items():
+        for k, v in entry.items():
+            assert torch.allclose(torch.as_tensor(full["state"][i][k]), torch.as_tensor(v), atol=1e-6), (i, k)
+    clone = torch.optim.AdamW([{"params": [torch.nn.Parameter(p.clone()) for p in history[-1][:2]]},
+                               {"params": [torch.nn.Parameter(p.clone()) for p in history[-1][2:]]}], lr=1.0)
+    clone.load_state_dict(full)
+    assert clone.param_groups[1]["weight_decay"] == 0.0 and clone.param_groups[0]["lr"] == 0.05
+    # a fresh ShardedOptimizer loading the consolidated dict keeps only what its rank owns
+    assert sorted(k for out in results for k in out["reloaded_own_keys"]) == [0, 1, 2, 3]

@@ -60,7 +60,11 @@ class ToyModel(nn.Module):
         h = self.emb(ids) + self.pos(torch.arange(ids.shape[1]))
         h = torch.tanh(self.norm(self.lin1(h)))
         logits = self.decoder(self.lin2(h))
-        return nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), labels.reshape(-1))
+        # 16-bit compute: the loss in fp32, as mixed precision does; fp32 and float64 stay in their own
+        # dtype (a float64 run summed in fp32 would miss its 1e-10 tolerance by rounding alone)
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
 
 
 #: the seed of rank r's initial weights; the judge starts from rank 0's
