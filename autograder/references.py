@@ -40,7 +40,7 @@ VOCAB = 30522
 
 
 def tiny_model():
-    """The kit's ``tiny`` model (``student_src.kit.models.tiny_config``, dropout 0), built from
+    """The kit's ``tiny`` model (``student_src.kit.core.models.tiny_config``, dropout 0), built from
     transformers directly so that the grader's own process never imports ``student_src``."""
     from transformers import BertConfig, BertForSequenceClassification
     from transformers.utils import logging as hf_logging

@@ -101,7 +101,7 @@ def test_run_cells_name_what_they_need_first(name):
     """Every run goes through ``kit.run_task`` (which checks the tasks it needs: test_notebook_needs.py),
     and nothing after it reads a run's folder behind the kit's back (stale numbers after a failed run)."""
     code = "\n".join(c.source for c in _load(name).cells if c.cell_type == "code")
-    assert "from student_src.kit.train.trainer" not in code and "scaling_report import" not in code
+    assert "from student_src.kit.train" not in code and "report.scaling import" not in code and "scaling_report" not in code
     if any(t.trains for t in tasks.for_notebook(name)):
         assert "kit.run_task(" in code
 

@@ -2,7 +2,7 @@
 written (``write_metrics``: atomically, never lost).
 
 ``metrics.json`` is built in one place, ``build``, from what the run knows at its end, so its
-keys are all listed below (``../shared`` DESIGN names the schema; report.py and the notebooks
+keys are all listed below (``../shared`` DESIGN names the schema; the report (report/) and the notebooks
 read it). The training loop only *records* into a ``History``.
 """
 
