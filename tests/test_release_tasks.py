@@ -269,3 +269,17 @@ def test_the_nbgrader_course_takes_the_courses_notebooks(selected, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert {p.stem for p in (tmp_path / "course" / "source" / "dp").glob("*.ipynb")} == \
         {task_table.TASKS[t].notebook for t in CHOSEN}
+
+
+def test_a_course_naming_an_unknown_task_is_an_autograder_failure(tmp_path):
+    """A points.toml whose [tasks] course names a task the table lacks grades nothing, and says why."""
+    bad = tmp_path / "points.toml"
+    bad.write_text((ROOT / "autograder" / "points.toml").read_text().replace("[tasks]\n", '[tasks]\ncourse = ["1", "9"]\n', 1))
+    results = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(ROOT), "--tasks", "1", "--results",
+                           str(results), "--json-only"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "AUTOGRADER_POINTS": str(bad)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(results.read_text())
+    assert [t["name"] for t in data["tests"]] == ["autograder failed"]
+    assert "[tasks] course names 9, which the task table" in data["tests"][0]["output"]
