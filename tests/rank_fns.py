@@ -102,6 +102,19 @@ def exits_on_rank_one(ctx):
     dist.barrier()
 
 
+def killed_on_rank_one(ctx):
+    """Rank 1 is killed (SIGKILL, as ``kill -9`` from a shell) while the others are in collectives:
+    they fail with "Connection reset by peer" or the like, a reaction to losing it."""
+    import signal
+
+    dist.barrier()
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    for _ in range(10_000):
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.01)
+
+
 def sleeps_forever(ctx):
     time.sleep(3600)
 

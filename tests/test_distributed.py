@@ -100,6 +100,42 @@ def test_sys_exit_zero_is_a_failure_not_a_pass():
         launch(rank_fns.exits_on_rank_one, 2, threads_per_rank=1, timeout=60)
 
 
+def test_a_killed_rank_is_named_first_with_its_signal_and_the_others_in_one_line():
+    """Issue 31, item 3: ``kill -9`` of rank 1 while rank 0 waits in an all_reduce. Rank 0's
+    "Connection reset by peer" reaches the parent first, yet the error names rank 1 and SIGKILL,
+    then the others in one line, without their tracebacks."""
+    before = _children()
+    with pytest.raises(RankFailure) as err:
+        launch(rank_fns.killed_on_rank_one, 3, threads_per_rank=1, timeout=120)
+    text = str(err.value)
+    assert err.value.rank == 1, text
+    first, *rest = text.strip().splitlines()
+    assert first.startswith("rank 1 ") and "signal 9" in first and "SIGKILL" in first, text
+    assert len(rest) <= 1, text  # the others in one line, no traceback
+    assert "Traceback" not in text and "rank 0" in text and "rank 2" in text, text
+    assert _no_children_left(before) == []
+
+
+def test_a_rank_that_cannot_start_stops_the_ones_that_did(monkeypatch):
+    """A ``start()`` that raises (out of processes, an unpicklable argument) leaves ranks never
+    started: stopping them must not fail with "can only join a started process"."""
+    import multiprocessing.process as mp_process
+
+    real_start, started = mp_process.BaseProcess.start, []
+
+    def start(self):
+        if len(started) == 1:
+            raise OSError("fork failed on purpose")
+        started.append(self)
+        real_start(self)
+
+    monkeypatch.setattr(mp_process.BaseProcess, "start", start)
+    before = _children()
+    with pytest.raises(OSError, match="on purpose"):
+        launch(rank_fns.sleeps_forever, 3, threads_per_rank=1, timeout=60)
+    assert _no_children_left(before) == []
+
+
 def test_deadline_stops_a_hanging_launch():
     before = _children()
     with pytest.raises(LaunchTimeout):

@@ -150,6 +150,11 @@ def test_a_failed_run_shows_the_students_frames_briefly():
                                  '  File "/k/student_src/sync.py", line 9, in allreduce_average', "    g[10] = 1", "    ~^^^^",
                                  "IndexError: index 10 is out of bounds"]
     assert kit.brief_error("2b", ValueError("no data")) == "Task 2b's run failed: no data"
+    killed = RankFailure(1, "rank 1 was killed by signal 9 (SIGKILL) before returning",
+                         "the others: rank 0 failed (RuntimeError: Connection reset by peer)")
+    assert kit.brief_error("2b", killed).splitlines()[1:] == [
+        "rank 1 was killed by signal 9 (SIGKILL) before returning",
+        "the others: rank 0 failed (RuntimeError: Connection reset by peer)"]
 
 
 def test_quick_mode_says_what_its_numbers_mean(only_2b, session_in, capsys):

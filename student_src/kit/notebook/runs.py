@@ -250,11 +250,12 @@ def brief_error(task: str, exc: BaseException) -> str:
             frame.append(last_block[i])
             i += 1
         frames.append(frame)
-    ending = [line for line in last_block[i:] if line.strip()]
+    ending = [line for line in (last_block[i:] if frames else last_block) if line.strip()]  # no frames: how it died
     ours = [f for f in frames if student_api.is_student_file(f[0].split('"')[1] if '"' in f[0] else f[0])]
     where = "in your code" if ours else "where it stopped"
+    others = [exc.others] if getattr(exc, "others", "") else []  # what became of the other ranks, one line
     return "\n".join([f"Task {task}'s run failed on rank {getattr(exc, 'rank', '?')} ({where}):",
-                      *[line for f in (ours or frames[-1:]) for line in f], *(ending or [str(exc).strip()])])
+                      *[line for f in (ours or frames[-1:]) for line in f], *(ending or [str(exc).strip()]), *others])
 
 
 def did_not_run(task: str, name: str | None = None) -> bool:

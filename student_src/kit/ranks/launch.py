@@ -27,7 +27,10 @@ Why each piece is here:
 * Children report progress through a queue (``progress.emit``), so a notebook can draw one
   progress bar per rank and a live loss curve while the ranks train (``progress.py``).
 * The parent polls results *and* liveness: the first rank that raises or dies takes the others
-  down, and its traceback is re-raised in the parent as ``RankFailure``. A global ``timeout``
+  down, and its traceback is re-raised in the parent as ``RankFailure``. Which rank was first is
+  decided after the others' fate is known (``_SETTLE_S``): a rank killed (``kill -9``: "rank 1
+  was killed by signal 9 (SIGKILL)") or gone with an exit code is named before the ranks whose
+  "Connection reset by peer" is their reaction to losing it; those follow in one line. A global ``timeout``
   and a ``stall_timeout`` (no message from any rank for that long) bound every launch. Children
   exit by themselves if the parent disappears, so nothing is left behind.
 """
@@ -37,6 +40,8 @@ import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
+import re
+import signal
 import sys
 import threading
 import time
@@ -49,12 +54,18 @@ from student_src.kit.ranks.cores import default_threads
 
 
 class RankFailure(KitError):
-    """A rank raised an exception or died; ``rank`` and ``details`` (its traceback) say which and why."""
+    """A rank raised an exception or died; ``rank`` and ``details`` (its traceback, or how it died)
+    say which and why, ``others`` (one line, maybe empty) what became of the other ranks."""
 
-    def __init__(self, rank: int, details: str):
-        self.rank, self.details = rank, details
-        last = details.strip().splitlines()[-1] if details.strip() else "no details"
-        super().__init__(f"rank {rank} failed: {last}\n--- rank {rank} traceback ---\n{details.rstrip()}")
+    def __init__(self, rank: int, details: str, others: str = ""):
+        self.rank, self.details, self.others = rank, details, others
+        text = details.strip() or f"rank {rank} failed: no details"
+        also = f"\n{others}" if others else ""
+        if "Traceback" in text:
+            last = text.splitlines()[-1]
+            super().__init__(f"rank {rank} failed: {last}{also}\n--- rank {rank} traceback ---\n{details.rstrip()}")
+        else:  # how it died, in one line
+            super().__init__(f"{text}{also}")
 
 
 class LaunchTimeout(KitError):
@@ -185,14 +196,62 @@ class RankError(KitError):
         super().__init__(f"rank {rank}: {message}")
 
 
-def _raise_if_failed(rank: int, status: str, value) -> None:
+def _how_it_ended(rank: int, code: int) -> str:
+    """One line for a rank that died without a word: the signal (kill -9, out of memory) or the exit code."""
+    if code < 0:
+        try:
+            name = f" ({signal.Signals(-code).name})"
+        except ValueError:
+            name = ""
+        how = f"was killed by signal {-code}{name}"
+    else:
+        how = f"exited with code {code}"
+    return f"rank {rank} {how} before returning (kill -9, out of memory, a crash, or os._exit?)"
+
+
+def _gist(text: str, width: int = 90) -> str:
+    """An error's last line, short: gloo's "[.../pair.cc:553] " prefix and its advice dropped."""
+    last = text.strip().splitlines()[-1] if text.strip() else "no details"
+    last = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", last)
+    if len(last) > width and ". " in last:
+        last = last[:last.index(". ")]
+    return last if len(last) <= width else last[:width - 3] + "..."
+
+
+def _raise_first(failures: list, world_size: int, outputs: dict) -> None:
+    """Raise for the rank that failed first; the others in one line.
+
+    ``failures`` holds ``(rank, status, text)`` in the order the parent learnt of them; status is
+    "error" (a traceback), "usererror" (a ``KitError``'s message) or "died" (no word: killed or
+    exited, ``text`` says how). A rank that died without a word is named first: the others' errors
+    ("Connection reset by peer", "Connection closed by peer") are their reaction to losing it, and
+    their messages can reach the parent before its exit status does."""
+    died = [f for f in failures if f[1] == "died"]
+    rank, status, text = (died or failures)[0]
+    said = []
+    for r, s, t in sorted(failures):
+        if r != rank:
+            said.append(f"rank {r} {t[len(f'rank {r} '):].split(' before returning')[0]}" if s == "died"
+                        else f"rank {r} failed ({_gist(t)})")
+    stopped = [r for r in range(world_size) if r != rank and r not in outputs and all(r != f[0] for f in failures)]
+    if stopped:
+        said.append(f"rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped by the launcher")
+    done = [r for r in range(world_size) if r in outputs]
+    if done:
+        said.append(f"rank{'s' if len(done) > 1 else ''} {', '.join(map(str, done))} had finished")
+    others = f"the others: {'; '.join(said)}" if said else ""
     if status == "usererror":
-        raise RankError(rank, value)
-    if status == "error":
-        raise RankFailure(rank, value)
+        raise RankError(rank, text)
+    raise RankFailure(rank, text, others)
+
+
+#: seconds a rank's exit status may precede its last message (the queue's pipe), and seconds the
+#: parent collects the others' fate after the first failure before it names the first
+_LAST_WORDS_S, _SETTLE_S = 0.7, 1.5
 
 
 def _stop(procs, grace: float = 2.0) -> None:
+    procs = [p for p in procs if p.pid is not None]  # a start() that raised leaves the rest unstarted
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -246,7 +305,10 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
         for r in range(world_size)
     ]
     outputs: dict[int, object] = {}
+    failures: list = []  # (rank, status, text), in the order the parent learnt of them
+    exited_at: dict[int, float] = {}  # ranks seen exited with no result yet, and when
     start = last_heard = time.monotonic()
+    first_failure = None
     try:
         for p in procs:
             p.start()
@@ -266,29 +328,31 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
                 except queue_mod.Empty:
                     break
                 got_any = True
-                _raise_if_failed(rank, status, value)
-                outputs[rank] = pickle.loads(value)
+                if status == "ok":
+                    outputs[rank] = pickle.loads(value)
+                else:
+                    failures.append((rank, status, value))
             now = time.monotonic()
             if got_any:
                 last_heard = now
+            failed = {f[0] for f in failures}
             for r, p in enumerate(procs):
-                if r not in outputs and p.exitcode is not None:
-                    time.sleep(0.2)  # its last message may still be in flight
-                    try:
-                        rank, status, value = results.get(timeout=0.5)
-                        _raise_if_failed(rank, status, value)
-                        outputs[rank] = pickle.loads(value)
-                        continue
-                    except queue_mod.Empty:
-                        pass
-                    if r not in outputs:
-                        code = p.exitcode
-                        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                        raise RankFailure(r, f"rank {r} {how} before returning (os._exit, sys.exit, a crash, or out of memory?)")
-            if timeout is not None and now - start > timeout:
+                if r in outputs or r in failed or p.exitcode is None:
+                    continue
+                exited_at.setdefault(r, now)
+                if now - exited_at[r] >= _LAST_WORDS_S:  # its last message would have arrived by now
+                    failures.append((r, "died", _how_it_ended(r, p.exitcode)))
+            if failures:
+                first_failure = first_failure or now
+                failed = {f[0] for f in failures}
+                waiting = [r for r in exited_at if r not in outputs and r not in failed]
+                settled = all(r in outputs or r in failed for r in range(world_size)) or now - first_failure >= _SETTLE_S
+                if settled and not waiting:
+                    _raise_first(failures, world_size, outputs)
+            elif timeout is not None and now - start > timeout:
                 running = [r for r in range(world_size) if r not in outputs]
                 raise LaunchTimeout(f"ranks {running} did not finish within {timeout:g} s (deadlock? a rank skipped a collective?); all ranks were stopped")
-            if stall_timeout is not None and now - last_heard > stall_timeout:
+            elif stall_timeout is not None and now - last_heard > stall_timeout:
                 raise LaunchTimeout(f"no progress from any rank for {stall_timeout:g} s (deadlock?); all ranks were stopped")
             time.sleep(poll_s)
         if on_event is not None:  # late events (e.g. the final summary) still reach the parent
