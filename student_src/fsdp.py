@@ -192,7 +192,8 @@ class FSDP(nn.Module):
     ``FSDP(module, policy=None, compute_dtype=None, process_group=None)``
 
     * ``policy``: which modules' own parameters to shard: module classes (default
-      ``(nn.Linear, nn.Embedding)``) or a function ``module -> bool``.
+      ``(nn.Linear, nn.Embedding)``) or a function ``module -> bool``; one selecting none of the
+      trainable parameters is refused (it would be plain DDP), under half of them warns.
     * ``compute_dtype``: None (compute in the parameters' dtype), ``torch.bfloat16`` or
       ``torch.float16`` (16-bit compute, fp32 master weights).
     * Construct it after ``init_process_group`` (without one it runs as world size 1). The

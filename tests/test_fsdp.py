@@ -361,8 +361,53 @@ def test_bad_arguments():
         FSDP(nn.Linear(2, 2), compute_dtype=torch.int8)
     with pytest.raises(KitError, match="policy"):
         FSDP(nn.Linear(2, 2), policy="linear")
-    only_norm = FSDP(nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2)), policy=lambda m: isinstance(m, nn.LayerNorm))
+    with pytest.warns(UserWarning, match="policy"):  # 4 of 10 elements sharded
+        only_norm = FSDP(nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2)), policy=lambda m: isinstance(m, nn.LayerNorm))
     assert [sp.name for sp in only_norm.sharded] == ["weight", "bias"] and len(only_norm.replicated) == 2
+
+
+class _Mixer(nn.Module):
+    """A layer of a class the default policy does not know (its own weight, no nn.Linear inside)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n, n))
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+def test_a_policy_that_selects_nothing_is_refused_in_one_line_naming_the_policy_argument():
+    """Issue 31, item 12: a model whose layers are other classes got 0 sharded parameters from the
+    default policy and ran as DDP without a word. Now: a KitError naming ``policy`` and where the
+    parameters are; the right policy shards them; a policy that leaves most replicated warns."""
+    import warnings
+
+    from student_src.fsdp import FSDP
+    from student_src.kit.errors import KitError
+
+    model = nn.Sequential(_Mixer(8), nn.Conv1d(8, 8, 1), nn.LayerNorm(8))
+    with pytest.raises(KitError, match=r"policy=\(Linear, Embedding\), the default selects none") as err:
+        FSDP(model)
+    assert len(str(err.value).splitlines()) == 1 and "_Mixer" in str(err.value), str(err.value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the right policy: no warning
+        fsdp = FSDP(nn.Sequential(_Mixer(8), nn.LayerNorm(8)), policy=(_Mixer,))
+    assert [sp.name for sp in fsdp.sharded] == ["weight"]
+    with pytest.warns(UserWarning, match=r"policy=\(_Mixer\) shards only 33%.*Conv1d"):
+        FSDP(nn.Sequential(_Mixer(8), nn.Conv1d(8, 16, 1, bias=False)), policy=(_Mixer,))
+
+
+def test_the_default_policy_shards_tiny_bert_without_a_word():
+    import warnings
+
+    from student_src.fsdp import FSDP
+    from student_src.kit.core.models import load_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fsdp = FSDP(load_model("tiny"))
+    assert fsdp.sharded
 
 
 def test_release_stub_imports_and_raises_todo(tmp_path, monkeypatch):

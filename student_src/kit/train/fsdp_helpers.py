@@ -7,6 +7,7 @@ in backward, tied-weight detection, the sharding policy, and the constructor's b
 ``student_src/fsdp.py`` imports these names, so its methods (the TODOs) call them as before.
 """
 
+import warnings
 from typing import Callable, Dict
 
 import torch
@@ -102,6 +103,47 @@ def as_policy(policy) -> Callable[[nn.Module], bool]:
                    f"got {policy!r}")
 
 
+def _policy_name(policy) -> str:
+    if policy is None:
+        return f"policy=({', '.join(c.__name__ for c in DEFAULT_POLICY)}), the default"
+    if isinstance(policy, type):
+        return f"policy={policy.__name__}"
+    if isinstance(policy, (tuple, list)):
+        return f"policy=({', '.join(c.__name__ for c in policy)})"
+    return f"policy={getattr(policy, '__name__', 'your function')}"
+
+
+def check_policy(module: nn.Module, policy, sharded_ids: set, tied: set) -> None:
+    """Refuse a policy that shards none of the model's trainable parameters (the model would run
+    as plain DDP, every rank holding everything, with no word); warn in one line when it shards
+    less than half of their elements. Both name the ``policy`` argument and the module classes
+    that hold what stays replicated."""
+    left: Dict[str, int] = {}
+    total = sharded = 0
+    seen = set()
+    for m in module.modules():
+        for p in m._parameters.values():
+            if p is None or id(p) in seen or not p.requires_grad or not p.is_floating_point():
+                continue
+            seen.add(id(p))
+            if id(p) in sharded_ids:
+                sharded += p.numel()  # before sharding (the caller asks first)
+            else:
+                left[type(m).__name__] = left.get(type(m).__name__, 0) + p.numel()
+            total += p.numel()
+    if total == 0 or 2 * sharded >= total:
+        return
+    where = ", ".join(name for name, _ in sorted(left.items(), key=lambda kv: -kv[1])[:3])
+    also = " (tied weights stay replicated)" if tied & seen else ""
+    if sharded == 0:
+        raise KitError(f"FSDP: {_policy_name(policy)} selects none of this model's parameters (they are in "
+                       f"{where}){also}: pass policy=(YourLayer, ...) or a function module -> bool, "
+                       f"else every rank holds them all (plain DDP)")
+    warnings.warn(f"FSDP: {_policy_name(policy)} shards only {100 * sharded / total:.0f}% of this model's "
+                  f"parameters; the rest (in {where}){also} stays replicated on every rank: widen the policy argument",
+                  stacklevel=4)
+
+
 def same_start_on_every_rank(module: nn.Module, process_group) -> None:
     """Overwrite every parameter and buffer with rank 0's values (ranks may have built the model
     with different seeds). Once, before sharding: one broadcast per tensor is fine here."""
@@ -128,6 +170,9 @@ def setup_fsdp(fsdp: nn.Module, module: nn.Module, policy, compute_dtype, proces
         same_start_on_every_rank(module, process_group)
 
     tied = shared_parameters(module)
+    chosen = {id(p) for m in module.modules() if select(m) for p in m._parameters.values()
+              if p is not None and p.requires_grad and id(p) not in tied and p.is_floating_point()}
+    check_policy(module, policy, chosen, tied)
     fsdp.sharded = []
     fsdp.units = {}
     for m in module.modules():
