@@ -161,6 +161,9 @@ def _key_task(line: str) -> str | None:
     return m.group(1) if m else None
 
 
+_MADE_BY = "# python -m autograder release --tasks"
+
+
 def points_text(text: str, course: Course) -> str:
     """``points.toml`` for the course: the points and visibility of its tasks' tests only (a comment
     block with no test left goes with them), and ``[tasks]`` saying the selection."""
@@ -184,12 +187,12 @@ def points_text(text: str, course: Course) -> str:
             out.append(line)
             if header and section == "tasks":
                 had_tasks = True
-                out.append(f"# python -m autograder release --tasks {course.spoken()}: this course's tasks "
+                out.append(f"{_MADE_BY} {course.spoken()}: this course's tasks "
                            "(grade, check and gradescope follow it)\n")
                 out.append("course = [" + ", ".join(f'"{t}"' for t in course.tasks) + "]\n")
                 out.append("extra_credit = [" + ", ".join(f'"{t}"' for t in course.extra_credit) + "]\n")
             continue
-        if section == "tasks" and re.match(r"\s*(course|extra_credit)\s*=", line):
+        if section == "tasks" and (re.match(r"\s*(course|extra_credit)\s*=", line) or line.startswith(_MADE_BY)):
             continue  # replaced by the lines above
         if section in ("points", "visibility"):
             block.append(line)

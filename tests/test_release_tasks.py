@@ -283,3 +283,17 @@ def test_a_course_naming_an_unknown_task_is_an_autograder_failure(tmp_path):
     data = json.loads(results.read_text())
     assert [t["name"] for t in data["tests"]] == ["autograder failed"]
     assert "[tasks] course names 9, which the task table" in data["tests"][0]["output"]
+
+
+def test_release_follows_the_course_in_points_toml(selected, tmp_path, monkeypatch):
+    """No --tasks: the course of the points file (here the selected release's) decides."""
+    monkeypatch.setenv("AUTOGRADER_POINTS", str(selected / "autograder" / "points.toml"))
+    out = build_release(tmp_path / "again", verify_imports=False)
+    assert sorted(p.name for p in (out / "notebooks").glob("*.ipynb")) == \
+        sorted(p.name for p in (selected / "notebooks").glob("*.ipynb"))
+    assert (out / "autograder" / "points.toml").read_text() == (selected / "autograder" / "points.toml").read_text()
+    # a points.toml that already says a course (its lines copied from a release) is rewritten, not added to
+    from autograder.selection import points_text
+
+    text = (selected / "autograder" / "points.toml").read_text()
+    assert points_text(text, resolve(None, None, selected / "autograder" / "points.toml")) == text
