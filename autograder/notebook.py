@@ -42,13 +42,14 @@ def trusted() -> bool:
 
 
 def task_points(tasks) -> float:
-    """Points of every test (public and hidden) of ``tasks``: a check cell's nbgrader maximum."""
+    """Points of every test (public and hidden) of ``tasks`` that the course grades (``points.in_course``):
+    a check cell's nbgrader maximum."""
     from . import registry
-    from .points import points_for
+    from .points import in_course, points_for
 
     registry.discover()
     wanted = {str(t) for t in tasks}
-    return sum(points_for(c) for c in registry.all_checks() if c.task in wanted)
+    return sum(points_for(c) for c in registry.all_checks() if c.task in wanted and in_course(c))
 
 
 def check(*tasks: str, root=None, timeout: float = 60.0):

@@ -297,3 +297,16 @@ def test_release_follows_the_course_in_points_toml(selected, tmp_path, monkeypat
 
     text = (selected / "autograder" / "points.toml").read_text()
     assert points_text(text, resolve(None, None, selected / "autograder" / "points.toml")) == text
+
+
+def test_nbgraders_cell_maximum_follows_the_course(tmp_path):
+    """A course without Task 4 drops 2b.comm_log_entries (it needs Task 4's CommLog): the 2b check
+    cell's nbgrader maximum drops its point too, so nbgrader and the grader agree."""
+    course = tmp_path / "points.toml"
+    course.write_text((ROOT / "autograder" / "points.toml").read_text()
+                      .replace("[tasks]\n", '[tasks]\ncourse = ["0", "1", "2", "2a", "2b"]\n', 1))
+    code = "from autograder.notebook import task_points; print(task_points(['2b']))"
+    full = _python(code, ROOT, {"PYTHONPATH": str(ROOT)})
+    cut = _python(code, ROOT, {"PYTHONPATH": str(ROOT), "AUTOGRADER_POINTS": str(course)})
+    assert full.returncode == cut.returncode == 0, full.stderr[-2000:] + cut.stderr[-2000:]
+    assert float(full.stdout) - float(cut.stdout) == 1.0  # "2b.comm_log_entries" = 1
