@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def course_flags(sp):
         sp.add_argument("--tasks", help="comma-separated tasks this course sets, e.g. 0,1,2,2a,2b,3,4 (default: "
-                        "points.toml's [tasks] course, else all); a task they need is refused if left out")
+                        "points.toml's [tasks] course, else all); a selection that leaves out a task they need is refused")
         sp.add_argument("--extra-credit", help="comma-separated tasks of the selection that are extra credit "
                         "(default: points.toml's [tasks] extra_credit, else the task table's)")
 
