@@ -75,6 +75,7 @@ from torch import nn
 
 from .kit.compression import compress, decompress, normalize_compression
 from .kit.errors import KitError
+from .kit.ranks import pending_work
 
 
 def assign_buckets(params: List[nn.Parameter], bucket_cap_bytes: int) -> List[List[nn.Parameter]]:
@@ -247,6 +248,18 @@ class BucketedDDP(nn.Module):
         self._next_to_launch = 0  # buckets [0, _next_to_launch) have been launched this step
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
                               for b in self.buckets for p in b.params]
+        pending_work.register(self)  # the kit drains the handles before it destroys the group
+
+    def drop_pending_work(self) -> None:
+        """Wait for every bucket's all_reduce still in flight and drop its handle (provided: the
+        kit calls it before ``destroy_process_group``; a handle alive past it can abort the exit)."""
+        self._next_to_launch = 0
+        for bucket in self.buckets:
+            try:
+                if bucket.work is not None:
+                    bucket.work.wait()
+            finally:
+                bucket.reset()
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

@@ -115,6 +115,26 @@ def killed_on_rank_one(ctx):
         time.sleep(0.01)
 
 
+def handles_left_after_cleanup(ctx):
+    """Issue 31, item 16: a backward launches Task 5's async all_reduces and Task 7's last
+    reduce_scatter, and the rank ends without finishing the step. ``process_group.cleanup`` must
+    wait for and drop every handle before it destroys the group: what is still held afterwards."""
+    from torch import nn
+
+    from student_src.bucketed import BucketedDDP
+    from student_src.fsdp import FSDP
+    from student_src.kit.ranks import process_group
+
+    torch.manual_seed(0)
+    bucketed = BucketedDDP(nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2)), bucket_cap_mb=0.0001)
+    bucketed(torch.randn(4, 8)).pow(2).mean().backward()  # hooks launch; no finish_gradient_synchronization
+    fsdp = FSDP(nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2)))
+    fsdp(torch.randn(4, 8)).pow(2).mean().backward()  # the last reduce_scatter stays pending
+    launched = sum(b.work is not None for b in bucketed.buckets), fsdp.pending is not None
+    process_group.cleanup()
+    return launched, [b.work is not None for b in bucketed.buckets], fsdp.pending is not None, dist.is_initialized()
+
+
 def sleeps_forever(ctx):
     time.sleep(3600)
 

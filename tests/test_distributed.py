@@ -136,6 +136,16 @@ def test_a_rank_that_cannot_start_stops_the_ones_that_did(monkeypatch):
     assert _no_children_left(before) == []
 
 
+def test_cleanup_waits_for_and_drops_every_async_handle_before_destroying_the_group():
+    """Issue 31, item 16: a handle alive past ``destroy_process_group`` keeps gloo's threads
+    alive into the interpreter's teardown, where they can abort the exit ("terminate called
+    without an active exception"; benchmarks/launch/abort_stress.py counts them)."""
+    for launched, works, fsdp_pending, still_initialized in launch(rank_fns.handles_left_after_cleanup, 2,
+                                                                   threads_per_rank=1, timeout=120):
+        assert launched[0] >= 1 and launched[1], "the backward launched no async collective: the test tests nothing"
+        assert not any(works) and not fsdp_pending and not still_initialized
+
+
 def test_deadline_stops_a_hanging_launch():
     before = _children()
     with pytest.raises(LaunchTimeout):

@@ -250,8 +250,14 @@ def _raise_first(failures: list, world_size: int, outputs: dict) -> None:
 _LAST_WORDS_S, _SETTLE_S = 0.7, 1.5
 
 
-def _stop(procs, grace: float = 2.0) -> None:
+def _stop(procs, grace: float = 2.0, let_finish: float = 0.0) -> None:
+    """End every started rank: first ``let_finish`` seconds to exit by themselves (after a success
+    they are draining their work handles and destroying the group: a SIGTERM there is a rank cut
+    off mid-exit), then SIGTERM, ``grace`` seconds, SIGKILL."""
     procs = [p for p in procs if p.pid is not None]  # a start() that raised leaves the rest unstarted
+    end = time.monotonic() + let_finish
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -308,7 +314,7 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
     failures: list = []  # (rank, status, text), in the order the parent learnt of them
     exited_at: dict[int, float] = {}  # ranks seen exited with no result yet, and when
     start = last_heard = time.monotonic()
-    first_failure = None
+    first_failure, finished = None, False
     try:
         for p in procs:
             p.start()
@@ -361,9 +367,10 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
                     on_event(events.get(timeout=0.05))
                 except queue_mod.Empty:
                     break
+        finished = True
         return [outputs[r] for r in range(world_size)]
     finally:
-        _stop(procs)
+        _stop(procs, let_finish=10.0 if finished else 0.0)
         for q in (events, results):
             q.cancel_join_thread()
             q.close()

@@ -34,6 +34,7 @@ from student_src.kit import student_api
 from student_src.kit.core.progress import RankLog
 from student_src.kit.errors import KitError
 from student_src.kit.ranks.cores import default_threads
+from student_src.kit.ranks import pending_work
 from student_src.kit.ranks.network_interface import interface_towards, loopback_interface
 from student_src.kit.ranks.world_size_watch import WorldSizeWatch, world_size_mismatch
 
@@ -381,8 +382,11 @@ def torchrun_attempt_store(timeout_s: float):
 
 
 def cleanup() -> None:
-    """Destroy the default process group if there is one (safe to call twice)."""
+    """Destroy the default process group if there is one (safe to call twice), after every async
+    work handle the kit knows of was waited on and dropped (``pending_work``: a handle alive past
+    the destroy keeps gloo's threads alive into the interpreter's teardown, where they can abort it)."""
     if dist.is_available() and dist.is_initialized():
+        pending_work.drain()
         dist.destroy_process_group()
         _HAD_GROUP[0] = True
 

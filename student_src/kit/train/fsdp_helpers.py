@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from student_src.kit.errors import KitError
+from student_src.kit.ranks import pending_work
 
 #: what the default policy shards: the modules that hold almost all of BERT's parameters
 DEFAULT_POLICY = (nn.Linear, nn.Embedding)
@@ -203,6 +204,15 @@ def setup_fsdp(fsdp: nn.Module, module: nn.Module, policy, compute_dtype, proces
     fsdp.regathered = {}
     fsdp.pending = None
     fsdp.calls = 0
+    pending_work.register(fsdp, drop_pending)  # the kit waits for the last reduce_scatter before destroying the group
+
+
+def drop_pending(fsdp: nn.Module) -> None:
+    """Wait for the reduce_scatter still in flight (``fsdp.pending``), if any, and drop it: the
+    rank is ending (``process_group.cleanup``), so its gradient is not needed."""
+    pending, fsdp.pending = fsdp.pending, None
+    if pending is not None and pending[1] is not None:
+        pending[1].wait()
 
 
 def shard_bytes(fsdp: nn.Module) -> Dict[str, int]:
