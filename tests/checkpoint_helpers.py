@@ -118,11 +118,12 @@ def _kill_once_after(step: int, marker: Path):
 
     original = checkpoint.Checkpointer.after_step
 
-    def after_step(self):
-        original(self)
+    def after_step(self, stop=False):
+        stopping = original(self, stop=stop)
         if self.run.ctx.rank == 1 and self.run.steps_done == step and not marker.exists():
             marker.write_text(f"rank 1 killed itself after step {step}\n")
             os.kill(os.getpid(), signal.SIGKILL)
+        return stopping
 
     checkpoint.Checkpointer.after_step = after_step
 

@@ -56,3 +56,26 @@ def test_no_image_before_the_first_curve():
     mon._draw()
     assert mon.image.layout.display != "none" and mon.image.value[:4] == b"\x89PNG"
     mon.finish(None)
+
+
+@pytest.mark.parametrize("widgets", [True, False])
+def test_a_resumed_run_starts_its_bars_at_the_resumed_step(widgets, capsys):
+    """Issue 31 item 5: resumed at step 3 of 6, the bars started at 0 and ended at "3/6 50%"; now
+    they start at 3 and end at 6/6, and their rate counts only the steps this run trained."""
+    from types import SimpleNamespace
+
+    from student_src.kit.core.progress import ConsoleEvents
+
+    def event(rank, step):
+        return {**_step(rank, step, 0.1), "total": 6}
+
+    mon = RunMonitor("task 2b", 1, widgets=widgets)
+    console = ConsoleEvents(SimpleNamespace(no_progress=False, task="2b", world_size=1))
+    for step in (4, 5):
+        mon(event(0, step))
+        console(event(0, step))
+    assert (mon.bars[0].n, mon.bars[0].initial) == (5, 3)
+    assert (console.bar.n, console.bar.initial) == (5, 3)
+    console(event(0, 6))
+    mon.finish(None)
+    assert "6/6" in capsys.readouterr().out

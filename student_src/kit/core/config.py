@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(fully_shard) instead of your FSDP (as Task 3's DDP is to 2b)")
 
     g = p.add_argument_group("checkpoints (student_src/kit/resume/checkpoint.py)")
-    g.add_argument("--save_every", type=int, help="save a checkpoint every N steps")
+    g.add_argument("--save_every", type=int, help="save a checkpoint every N steps and at the end (0, the default: no checkpoints)")
     g.add_argument("--checkpoint_dir", help="where checkpoints go (default OUTPUT_DIR/checkpoints)")
     g.add_argument("--resume", help="continue from a checkpoint: a folder, or auto (the newest in --checkpoint_dir, if any)")
     g.add_argument("--keep_checkpoints", type=int, help="keep the newest K checkpoints (default 2)")

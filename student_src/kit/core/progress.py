@@ -67,11 +67,13 @@ def in_launched_rank() -> bool:
     return _EVENTS is not None
 
 
-def terminal_bar(total: int | None, desc: str):
-    """The one style of terminal progress bar (tqdm, steps, on stdout)."""
+def terminal_bar(total: int | None, desc: str, initial: int = 0):
+    """The one style of terminal progress bar (tqdm, steps, on stdout). ``initial``: steps done
+    before this process started (a resumed run): the bar starts there, and its rate and time
+    left count only the steps it sees."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True, file=sys.stdout)
+    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True, file=sys.stdout, initial=initial)
 
 
 class RankLog:
@@ -95,8 +97,8 @@ class StepBar:
     """Rank 0's terminal bar for a run in this process (spawned ranks report to their parent,
     whose ``ConsoleEvents`` or ``RunMonitor`` draws instead); a no-op where nothing is shown."""
 
-    def __init__(self, show: bool, total: int, desc: str, log: RankLog):
-        self.bar = terminal_bar(total, desc) if show and not in_launched_rank() else None
+    def __init__(self, show: bool, total: int, desc: str, log: RankLog, initial: int = 0):
+        self.bar = terminal_bar(total, desc, initial) if show and not in_launched_rank() else None
         if self.bar is not None:
             log.bar = self.bar  # log lines go above the bar
 
@@ -123,7 +125,8 @@ class ConsoleEvents:
             (self.bar.write if self.bar is not None else print)(event["text"])
         elif kind == "step" and event["rank"] == 0:
             if self.bar is None and not self.cfg.no_progress:
-                self.bar = terminal_bar(event["total"], f"task {self.cfg.task} x{self.cfg.world_size}")
+                self.bar = terminal_bar(event["total"], f"task {self.cfg.task} x{self.cfg.world_size}",
+                                        initial=event["step"] - 1)  # a resumed run starts past 0
             if self.bar is not None:
                 self.bar.update(1)
                 self.bar.set_postfix(loss=f"{event['global_loss']:.4f}")
@@ -211,6 +214,7 @@ class RunMonitor:
         bar = self.bars[rank]
         if bar.total != total:
             bar.reset(total=total)
+            bar.n = bar.initial = step - 1  # a resumed run starts past 0: rate and time left from here
             self.total = total
             if self.widgets and rank == 0:
                 self.header.value = f"<b>{self.title}</b> &mdash; training, {total} steps"

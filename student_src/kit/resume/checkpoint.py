@@ -31,10 +31,12 @@ Layout of ``DIR``::
     DIR/latest         the text "step-N": the newest *complete* checkpoint
 
 Written atomically: every rank saves into ``DIR/step-N.tmp-XXXX/``; rank 0 writes ``kit.json``
-last; after a barrier (every rank has finished) rank 0 renames the folder to ``step-N`` and then
-replaces ``latest`` (a temporary file renamed over it). A crash at any point leaves ``latest``
-naming the previous complete checkpoint; loading never looks at ``*.tmp-*`` folders (the next
-save removes them). The folder must be one every rank sees (one machine, or a shared file
+last, with every file's size and checksum (``manifest.py``); after a barrier (every rank has
+finished) rank 0 renames the folder to ``step-N`` and then replaces ``latest`` (a temporary file
+renamed over it); nothing is deleted before its replacement is in place (``_publish``). A crash at
+any point leaves ``latest`` naming a complete checkpoint; loading never looks at ``*.tmp-*``
+folders (the next save removes them), and checks the files against their checksums first: a
+damaged newest checkpoint is skipped by ``--resume auto`` (``locate.py``). The folder must be one every rank sees (one machine, or a shared file
 system on a cluster): each rank writes its own file and reads whichever files it needs.
 
 Resuming at another world size keeps the global batch, and each step sees the same examples:
@@ -79,7 +81,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 import uuid
@@ -91,62 +92,14 @@ import torch.distributed as dist
 
 from student_src.kit import student_api
 from student_src.kit.errors import KitError
-from student_src.kit.resume import faults
+from student_src.kit.resume import faults, manifest, preflight, schedule
+from student_src.kit.resume.locate import (FORMAT, LATEST, META, STEP_DIR, checkpoint_dir, complete,  # noqa: F401
+                                           find, latest, read_meta, step_of)
 from student_src.kit.resume.state import (identity, is_fsdp_run, kit_state, load_model_state_of, model_state_of,
                                           optimizer_hooks, rng_state, set_rng_state)
 
-FORMAT = 1
-META = "kit.json"
-LATEST = "latest"
-STEP_DIR = re.compile(r"^step-(\d+)$")
 #: what must agree between the run that saved and the run that resumes (else: another run's checkpoint)
 IDENTITY = ("task", "task_name", "model_name_or_path", "parameters", "max_seq_length", "global_batch_size", "seed")
-
-
-# --------------------------------------------------------------------------- where checkpoints are
-def checkpoint_dir(cfg) -> Path | None:
-    """``--checkpoint_dir``, else ``OUTPUT_DIR/checkpoints``, else None."""
-    if cfg.checkpoint_dir:
-        return Path(cfg.checkpoint_dir)
-    return Path(cfg.output_dir) / "checkpoints" if cfg.output_dir else None
-
-
-def step_of(path: Path) -> int:
-    match = STEP_DIR.match(path.name)
-    return int(match.group(1)) if match else -1
-
-
-def latest(directory: Path) -> Path | None:
-    """The newest complete checkpoint in ``directory`` (what ``latest`` names), or None.
-
-    Without a ``latest`` file (deleted by hand), the newest ``step-N`` folder with a ``kit.json``:
-    a ``step-N`` folder exists only once every rank finished writing it."""
-    pointer = directory / LATEST
-    if pointer.is_file():
-        name = pointer.read_text().strip()
-        if not STEP_DIR.match(name) or not (directory / name / META).is_file():
-            raise KitError(f"{pointer} names {name!r}, which is not a complete checkpoint in {directory}; "
-                           f"delete {pointer} (the newest complete step-N is then used) or the folder")
-        return directory / name
-    done = sorted((p for p in directory.glob("step-*") if step_of(p) >= 0 and (p / META).is_file()), key=step_of)
-    return done[-1] if done else None
-
-
-def find(resume: str, cfg) -> Path | None:
-    """The checkpoint ``--resume`` names: None for ``auto`` with none saved yet."""
-    if resume == "auto":
-        directory = checkpoint_dir(cfg)
-        return latest(directory) if directory is not None and directory.is_dir() else None
-    path = Path(resume)
-    if not path.is_dir():
-        raise KitError(f"--resume {resume}: no such folder; give a checkpoint folder (--checkpoint_dir) or one step-N in it")
-    if (path / META).is_file() or (path / ".metadata").is_file():
-        return path
-    found = latest(path)
-    if found is None:
-        raise KitError(f"--resume {resume}: no checkpoint there (no {LATEST} file, no complete step-N folder); "
-                       "use --resume auto to start fresh when there is none")
-    return found
 
 
 # --------------------------------------------------------------------------- Task 8: the student's pair
@@ -243,22 +196,40 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    """Rank 0, once every rank has written ``tmp``: make it ``final`` and point ``latest`` at it."""
-    if final.exists():  # the same step saved by an earlier attempt that crashed before updating latest
-        stale = final.with_name(f"{final.name}.tmp-old-{uuid.uuid4().hex[:8]}")
-        final.rename(stale)
-        shutil.rmtree(stale, ignore_errors=True)
+    """Rank 0, once every rank has written ``tmp``: make it ``final`` and point ``latest`` at it.
+
+    Nothing is deleted before the new folder is in place. Where ``final`` exists already (the same
+    step saved by an earlier attempt that crashed before it was pruned), ``latest`` is first pointed
+    away from it (at the newest other complete checkpoint, or removed: loading then scans), then
+    it is moved aside, the new one renamed in, ``latest`` pointed at it, and only then the old one
+    removed. A crash between any two of these leaves ``latest`` naming a complete checkpoint, or
+    absent."""
+    directory = final.parent
+    old = None
+    if final.exists():
+        pointer = directory / LATEST
+        if pointer.is_file() and pointer.read_text().strip() == final.name:
+            others = [p for p in complete(directory) if p != final]
+            if others:
+                _write_text(pointer, others[-1].name + "\n")
+            else:
+                pointer.unlink()
+        old = final.with_name(f"{final.name}.old-{uuid.uuid4().hex[:8]}")
+        final.rename(old)
     tmp.rename(final)
-    _write_text(final.parent / LATEST, final.name + "\n")
+    _write_text(directory / LATEST, final.name + "\n")
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _prune(directory: Path, keep: int, current: Path) -> None:
-    """Remove all but the newest ``keep`` checkpoints and any unfinished ``*.tmp-*`` folder."""
+    """Remove all but the newest ``keep`` checkpoints and any unfinished ``*.tmp-*`` (or set aside
+    ``*.old-*``) folder."""
     done = sorted((p for p in directory.glob("step-*") if step_of(p) >= 0), key=step_of)
     for old in done[:-keep] if keep > 0 else []:
         if old != current:
             shutil.rmtree(old, ignore_errors=True)
-    for tmp in directory.glob("step-*.tmp-*"):
+    for tmp in [*directory.glob("step-*.tmp-*"), *directory.glob("step-*.old-*")]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -266,23 +237,22 @@ def save(run, directory: Path, epoch: int, batches_done: int) -> Path:
     """Save ``run`` after ``run.steps_done`` steps, ``batches_done`` batches into ``epoch``
     (a collective: every rank calls it). Returns the ``step-N`` folder."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: not caught by `except Exception`
 
     rank = run.ctx.rank
     final = directory / f"step-{run.steps_done}"
     tmp = Path(_from_rank0(str(final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex[:8]}"))))
-    if rank == 0:
-        tmp.mkdir(parents=True, exist_ok=False)
-    _barrier()
-    student = _student_state(run, epoch, batches_done)
-    _dcp(dcp.save, {"student": student} if student is not None else kit_state(run), tmp)
-    if rank == 0:
-        h = run.history
-        meta = {"format": FORMAT, **identity(run), "saved_by": "student" if student is not None else "kit",
-                "world_size": run.ctx.world_size, "steps_done": run.steps_done,
-                "epoch": epoch, "batches_done": batches_done, "steps_per_epoch": run.batch["steps_per_epoch"],
-                "total_steps": run.total_steps, "saved_at": time.time(),
-                "history": {"losses": h.losses, "rank_losses": h.rank_losses, "iter_times": h.iter_times, "eval": h.eval}}
-        _write_text(tmp / META, json.dumps(meta, default=str))
+    try:
+        if rank == 0:
+            tmp.mkdir(parents=True, exist_ok=False)
+        _barrier()
+        student = _student_state(run, epoch, batches_done)
+        _dcp(dcp.save, {"student": student} if student is not None else kit_state(run), tmp)
+        if rank == 0:
+            _finish_meta(run, tmp, epoch, batches_done, student is not None)
+    except (OSError, CheckpointException) as exc:  # a full disk, a folder made read-only meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise preflight.save_failure(directory, run.steps_done, exc) from None
     _barrier()  # every rank has written its part: only now may the checkpoint become visible
     if rank == 0:
         _publish(tmp, final)
@@ -291,22 +261,20 @@ def save(run, directory: Path, epoch: int, batches_done: int) -> Path:
     return final
 
 
+def _finish_meta(run, tmp: Path, epoch: int, batches_done: int, by_student: bool) -> None:
+    """Rank 0: ``kit.json``, last, with the checksums of every file the ranks wrote."""
+    h = run.history
+    meta = {"format": FORMAT, **identity(run), "saved_by": "student" if by_student else "kit",
+            "world_size": run.ctx.world_size, "steps_done": run.steps_done,
+            "epoch": epoch, "batches_done": batches_done, "steps_per_epoch": run.batch["steps_per_epoch"],
+            "total_steps": run.total_steps, "saved_at": time.time(), "schedule": schedule.of(run),
+            "history": {"losses": h.losses, "rank_losses": h.rank_losses, "iter_times": h.iter_times, "eval": h.eval},
+            # every rank's files are written (DCP's save returns on rank 0 after that): their checksums
+            manifest.KEY: manifest.describe(tmp, skip=(META,))}
+    _write_text(tmp / META, json.dumps(meta, default=str))
+
+
 # --------------------------------------------------------------------------- load
-def read_meta(path: Path) -> dict:
-    try:
-        meta = json.loads((path / META).read_text())
-    except FileNotFoundError:
-        raise KitError(f"{path} is not a complete kit checkpoint (no {META}); resume from a folder written by "
-                       "--save_every, or delete this one") from None
-    except (OSError, ValueError) as exc:
-        raise KitError(f"{path / META} cannot be read ({exc}); the checkpoint is damaged: resume from another "
-                       "step-N or delete it") from None
-    if meta.get("format") != FORMAT:
-        raise KitError(f"{path} was written by another version of the kit (format {meta.get('format')}, this kit "
-                       f"reads {FORMAT}); start fresh or use that version")
-    return meta
-
-
 def check_identity(path: Path, meta: dict, run) -> None:
     mine = identity(run)
     differ = [k for k in IDENTITY if str(meta.get(k)) != str(mine[k])]
@@ -315,6 +283,7 @@ def check_identity(path: Path, meta: dict, run) -> None:
         now = ", ".join(f"{k} {mine[k]}" for k in differ)
         raise KitError(f"{path} is another run's checkpoint (saved with {saved}; this run has {now}); "
                        "resume with the same flags, or use another --checkpoint_dir / drop --resume")
+    schedule.check(path, meta, run)
 
 
 def load(run, path: Path, meta: dict) -> dict:
@@ -384,13 +353,17 @@ class Checkpointer:
         self.epoch, self.batches_done = 0, 0
         self.rng = None
         self.resumed_from: Path | None = None
+        self.last: Path | None = None  # the newest checkpoint this run saved
 
     def resume(self) -> None:
         """Load the checkpoint ``--resume`` names (rank 0 decides which, so every rank loads the same one)."""
         run, resume = self.run, self.run.cfg.resume
         if not resume:
             return
-        found = _from_rank0(str(find(resume, run.cfg) or "") if run.ctx.rank == 0 else None)
+        notes: list = []
+        found = _from_rank0(str(find(resume, run.cfg, notes) or "") if run.ctx.rank == 0 else None)
+        for note in notes:
+            run.log(note)
         if not found:
             run.log(f"--resume auto: no checkpoint in {self.directory} yet; starting from step 0")
             return
@@ -426,9 +399,24 @@ class Checkpointer:
             self.batches_done += 1
             yield batch
 
-    def after_step(self) -> None:
-        """Save every ``--save_every`` steps."""
+    def after_step(self, stop: bool = False) -> bool:
+        """Save every ``--save_every`` steps, and now if the ranks agreed to ``stop`` (a SIGTERM:
+        ``preempt.py``). Returns whether the run stops here."""
         run = self.run
-        if self.every and self.directory is not None and run.steps_done % self.every == 0:
-            save(run, self.directory, self.epoch, self.batches_done)
+        due = self.every and self.directory is not None and run.steps_done % self.every == 0
+        if due or (stop and self.every and self.directory is not None):
+            self.last = save(run, self.directory, self.epoch, self.batches_done)
+        if stop:
+            where = (f"checkpoint {self.last} saved: run the same command with --resume auto to go on"
+                     if self.every else "no checkpoint (--save_every was not given)")
+            run.log(f"SIGTERM: stopped after step {run.steps_done} of {run.total_steps}; {where}")
+            return True
         faults.maybe_kill(run.ctx.rank, run.steps_done, self.directory)  # KIT_KILL_AT_STEP: a lost node, on purpose
+        return False
+
+    def finish(self) -> None:
+        """At the end of training with ``--save_every``: a checkpoint of the last step, unless the
+        last save was of it (``--save_every 100`` on a 6-step run used to save nothing)."""
+        run = self.run
+        if self.every and self.directory is not None and run.steps_done % self.every != 0:
+            self.last = save(run, self.directory, self.epoch, self.batches_done)

@@ -14,6 +14,7 @@ from student_src.kit.core.models import check_model_available
 from student_src.kit.errors import KitError
 from student_src.kit.ranks import launch as klaunch
 from student_src.kit.ranks import process_group
+from student_src.kit.resume import preempt, preflight
 from student_src.kit.train.trainer import train, train_rank
 
 
@@ -63,13 +64,15 @@ def check_data(cfg: TrainConfig) -> None:
 def run(cfg: TrainConfig, on_event=None) -> dict:
     """Run ``cfg`` however it asks to be started; return rank 0's metrics."""
     check_output_dir(cfg)
+    preflight.check(cfg, verify=_writes_results(cfg))  # --resume and --checkpoint_dir, in one line each
     process_group.pick_device(cfg, 0)  # --backend nccl without a GPU is refused here, not in every rank
     check_data(cfg)
     check_model_available(cfg.model_name_or_path)
     if cfg.spawn:
         stall = max(cfg.dist_timeout, process_group.MIN_COLLECTIVE_TIMEOUT_S)
-        results = klaunch.launch(train_rank, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
-                                 on_event=on_event or progress.ConsoleEvents(cfg))
+        with preempt.forward_to_children():  # `kill PID` of this launcher: its ranks stop as under Slurm
+            results = klaunch.launch(train_rank, cfg.world_size, args=(cfg,), cfg=cfg, stall_timeout=stall,
+                                     on_event=on_event or progress.ConsoleEvents(cfg))
         return results[0]
     with progress.event_sink(on_event):  # in-process runs report to on_event too (notebooks)
         if not tasks.get(cfg.task).distributed and process_group.resolve_mode(cfg) == "single":

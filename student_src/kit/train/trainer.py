@@ -38,6 +38,7 @@ from student_src.kit.measure.memory_meter import RunMemoryMeter
 from student_src.kit.measure.timeline import recorder_for
 from student_src.kit.measure.traffic_meter import RunTrafficMeter
 from student_src.kit.measure.traffic_model import fsdp_calls, traffic_pattern
+from student_src.kit.resume import preempt
 from student_src.kit.resume.checkpoint import Checkpointer
 from student_src.kit.train.optim import make_scheduler
 from student_src.kit.train.task_setup import broadcast_parameters, setup_task
@@ -143,6 +144,9 @@ class Run:
     recorder: object | None = None   # --timeline N (timeline.py)
     bar: progress.StepBar | None = None  # rank 0's terminal bar (_run_epochs)
     steps_done: int = 0
+    resumed_at: int = 0              # the step a resumed run started from (0: a fresh run)
+    stop_requested: bool = False     # some rank got a SIGTERM (preempt.py): stop after this step
+    preempted: bool = False          # stopped that way, before total_steps
 
     def grad_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.base_model.parameters() if p.requires_grad)
@@ -186,6 +190,9 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
         if run.recorder is not None:  # --timeline N
             parts["extra"] = run.recorder.results(ctx.world_size)
         parts["extra"] = {**parts.get("extra", {}), "memory": memory.results()}  # every rank's bytes, gathered
+        if run.preempted:
+            parts["extra"]["preempted"] = {"signal": "SIGTERM", "after_step": run.steps_done,
+                                           "total_steps": run.total_steps}
     elif cfg.do_eval:
         result = evaluate(model, dev_ds, ctx, cfg.per_device_eval_batch_size)
         history.evaluated(0, result)
@@ -246,24 +253,30 @@ def _run_epochs(run: Run) -> None:
     cfg, ctx = run.cfg, run.ctx
     checkpoints = Checkpointer(run)  # --save_every, --resume (checkpoint.py)
     checkpoints.resume()
-    run.bar = progress.StepBar(ctx.rank == 0 and not cfg.no_progress, run.total_steps, f"task {cfg.task}", run.log)
+    run.resumed_at = run.steps_done  # what this process trains, logs and meters starts here
+    run.bar = progress.StepBar(ctx.rank == 0 and not cfg.no_progress, run.total_steps, f"task {cfg.task}", run.log,
+                               initial=run.steps_done)
     if run.meter is not None:
         run.meter.start()  # runs its own barrier, so every rank starts counting together
     try:
-        for epoch in range(checkpoints.start_epoch, run.epochs):
-            if hasattr(run.loader.sampler, "set_epoch"):
-                run.loader.sampler.set_epoch(epoch)
-            for batch in checkpoints.batches(run.loader, epoch):  # a resumed run skips the batches it trained on
-                _step(run, batch, epoch)
-                checkpoints.after_step()
+        with preempt.install(bool(cfg.save_every)):  # a SIGTERM: checkpoint at the next step boundary, stop
+            for epoch in range(checkpoints.start_epoch, run.epochs):
+                if hasattr(run.loader.sampler, "set_epoch"):
+                    run.loader.sampler.set_epoch(epoch)
+                for batch in checkpoints.batches(run.loader, epoch):  # a resumed run skips the batches it trained on
+                    _step(run, batch, epoch)
+                    if checkpoints.after_step(stop=run.stop_requested):
+                        run.preempted = True
+                        return
+                    if run.steps_done >= run.total_steps:
+                        break
+                if run.meter is not None:
+                    run.meter.epoch_end(epoch)
+                if run.dev_ds is not None:
+                    _evaluate_epoch(run, epoch + 1)
                 if run.steps_done >= run.total_steps:
                     break
-            if run.meter is not None:
-                run.meter.epoch_end(epoch)
-            if run.dev_ds is not None:
-                _evaluate_epoch(run, epoch + 1)
-            if run.steps_done >= run.total_steps:
-                break
+            checkpoints.finish()
     finally:
         run.bar.close()
 
@@ -281,11 +294,14 @@ def _step(run: Run, batch: dict, epoch: int) -> None:
     dt = time.perf_counter() - t0
     if run.comm_log is not None:
         run.comm_log.mark_step()
-    mine = torch.tensor([float(loss), dt], dtype=torch.float64)
+    # the loss and time for the log, and whether this rank got a SIGTERM (preempt.py): every rank then
+    # stops after this same step
+    mine = torch.tensor([float(loss), dt, float(preempt.requested())], dtype=torch.float64)
     everyone = [mine]
     if dist.is_initialized() and ctx.world_size > 1:  # logging only: one tiny all_gather, outside the timed region
         everyone = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
         dist.all_gather(everyone, mine)
+    run.stop_requested = any(t[2].item() > 0 for t in everyone)
     global_loss = run.history.step([t[0].item() for t in everyone], [t[1].item() for t in everyone])
     run.steps_done += 1
     step = run.steps_done
@@ -311,8 +327,10 @@ def _evaluate_epoch(run: Run, epoch: int) -> None:
 
 def _communication(run: Run) -> dict:
     """``{"comm": ..., "traffic": ...}`` of ``metrics.build``: what the student's CommLog saw,
-    the gradient bytes of a step, and the meter's measurement."""
-    comm = kmetrics.comm_summary(run.comm_log, run.steps_done) if run.comm_log is not None else {}
+    the gradient bytes of a step, and the meter's measurement. Both saw only the steps this
+    process trained (a resumed run's, since ``resumed_at``), and are averaged over those."""
+    steps_here = run.steps_done - run.resumed_at
+    comm = kmetrics.comm_summary(run.comm_log, steps_here) if run.comm_log is not None else {}
     comm["grad_bytes_per_step"] = run.grad_bytes()
     if run.meter is None:
         return {"comm": comm}
@@ -328,7 +346,7 @@ def _communication(run: Run) -> dict:
     calls = _fsdp_calls(run) if traffic_pattern(run.cfg.task) == "fsdp" else None
     if calls is not None:  # the textbook figure per parameter: its full bytes, once
         records = [{"nbytes": nbytes} for op, nbytes in calls if op == "reduce_scatter_single"]
-    return {"comm": comm, "traffic": run.meter.finish(run.steps_done, wire_bytes, comm_records=records, calls=calls)}
+    return {"comm": comm, "traffic": run.meter.finish(steps_here, wire_bytes, comm_records=records, calls=calls)}
 
 
 def _fsdp_calls(run: Run) -> list:
