@@ -206,9 +206,12 @@ class SandboxGroup:
                     pass
         try:
             self.sandbox.cleanup()
-        except Exception:  # the server was stopped or broken by student code: a new sandbox
+        except Exception:  # the server was stopped or broken by student code: it goes, with all it holds.
+            # Never a new one here: kill() also runs while the grader stops and at interpreter exit,
+            # where a sandbox started now outlived the grader (a bwrap left after make test).
+            # The next check's Pools.group() starts one.
             try:
-                self.sandbox.restart()
+                self.sandbox.close()
             except Exception:
                 pass
         for c in self.ctrls:

@@ -48,6 +48,8 @@ class Pools:
         """``world_size`` new ranks for one check (killed, with all they started, by ``kill()``)."""
         from .sandbox import SandboxError
         try:
+            if self.sandbox.proc is None:  # closed after a check broke it (SandboxGroup.kill): a new one
+                self.sandbox.start(wait=True)
             self.sandbox.wait_ready()
             if not self.sandbox.alive():  # student code took the sandbox down: a new one
                 self.sandbox.restart()

@@ -7,6 +7,8 @@ correct averages, clear errors), not accuracy, and must stay fast on 2 cores.
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,56 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for a model hub
+
+
+# Every sandbox this process (or a grader it starts) opens notes its outer process here
+# (autograder/sandbox.py, PID_LOG_ENV); _no_sandbox_outlives_the_suite checks them at the end.
+SANDBOX_PID_LOG = Path(tempfile.gettempdir()) / f"kit-test-sandboxes-{os.getpid()}.txt"
+os.environ["AUTOGRADER_SANDBOX_PID_LOG"] = str(SANDBOX_PID_LOG)
+#: a hang guard only: a grader a test stopped may still be closing its sandbox (its own limit is 10 s)
+SANDBOX_EXIT_GRACE_S = 30
+
+
+def sandboxes_still_alive(log: Path) -> list[str]:
+    """The sandbox processes noted in ``log`` ("pid start-time" lines) that are still alive: the same
+    pid with the same start time (a re-used pid is someone else's), zombies not counted."""
+    import psutil
+
+    alive = []
+    try:
+        lines = log.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            pid, started = line.split()
+            p = psutil.Process(int(pid))
+            if abs(p.create_time() - float(started)) < 0.01 and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{pid} ({' '.join(p.cmdline())[:120]}; parent {p.ppid()})")
+        except (ValueError, psutil.Error):
+            continue
+    return alive
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_sandbox_outlives_the_suite():
+    """Issue 31, item 17: a sandbox (bwrap, or the grader's server) this test process or a grader it
+    ran started, still alive when the session ends, fails the run; it is then killed."""
+    import psutil
+
+    yield
+    deadline = time.monotonic() + SANDBOX_EXIT_GRACE_S
+    while (left := sandboxes_still_alive(SANDBOX_PID_LOG)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for entry in left:
+        try:
+            psutil.Process(int(entry.split()[0])).kill()
+        except psutil.Error:
+            pass
+    SANDBOX_PID_LOG.unlink(missing_ok=True)
+    if left:
+        pytest.fail("sandbox processes outlived the tests that started them (killed now): " + "; ".join(left),
+                    pytrace=False)
 
 
 @pytest.fixture(scope="session")

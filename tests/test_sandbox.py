@@ -360,3 +360,68 @@ def test_the_fallback_level_through_the_cli_is_the_best_without_namespaces(tmp_p
     want = "user" if os.geteuid() == 0 else "process"
     assert data["extra_data"]["isolation"].startswith(f"{want}:"), data["extra_data"]["isolation"]
     assert data["tests"] and all(t["status"] == "passed" for t in data["tests"]), data["tests"]
+
+
+def test_a_check_that_breaks_the_sandbox_starts_no_new_one_when_it_ends(tmp_path, monkeypatch):
+    """Issue 31, item 17: ``SandboxGroup.kill`` restarted a sandbox whose clean-up failed. It also
+    runs while the grader stops (SIGTERM ignored from then on, and inherited by a bwrap started
+    then) and at interpreter exit (``_kill_all_groups``), so the new sandbox outlived the grader:
+    the bwrap left running after ``make test``. Now kill() closes the broken sandbox; the next
+    check's ``Pools.group`` starts one; once the grader stops, none starts."""
+    from autograder.pool import Settings
+
+    pools = runner.Pools(Settings(), str(tmp_path), sandbox.choose("process"), transformers=False)
+    try:
+        group = pools.group(1)
+        launches = []
+        real_launch = sandbox.Sandbox._launch
+        monkeypatch.setattr(sandbox.Sandbox, "_launch", lambda self: (launches.append(1), real_launch(self))[1])
+
+        def broken_cleanup(self):
+            raise sandbox.SandboxError("the server does not answer")
+
+        monkeypatch.setattr(sandbox.Sandbox, "cleanup", broken_cleanup)
+        group.kill()
+        assert launches == [] and not pools.sandbox.alive(), "kill() started a sandbox"
+        monkeypatch.undo()
+        again = pools.group(1)  # the next check gets a fresh sandbox
+        assert pools.sandbox.alive()
+        again.kill()
+        monkeypatch.setattr(sandbox, "_STOPPING", True)  # what the CLI's stop handler sets
+        with pytest.raises(sandbox.SandboxError, match="stopping"):
+            pools.sandbox.restart()
+    finally:
+        monkeypatch.undo()
+        pools.close()
+
+
+def test_the_suite_fails_when_a_sandbox_it_started_outlives_it(tmp_path):
+    """The session-end check of tests/conftest.py: a sandbox process noted by ``sandbox._note_started``
+    and still alive when pytest's session ends fails the run (and is killed)."""
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""
+        import importlib.util, sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        spec = importlib.util.spec_from_file_location("kit_tests_conftest", {str(ROOT / "tests" / "conftest.py")!r})
+        kit = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(kit)
+        kit.SANDBOX_EXIT_GRACE_S = 1
+        _no_sandbox_outlives_the_suite = kit._no_sandbox_outlives_the_suite
+    """))
+    (tmp_path / "test_leak.py").write_text(textwrap.dedent(f"""
+        import subprocess, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from autograder import sandbox
+
+        def test_leaks_a_sandbox_process():
+            proc = subprocess.Popen(["sleep", "300"])
+            sandbox._note_started(proc.pid)  # as Sandbox._launch notes the bwrap (or server) it starts
+            with open("leaked.pid", "w") as f:
+                f.write(str(proc.pid))
+    """))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          "--rootdir", str(tmp_path), "-c", os.devnull, "test_leak.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD)
+    leaked = int((tmp_path / "leaked.pid").read_text())
+    assert run.returncode != 0 and "outlived the tests" in run.stdout and f"{leaked} (sleep 300" in run.stdout, run.stdout[-3000:]
+    import psutil
+    assert not psutil.pid_exists(leaked) or psutil.Process(leaked).status() == psutil.STATUS_ZOMBIE
