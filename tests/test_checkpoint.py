@@ -330,3 +330,20 @@ def test_task4_numbers_after_a_resume_are_those_of_an_uninterrupted_run(small_rt
     assert resumed["comm"]["bytes_per_step"] == whole["comm"]["bytes_per_step"]
     assert resumed["ratio"] == pytest.approx(whole["ratio"], rel=0.01), (resumed["traffic"], whole["traffic"])
     assert len(resumed["losses"]) == 6
+
+
+def test_async_save_writes_while_training_and_resumes_exactly(two_ranks, small_rte, tmp_path):
+    """Issue 31 item 9: --async_save (DCP's async_save, on a gloo group of its own) gives the
+    checkpoints a synchronous save gives, published only once whole, and resumes exactly."""
+    out, whole = two_ranks
+    argv = _argv(small_rte, tmp_path / "async", "--dropout", "0", "--do_train", "--world_size", 2, "--spawn",
+                 "--save_every", 2, "--async_save", "--keep_checkpoints", 5, task="6", steps=6, batch=16)
+    metrics = run(parse_config(argv))
+    _assert_same_losses(whole["losses"], metrics["losses"])
+    ckpts = tmp_path / "async" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-2", "step-4", "step-6"]
+    meta = json.loads((ckpts / "step-4" / "kit.json").read_text())
+    assert meta["steps_done"] == 4 and len(meta["history"]["losses"]) == 4 and meta["files"]
+    argv = _argv(small_rte, tmp_path / "resumed", "--dropout", "0", "--do_train", "--world_size", 2, "--spawn",
+                 "--resume", ckpts / "step-4", task="6", steps=6, batch=16)
+    _assert_same_losses(whole["losses"], run(parse_config(argv))["losses"])

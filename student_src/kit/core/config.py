@@ -73,6 +73,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     resume: str | None = None
     keep_checkpoints: int = 2
+    async_save: bool = False
     config: str | None = None
 
     def to_dict(self) -> dict:
@@ -148,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint_dir", help="where checkpoints go (default OUTPUT_DIR/checkpoints)")
     g.add_argument("--resume", help="continue from a checkpoint: a folder, or auto (the newest in --checkpoint_dir, if any)")
     g.add_argument("--keep_checkpoints", type=int, help="keep the newest K checkpoints (default 2)")
+    g.add_argument("--async_save", action="store_true", default=None,
+                   help="write checkpoints in the background while training goes on (torch.distributed.checkpoint.async_save)")
     return p
 
 
@@ -233,6 +236,8 @@ def validate(cfg: TrainConfig) -> None:
         raise KitError("--timing_iters needs at least 2 iterations (the first is dropped)")
     if cfg.dist_timeout <= 0:
         raise KitError("--dist_timeout must be positive")
+    if cfg.async_save and not cfg.save_every:
+        raise KitError("--async_save writes the checkpoints --save_every N asks for: give --save_every too")
     if cfg.save_every < 0 or cfg.keep_checkpoints < 1:
         raise KitError("--save_every must be >= 0 and --keep_checkpoints >= 1")
     if (cfg.save_every or cfg.resume == "auto") and not (cfg.checkpoint_dir or cfg.output_dir):

@@ -80,7 +80,6 @@ whole, gathered from the shards, and each rank keeps its piece on resume (``fsdp
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 import uuid
@@ -88,11 +87,12 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from student_src.kit import student_api
 from student_src.kit.errors import KitError
-from student_src.kit.resume import faults, manifest, preflight, schedule
+from student_src.kit.resume import async_save, faults, manifest, preflight, schedule
+from student_src.kit.resume.dcp_io import barrier as _barrier, dcp_call as _dcp, distributed as _distributed  # noqa: E501
+from student_src.kit.resume.dcp_io import from_rank0 as _from_rank0, load_dcp as _load_dcp, write_text as _write_text
 from student_src.kit.resume.locate import (FORMAT, LATEST, META, STEP_DIR, checkpoint_dir, complete,  # noqa: F401
                                            find, latest, read_meta, step_of)
 from student_src.kit.resume.state import (identity, is_fsdp_run, kit_state, load_model_state_of, model_state_of,
@@ -159,42 +159,7 @@ def _student_load(run, path: Path, meta: dict) -> dict:
     return rng_state(run.ctx.device)
 
 
-# --------------------------------------------------------------------------- collectives (or none)
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def _barrier() -> None:
-    if _distributed():
-        dist.barrier()
-
-
-def _from_rank0(value):
-    if not _distributed():
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _dcp(fn, state, path: Path) -> None:
-    """``dcp.save`` / ``dcp.load`` in this process's group, or alone without one (Task 1)."""
-    with warnings.catch_warnings():  # without a group DCP says it assumes one process: that is the point
-        warnings.simplefilter("ignore", UserWarning)
-        fn(state, checkpoint_id=str(path), no_dist=not _distributed())
-
-
 # --------------------------------------------------------------------------- save
-def _write_text(path: Path, text: str) -> None:
-    """Write ``path`` as a whole or not at all (temporary file, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _publish(tmp: Path, final: Path) -> None:
     """Rank 0, once every rank has written ``tmp``: make it ``final`` and point ``latest`` at it.
 
@@ -233,9 +198,10 @@ def _prune(directory: Path, keep: int, current: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def save(run, directory: Path, epoch: int, batches_done: int) -> Path:
+def save(run, directory: Path, epoch: int, batches_done: int, asynchronous: bool = False):
     """Save ``run`` after ``run.steps_done`` steps, ``batches_done`` batches into ``epoch``
-    (a collective: every rank calls it). Returns the ``step-N`` folder."""
+    (a collective: every rank calls it). Returns the ``step-N`` folder; with ``asynchronous``
+    (``--async_save``) an ``async_save.PendingSave`` whose ``complete`` publishes it later."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: not caught by `except Exception`
 
@@ -247,31 +213,50 @@ def save(run, directory: Path, epoch: int, batches_done: int) -> Path:
             tmp.mkdir(parents=True, exist_ok=False)
         _barrier()
         student = _student_state(run, epoch, batches_done)
-        _dcp(dcp.save, {"student": student} if student is not None else kit_state(run), tmp)
-        if rank == 0:
-            _finish_meta(run, tmp, epoch, batches_done, student is not None)
+        state = {"student": student} if student is not None else kit_state(run)
+        meta = _meta(run, epoch, batches_done, student is not None) if rank == 0 else None
+        if asynchronous:  # staged (copied) now, written by a thread while the next steps train
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=async_save.group(),
+                                        no_dist=not _distributed())
+            return async_save.PendingSave(tmp, final, meta, future)
+        _dcp(dcp.save, state, tmp)
     except (OSError, CheckpointException) as exc:  # a full disk, a folder made read-only meanwhile
         shutil.rmtree(tmp, ignore_errors=True)
         raise preflight.save_failure(directory, run.steps_done, exc) from None
-    _barrier()  # every rank has written its part: only now may the checkpoint become visible
-    if rank == 0:
+    return _finish(run, tmp, final, meta)
+
+
+def _meta(run, epoch: int, batches_done: int, by_student: bool) -> dict:
+    """``kit.json`` of a save at this step (the checksums are added once the files are written)."""
+    h = run.history
+    return {"format": FORMAT, **identity(run), "saved_by": "student" if by_student else "kit",
+            "world_size": run.ctx.world_size, "steps_done": run.steps_done,
+            "epoch": epoch, "batches_done": batches_done, "steps_per_epoch": run.batch["steps_per_epoch"],
+            "total_steps": run.total_steps, "saved_at": time.time(), "schedule": schedule.of(run),
+            "history": {"losses": list(h.losses), "rank_losses": [list(r) for r in h.rank_losses],
+                        "iter_times": list(h.iter_times), "eval": list(h.eval)}}
+
+
+def _finish(run, tmp: Path, final: Path, meta: dict | None) -> Path:
+    """Every rank has written its files into ``tmp`` (a barrier makes sure); rank 0 writes
+    ``kit.json`` last, with the checksums of every file, and publishes ``final``."""
+    directory = final.parent
+    _barrier()
+    if run.ctx.rank == 0:
+        try:
+            meta = {**meta, manifest.KEY: manifest.describe(tmp, skip=(META,))}
+            _write_text(tmp / META, json.dumps(meta, default=str))
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise preflight.save_failure(directory, meta["steps_done"], exc) from None
+    _barrier()  # kit.json is there: only now may the checkpoint become visible
+    if run.ctx.rank == 0:
         _publish(tmp, final)
         _prune(directory, run.cfg.keep_checkpoints, final)
     _barrier()
     return final
-
-
-def _finish_meta(run, tmp: Path, epoch: int, batches_done: int, by_student: bool) -> None:
-    """Rank 0: ``kit.json``, last, with the checksums of every file the ranks wrote."""
-    h = run.history
-    meta = {"format": FORMAT, **identity(run), "saved_by": "student" if by_student else "kit",
-            "world_size": run.ctx.world_size, "steps_done": run.steps_done,
-            "epoch": epoch, "batches_done": batches_done, "steps_per_epoch": run.batch["steps_per_epoch"],
-            "total_steps": run.total_steps, "saved_at": time.time(), "schedule": schedule.of(run),
-            "history": {"losses": h.losses, "rank_losses": h.rank_losses, "iter_times": h.iter_times, "eval": h.eval},
-            # every rank's files are written (DCP's save returns on rank 0 after that): their checksums
-            manifest.KEY: manifest.describe(tmp, skip=(META,))}
-    _write_text(tmp / META, json.dumps(meta, default=str))
 
 
 # --------------------------------------------------------------------------- load
@@ -289,8 +274,6 @@ def check_identity(path: Path, meta: dict, run) -> None:
 def load(run, path: Path, meta: dict) -> dict:
     """Restore ``run`` (model, optimizer, scheduler, step, history) from ``path`` on every rank;
     return this rank's saved random generators, which ``Checkpointer.batches`` restores (see there)."""
-    import torch.distributed.checkpoint as dcp
-
     check_identity(path, meta, run)
     run.base_model.zero_grad(set_to_none=True)  # torch's template needs grad-free parameters (state_dict._init_optim_state)
     if meta.get("saved_by") == "student":
@@ -307,17 +290,6 @@ def load(run, path: Path, meta: dict) -> dict:
                                   for r in range(run.ctx.world_size)]
     run.steps_done = meta["steps_done"]
     return rng
-
-
-def _load_dcp(dcp, state: dict, path: Path) -> None:
-    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: not caught by `except Exception`
-
-    try:
-        _dcp(dcp.load, state, path)
-    except (Exception, CheckpointException) as exc:  # DCP gathers every rank's traceback; the last line is the cause
-        cause = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
-        raise KitError(f"cannot load checkpoint {path} ({cause}); it is damaged or incomplete: "
-                       "resume from another step-N or delete it") from None
 
 
 def _kit_load(run, path: Path, meta: dict) -> dict:
@@ -354,6 +326,8 @@ class Checkpointer:
         self.rng = None
         self.resumed_from: Path | None = None
         self.last: Path | None = None  # the newest checkpoint this run saved
+        self.pending = None            # an --async_save still being written (async_save.PendingSave)
+        self.blocked_s: list = []      # seconds each save held the training up
 
     def resume(self) -> None:
         """Load the checkpoint ``--resume`` names (rank 0 decides which, so every rank loads the same one)."""
@@ -405,7 +379,7 @@ class Checkpointer:
         run = self.run
         due = self.every and self.directory is not None and run.steps_done % self.every == 0
         if due or (stop and self.every and self.directory is not None):
-            self.last = save(run, self.directory, self.epoch, self.batches_done)
+            self._save(wait=stop)
         if stop:
             where = (f"checkpoint {self.last} saved: run the same command with --resume auto to go on"
                      if self.every else "no checkpoint (--save_every was not given)")
@@ -419,4 +393,29 @@ class Checkpointer:
         last save was of it (``--save_every 100`` on a 6-step run used to save nothing)."""
         run = self.run
         if self.every and self.directory is not None and run.steps_done % self.every != 0:
-            self.last = save(run, self.directory, self.epoch, self.batches_done)
+            self._save(wait=True)
+        t0 = time.perf_counter()
+        if self.pending is not None:
+            self._complete()
+            self.blocked_s.append(time.perf_counter() - t0)
+
+    def _save(self, wait: bool) -> None:
+        """Save this step: with ``--async_save`` in the background unless ``wait`` (a SIGTERM, the
+        end), after completing the save still in flight (at most one at a time). The seconds the
+        training waited go to ``blocked_s`` (metrics.json's ``checkpoint_blocked_s``)."""
+        t0 = time.perf_counter()
+        self._complete()
+        if self.run.cfg.async_save and not wait:
+            self.pending = save(self.run, self.directory, self.epoch, self.batches_done, asynchronous=True)
+        else:
+            self.last = save(self.run, self.directory, self.epoch, self.batches_done)
+        self.blocked_s.append(time.perf_counter() - t0)
+
+    def _complete(self) -> None:
+        """Publish the asynchronous save in flight, once every rank's files are written."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            try:
+                self.last = pending.complete(lambda tmp, final, meta: _finish(self.run, tmp, final, meta))
+            except OSError as exc:
+                raise preflight.save_failure(self.directory, step_of(pending.final), exc) from None

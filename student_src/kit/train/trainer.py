@@ -147,6 +147,7 @@ class Run:
     resumed_at: int = 0              # the step a resumed run started from (0: a fresh run)
     stop_requested: bool = False     # some rank got a SIGTERM (preempt.py): stop after this step
     preempted: bool = False          # stopped that way, before total_steps
+    checkpoint_blocked_s: list | None = None  # seconds each checkpoint save held the training up
 
     def grad_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.base_model.parameters() if p.requires_grad)
@@ -190,6 +191,8 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
         if run.recorder is not None:  # --timeline N
             parts["extra"] = run.recorder.results(ctx.world_size)
         parts["extra"] = {**parts.get("extra", {}), "memory": memory.results()}  # every rank's bytes, gathered
+        if run.checkpoint_blocked_s:
+            parts["extra"]["checkpoint_blocked_s"] = run.checkpoint_blocked_s  # what each save cost the training
         if run.preempted:
             parts["extra"]["preempted"] = {"signal": "SIGTERM", "after_step": run.steps_done,
                                            "total_steps": run.total_steps}
@@ -279,6 +282,7 @@ def _run_epochs(run: Run) -> None:
             checkpoints.finish()
     finally:
         run.bar.close()
+        run.checkpoint_blocked_s = checkpoints.blocked_s
 
 
 def _step(run: Run, batch: dict, epoch: int) -> None:
