@@ -277,6 +277,22 @@ def test_check_exits_1_when_a_check_that_counts_failed():
     assert res.check_verdict(None)[0] is False
 
 
+def test_the_students_readme_says_what_make_test_runs_and_what_fails_it():
+    """Issue 31, item 14: the student README said Task 5's checks "count only when you ask for
+    them", yet the default ``make test`` runs them (only its exit status leaves them out). The
+    README now says both, as check_verdict and the Makefile do."""
+    from autograder import runner
+
+    readme = " ".join((ROOT / "autograder" / "student" / "README.md").read_text().split())
+    makefile = (ROOT / "autograder" / "student" / "Makefile").read_text()
+    assert "count only when you ask for them" not in readme
+    assert "$(PY) -m autograder check $(CHECK_FLAGS)" in makefile  # no --tasks by default: every public check runs
+    assert any(c.task == "5" for c in runner.select_checks(None, public_only=True))
+    assert "It runs the extra-credit tasks' checks too" in readme
+    assert "their failures make `make test` fail only when you name the task" in readme
+    assert "optional extra-credit checks still fail" in readme
+
+
 def test_check_table_fits_100_columns_and_keeps_everything():
     """The table wraps every title and message inside 100 columns, and cuts nothing."""
     from types import SimpleNamespace

@@ -168,6 +168,24 @@ def test_quick_mode_says_what_its_numbers_mean(only_2b, session_in, capsys):
     assert "QUICK = False" in model_note("tiny") and model_note("minilm") == ""
 
 
+def test_the_quick_note_follows_the_measured_times():
+    """Issue 31, item 14: notebooks 6 and 7 said "2a, 2b and 3 look slower than Task 1" under a
+    table where Task 6 was faster. The note now says what the rows show."""
+    from student_src.kit.notebook.runs import QUICK_NOTE, quick_note_text
+
+    def row(task, mean, world=4):
+        return {"task": task, "mean_s": mean, "world_size": 1 if task == "1" else world}
+
+    slow = [row("1", 0.10), row("2a", 0.30), row("2b", 0.20), row("3", 0.15)]
+    assert "so Tasks 2a, 2b and 3 look slower than Task 1" in quick_note_text(slow)
+    six_faster = slow + [row("6", 0.08)]
+    text = quick_note_text(six_faster)
+    assert "look slower" not in text and "Task 6 was faster than Task 1 and 2a, 2b and 3 slower" in text, text
+    all_faster = [row("1", 0.30), row("6", 0.20), row("7", 0.25)]
+    assert "Tasks 6 and 7 were faster than Task 1" in quick_note_text(all_faster) and "slower" not in quick_note_text(all_faster)
+    assert quick_note_text([row("1", 0.1)]) == quick_note_text(None) == QUICK_NOTE and "slower" not in QUICK_NOTE
+
+
 # --------------------------------------------------------------------------- the notebook, headless
 def test_notebook_2b_with_only_2b_done_ends_with_one_line_naming_task_2(only_2b, small_rte, tmp_path, monkeypatch):
     """Done-when of issue 25: no traceback, no NameError, one line naming Task 2's TODO, and the

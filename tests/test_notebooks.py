@@ -43,6 +43,21 @@ def _load(name):
 
 
 # --------------------------------------------------------------------------- static checks (fast)
+def test_notebook_7_measures_the_bytes_its_text_and_q2_ask_about():
+    """Issue 31, item 14: notebook 7 said "this task's run below prints its own measured bytes", but
+    ``run_task("7")`` does not measure traffic, and Q2 asks for the measured ratio. A code cell now
+    runs Task 3 and Task 7 with --measure_traffic and shows both; the text says so."""
+    nb = _load("7_fsdp")
+    text = " ".join(" ".join(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "prints its own measured bytes" not in text
+    assert '"--measure_traffic"' in code and 'for t in ("3", "7")' in code and "kit.show_traffic(" in code, code
+    measure = code[code.index('for t in ("3", "7")'):]
+    name = measure.split('name=f"')[1].split("{")[0]
+    assert f'kit.show_traffic("{name}")' in measure, "show_traffic must show the runs the cell made"
+    assert "Measure the bytes" in text and "measured / yours" in text
+
+
 def test_notebooks_match_their_builder(tmp_path):
     """``python -m autograder.course.build_notebooks --check`` (the course README's CI line): exit 0
     on the kit's notebooks; a notebook edited by hand is named and exits 1."""
@@ -257,9 +272,12 @@ def test_notebook_executes(name, runs_dir, request):
     if name in ("3_ddp", "5_bucketed"):  # the per-rank timeline of the task's run
         assert (runs_dir / f"timeline_{task}.png").stat().st_size > 10_000
     if name == "4_traffic":
-        rows = report.traffic_rows(runs)
+        rows = [r for r in report.traffic_rows(runs) if r["run"].startswith("traffic_")]  # notebook 7 measures too
         assert len(rows) == 2 and all(r["measured_mb_per_iter"] > 0 for r in rows)
         timeline = runs_dir / "timeline_2b.png"  # the per-rank timeline of the last traffic run
         assert timeline.read_bytes()[:4] == b"\x89PNG" and timeline.stat().st_size > 10_000
         if "1_single_node" in SELECTED:  # the whole sequence ran: the what-if curves with the measured runs on them
             assert (runs_dir / "speedup.png").stat().st_size > 10_000
+    if name == "7_fsdp":  # "Measure the bytes": Task 3 and Task 7 measured, FSDP's ratio to DDP's on the table
+        rows = {r["task"]: r for r in report.traffic_rows(runs) if r["run"].startswith("fsdp_traffic_")}
+        assert sorted(rows) == ["3", "7"] and all(r["measured_mb_per_iter"] > 0 for r in rows.values()), rows

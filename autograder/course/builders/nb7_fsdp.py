@@ -31,14 +31,26 @@ a ring). Your FSDP all_gathers each sharded weight in the forward, again in the 
 reduce-scatters each gradient: on a ring each of those moves about 1 × the tensor's bytes per
 rank. So predict **~1.5 × DDP's bytes** for a model whose every weight is gathered twice. Then
 look at the docstring's "Backward: re-gather on demand": which weights does backward *not* need
-again? How much of the `tiny` model (and of MiniLM) are they? Run Task 3 with
-`--measure_traffic` (notebook 4) and this task's run below prints its own measured bytes.
+again? How much of the `tiny` model (and of MiniLM) are they? The run below trains; the
+"Measure the bytes" cell after its results measures Task 3 (DDP) and this task with
+`--measure_traffic` (notebook 4's meter), so you can hold your prediction against both.
 """)
     nb.md(RUN_INTRO)
     nb.code('m7 = kit.run_task("7")')
     nb.md(RESULTS_INTRO + "\nWith dropout off, Task 7 should match Task 1 step by step like 2b: "
           "sharding changes where the weights live, not what the step computes.")
     nb.code('kit.show_results("7", m7)')
+    nb.md("""
+## Measure the bytes
+
+The cell below runs Task 3 (DDP) and this task once more with `--measure_traffic`: each row
+shows a run's measured bytes per iteration beside your Task 4 prediction of DDP's (the ring
+all_reduce of every gradient) and the kit's model of that run. On the Task 7 row, *measured /
+yours* is FSDP's bytes over DDP's: the ratio Q2 asks you to explain.
+""")
+    nb.code('for t in ("3", "7"):\n'
+            '    kit.run_task(t, name=f"fsdp_traffic_{t}", extra=["--measure_traffic"])\n'
+            'rows = kit.show_traffic("fsdp_traffic_")')
     nb.md("""
 ## Memory per rank, measured and predicted
 

@@ -57,8 +57,37 @@ FULL_FLAGS = ["--model_name_or_path", "minilm", "--max_seq_length", "128", "--gl
               "--num_train_epochs", "3", "--dropout", "0", "--logging_steps", "10"]
 QUICK_STEPS = 3
 #: said under every timing, speed-up and what-if curve a quick-mode notebook shows
-QUICK_NOTE = ("Quick mode (tiny model): a step's compute is too small for communication to pay off, so 2a, 2b and 3 "
-              "look slower than Task 1 and the what-if curves show no speed-up; the report's numbers come from QUICK = False (MiniLM).")
+QUICK_NOTE = ("Quick mode (tiny model): a step's compute is too small for communication to pay off, so these times "
+              "and the what-if curves say little about speed-up; the report's numbers come from QUICK = False (MiniLM).")
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def quick_note_text(rows: list[dict] | None = None) -> str:
+    """``QUICK_NOTE``, or with timing rows (``report.timing_rows``) a note that follows them: which
+    multi-rank tasks were slower than Task 1 here and which were not (a task's runs averaged)."""
+    ref = tasks.reference()
+    base = [r["mean_s"] for r in rows or [] if r.get("task") == ref and r.get("mean_s")]
+    per_task: dict[str, list[float]] = {}
+    for r in rows or []:
+        if r.get("task") != ref and r.get("mean_s") and (r.get("world_size") or 1) > 1:
+            per_task.setdefault(r["task"], []).append(r["mean_s"])
+    if not base or not per_task:
+        return QUICK_NOTE
+    t1 = sum(base) / len(base)
+    slower = [t for t, v in per_task.items() if sum(v) / len(v) > t1]
+    faster = [t for t, v in per_task.items() if t not in slower]
+    head = "Quick mode (tiny model): a step's compute is too small for communication to pay off"
+    tail = "the report's numbers come from QUICK = False (MiniLM)."
+    if not faster:
+        return (f"{head}, so {'Task' if len(slower) == 1 else 'Tasks'} {_and(slower)} "
+                f"{'looks' if len(slower) == 1 else 'look'} slower than Task {ref} and the what-if curves show no speed-up; {tail}")
+    said = f"here {'Task' if len(faster) == 1 else 'Tasks'} {_and(faster)} {'was' if len(faster) == 1 else 'were'} faster than Task {ref}"
+    if slower:
+        said += f" and {_and(slower)} slower"
+    return f"{head}, so its times say little about speed-up ({said}, by margins a tiny step's noise can give); {tail}"
 
 
 # --------------------------------------------------------------------------- set-up
@@ -280,8 +309,9 @@ def forget_runs(prefix: str) -> None:
 _NOTED_IN: list = [None]  # the cell execution that said it last (a cell showing two plots says it once)
 
 
-def quick_note() -> None:
-    """Say what quick mode's timings mean, once per cell (nothing in full mode)."""
+def quick_note(rows: list[dict] | None = None) -> None:
+    """Say what quick mode's timings mean, once per cell (nothing in full mode); with the timing
+    rows shown, in words that follow them (``quick_note_text``)."""
     try:
         from IPython import get_ipython
 
@@ -290,7 +320,7 @@ def quick_note() -> None:
         cell = None
     if session().quick and (cell is None or cell != _NOTED_IN[0]):
         _NOTED_IN[0] = cell
-        print(QUICK_NOTE)
+        print(quick_note_text(rows))
 
 
 def load_metrics(task: str, name: str | None = None) -> dict | None:
