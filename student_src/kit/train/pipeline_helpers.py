@@ -1,0 +1,101 @@
+"""Task 9's provided parts: what the student's pipeline (``student_src/pipeline.py``) uses but is
+not the student's job. Cutting a batch into micro-batches, and the stage module of a BERT-family
+classifier: the Hugging Face details (the attention mask's form, what a layer returns) live here.
+
+A *stage module* is what one pipeline rank runs. Every stage module, the kit's ``BertStage`` and
+the grader's toy stages alike, has the same two methods:
+
+* ``stage(inputs, micro_batch)``: ``inputs`` is the tuple of tensors received from the previous
+  stage (``()`` on the first stage, which reads ``micro_batch`` instead); it returns the tuple of
+  tensors to send to the next stage, or, on the last stage, the micro-batch's mean loss (a scalar);
+* ``stage.boundary_specs(micro_batch)``: ``[(shape, dtype), ...]`` of the tensors that cross a
+  stage boundary for this micro-batch (the same at every boundary), so a receiver can allocate
+  its buffers before the data arrives. BERT's: the hidden states ``(b, seq, hidden)`` in the
+  model's dtype, and the attention mask ``(b, seq)`` (integers: it travels forward only).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from student_src.kit.errors import KitError
+
+
+def split_micro_batches(batch: dict, m: int) -> list[dict]:
+    """``batch`` (a dict of tensors sharing their first dimension) cut into ``m`` micro-batches
+    along it, in order; sizes differ by at most one (``torch.tensor_split``: the first ones are
+    the larger when ``m`` does not divide the batch)."""
+    sizes = {len(v) for v in batch.values() if isinstance(v, torch.Tensor)}
+    if len(sizes) != 1:
+        raise KitError(f"a batch's tensors must share their first dimension to be cut into micro-batches, got {sizes}")
+    n = sizes.pop()
+    if not 1 <= m <= n:
+        raise KitError(f"cannot cut a batch of {n} into {m} micro-batches (1 <= micro_batches <= batch size)")
+    parts = {k: (torch.tensor_split(v, m) if isinstance(v, torch.Tensor) else [v] * m) for k, v in batch.items()}
+    return [{k: parts[k][i] for k in batch} for i in range(m)]
+
+
+def _bert_of(model):
+    """The encoder (``model.bert``) of a BERT-family sequence classifier, or a clear error."""
+    bert = getattr(model, "bert", None)
+    if bert is None or not hasattr(bert, "encoder") or not hasattr(model, "classifier"):
+        raise KitError(f"{type(model).__name__} is not a BERT-family sequence classifier (model.bert.encoder.layer, "
+                       "model.classifier): the kit's BertStage cannot cut it")
+    return bert
+
+
+def num_layers(model) -> int:
+    """How many encoder layers ``model`` has (what ``stage_sizes`` divides)."""
+    return len(_bert_of(model).encoder.layer)
+
+
+def _attention_mask(bert, mask: torch.Tensor, hidden: torch.Tensor):
+    """The mask the layers take, built from the 2-D ``(b, seq)`` mask as the model's own forward
+    builds it (transformers 5: ``_create_attention_masks``; older: the extended additive mask)."""
+    make = getattr(bert, "_create_attention_masks", None)
+    if make is not None:
+        return make(attention_mask=mask, encoder_attention_mask=None, embedding_output=hidden,
+                    encoder_hidden_states=None, cache=None)[0]
+    return bert.get_extended_attention_mask(mask, mask.shape)
+
+
+class BertStage(nn.Module):
+    """Stage ``layers`` (a ``range`` of encoder layer indices) of a BERT-family classifier; the
+    first stage also holds the embeddings, the last the pooler, the dropout and the classifier.
+    It *shares* the model's modules (no copies): the parameters it holds are the model's own, so
+    an optimizer over ``stage.parameters()`` steps exactly this stage's part of the model.
+
+    See the module docstring for its call and ``boundary_specs``: the hidden states and the
+    attention mask travel together from stage to stage."""
+
+    def __init__(self, model, layers: range, first: bool, last: bool):
+        super().__init__()
+        bert = _bert_of(model)
+        self._bert = [bert]  # a list: not registered, so the stage's parameters are only its own parts
+        self.first, self.last, self.layer_ids = first, last, list(layers)
+        self.embeddings = bert.embeddings if first else None
+        self.layers = nn.ModuleList(bert.encoder.layer[i] for i in layers)
+        if last:
+            self.pooler, self.dropout, self.classifier = bert.pooler, model.dropout, model.classifier
+            self.num_labels = model.config.num_labels
+        self.hidden_size, self.dtype = model.config.hidden_size, next(model.parameters()).dtype
+
+    def boundary_specs(self, micro_batch: dict) -> list:
+        b, seq = micro_batch["input_ids"].shape
+        return [((b, seq, self.hidden_size), self.dtype), ((b, seq), micro_batch["attention_mask"].dtype)]
+
+    def forward(self, inputs: tuple, micro_batch: dict):
+        if self.first:
+            mask = micro_batch["attention_mask"]
+            hidden = self.embeddings(input_ids=micro_batch["input_ids"], token_type_ids=micro_batch.get("token_type_ids"))
+        else:
+            hidden, mask = inputs
+        layer_mask = _attention_mask(self._bert[0], mask, hidden)
+        for layer in self.layers:
+            out = layer(hidden, layer_mask)
+            hidden = out[0] if isinstance(out, tuple) else out
+        if not self.last:
+            return hidden, mask
+        logits = self.classifier(self.dropout(self.pooler(hidden)))
+        return nn.functional.cross_entropy(logits.view(-1, self.num_labels), micro_batch["labels"].view(-1))
