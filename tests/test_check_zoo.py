@@ -421,6 +421,82 @@ MAY_ALSO_LOSE = {"2b_off_by_a_tolerance": {"2b.loss_matches_single_node"},
 
 ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "4": TASK_4, "5": TASK_5, "6": TASK_6, "7": TASK_7, "8": TASK_8}
 
+# ------------------------------------------------------------------ 9 (pipeline parallelism: its own block)
+TASK_9 = {"9.public_afab_2_stages", "9.one_f_one_b_2_stages", "9.one_f_one_b_4_stages", "9.afab_4_stages_float64",
+          "9.schedule_1f1b", "9.point_to_point_only", "9.world_size_1", "9.bert_stages_2_ranks", "9.stage_sizes"}
+ALL_OF["9"] = TASK_9
+ZOO.update({
+    "9_forgets_to_scale_the_loss": ("pipeline", "9", """
+        _step = pipeline_step
+
+        class _Unscaled(torch.nn.Module):  # the last stage's loss used as it is: m micro-batches add up to m x
+            def __init__(self, inner, last, m):
+                super().__init__()
+                self.inner, self.last, self.m = inner, last, m
+
+            def boundary_specs(self, micro_batch):
+                return self.inner.boundary_specs(micro_batch)
+
+            def forward(self, inputs, micro_batch):
+                out = self.inner(inputs, micro_batch)
+                return out * self.m if self.last else out
+
+        def pipeline_step(stage_module, micro_batches, stage, num_stages, schedule="1f1b", optimizer=None,
+                          ranks=None, group=None):
+            wrapped = _Unscaled(stage_module, stage == num_stages - 1, len(micro_batches))
+            return _step(wrapped, micro_batches, stage, num_stages, schedule, optimizer, ranks, group)
+        """,
+        # only the calls and the layer counts are right
+        TASK_9 - {"9.point_to_point_only", "9.stage_sizes"}, "scale each micro-batch's loss by 1/m"),
+    "9_sends_back_the_wrong_tensor": ("pipeline", "9", """
+        def pipeline_step(stage_module, micro_batches, stage, num_stages, schedule="1f1b", optimizer=None,
+                          ranks=None, group=None):
+            m, first, last = len(micro_batches), stage == 0, stage == num_stages - 1
+            stash, pending, total = {}, [], None
+            for kind, i in schedule_order(schedule, stage, num_stages, m):
+                mb = micro_batches[i]
+                if kind == "F":
+                    inputs = ()
+                    if not first:
+                        inputs = tuple(torch.empty(s, dtype=d) for s, d in stage_module.boundary_specs(mb))
+                        for t in inputs:
+                            dist.recv(t, src=stage - 1)
+                            t.requires_grad_(t.is_floating_point())
+                    out = stage_module(inputs, mb)
+                    if last:
+                        out = out / m
+                        total = out.detach() if total is None else total + out.detach()
+                    else:
+                        for t in out:
+                            t = t.detach().contiguous()
+                            pending.append((dist.isend(t, dst=stage + 1), t))
+                    stash[i] = (inputs, out)
+                else:
+                    inputs, out = stash.pop(i)
+                    received = []
+                    if last:
+                        out.backward()
+                    else:
+                        floats = [t for t in out if t.is_floating_point()]
+                        received = [torch.empty_like(t) for t in floats]
+                        for g in received:
+                            dist.recv(g, src=stage + 1)
+                        torch.autograd.backward(floats, received)
+                    if not first:  # a middle stage sends back the gradient it received, not its inputs' .grad
+                        for t, g in zip([t for t in inputs if t.is_floating_point()], received or [None] * len(inputs)):
+                            t = (g if g is not None else t.grad).contiguous()
+                            pending.append((dist.isend(t, dst=stage - 1), t))
+            for work, _ in pending:
+                work.wait()
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad()
+            return total
+        """,
+        # 2 stages have no middle stage: only the 4-stage checks see it
+        {"9.one_f_one_b_4_stages", "9.afab_4_stages_float64", "9.schedule_1f1b"}, "differs from one process's"),
+})
+
 
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_zoo_submission_loses_exactly_its_tests(name, tmp_path):

@@ -251,6 +251,14 @@ def test_notebook_executes(name, runs_dir, request):
         assert outputs.count("as expected") == 5 and "NOT as expected" not in outputs, outputs[-2000:]
         assert len(pngs) == 10  # 5 reference pictures, 5 of the run
         return
+    if name == "9_pipeline":  # not a run of the kit's loop: the student's pipeline on local ranks, its timelines
+        outputs = "".join(o.get("text", "") + str(o.get("data", {}).get("text/markdown", ""))
+                          for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+        pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+        assert "passed" in outputs and "your pipeline trained on 4 stages" in outputs, outputs[-2000:]
+        assert "| AFAB | 8 |" in outputs and "| 1F1B | 8 |" in outputs and "| 4, 3, 2, 1 |" in outputs, outputs[-2000:]
+        assert len(pngs) == 1  # both schedules' timelines
+        return
     models = _widget_models(nb)
     bars = [m["state"] for m in models if m["model_name"] in ("FloatProgressModel", "IntProgressModel")]
     done = [b for b in bars if b.get("max") and b.get("value") == b.get("max") and b.get("bar_style") == "success"]

@@ -12,6 +12,10 @@ model whose gradients are averaged by Task 2b's ``allreduce_average`` and Task 5
 * ``--end plain``: ``destroy_process_group()`` alone, as the kit did before, then ``sys.exit``;
 * ``--end none``: no destroy at all, straight to the interpreter's teardown.
 
+``--leave_handles`` ends each rank after one more backward whose async all_reduces are still
+held (no ``finish_gradient_synchronization``): the handles ``--end kit`` drains and ``--end
+plain`` leaves alive past the destroy.
+
 Each rank's stderr goes to a file of its own; the script counts the ranks whose stderr holds
 "terminate called" or that ended on a signal (SIGABRT), and prints one line of figures.
 
@@ -40,7 +44,7 @@ from student_src.kit.ranks import process_group  # noqa: E402
 from student_src.sync import allreduce_average  # noqa: E402
 
 
-def _rank(rank: int, world_size: int, store_path: str, steps: int, end: str) -> int:
+def _rank(rank: int, world_size: int, store_path: str, steps: int, end: str, leave_handles: bool = False) -> int:
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
@@ -55,6 +59,8 @@ def _rank(rank: int, world_size: int, store_path: str, steps: int, end: str) -> 
         bucketed(x).pow(2).mean().backward()  # Task 5: async all_reduces launched during backward
         bucketed.finish_gradient_synchronization()
         bucketed.zero_grad()
+    if leave_handles:  # one more backward whose async all_reduces are still held when the rank ends
+        bucketed(torch.randn(16, 64)).pow(2).mean().backward()
     if end == "kit":
         process_group.cleanup()
     elif end == "plain":
@@ -68,6 +74,8 @@ def main(argv=None):
     ap.add_argument("--world_size", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--end", choices=("kit", "plain", "none"), default="kit")
+    ap.add_argument("--leave_handles", action="store_true",
+                    help="end each rank after one more backward, its async all_reduces still held (no finish)")
     args = ap.parse_args(argv)
     scratch = tempfile.mkdtemp(prefix="abort_stress_")
     aborted_launches, aborted_ranks, bad_exits, started = 0, 0, 0, time.monotonic()
@@ -80,7 +88,7 @@ def main(argv=None):
             if pid == 0:  # the rank: its stderr to its own file, and out through the interpreter's teardown
                 fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 os.dup2(fd, 2)
-                return ("rank", _rank(rank, args.world_size, store_path, args.steps, args.end))
+                return ("rank", _rank(rank, args.world_size, store_path, args.steps, args.end, args.leave_handles))
             pids[pid] = err_path
         hit = False
         for pid, err_path in pids.items():
@@ -97,7 +105,7 @@ def main(argv=None):
                 print(f"launch {launch}: exit {code}: {text.strip()[-300:]}", flush=True)
         aborted_launches += hit
     wall = time.monotonic() - started
-    print(f"end={args.end} launches={args.launches} world_size={args.world_size} steps={args.steps}: "
+    print(f"end={args.end}{' leave_handles' if args.leave_handles else ''} launches={args.launches} world_size={args.world_size} steps={args.steps}: "
           f"{aborted_launches} launches with an abort ({aborted_ranks} ranks), {bad_exits} other non-zero exits, "
           f"{wall:.0f} s wall, load {os.getloadavg()[0]:.1f}", flush=True)
     return ("parent", 1 if aborted_launches or bad_exits else 0)

@@ -140,6 +140,11 @@ _ROWS = (
     Task("8", "training that survives a lost node: what to save", "resume",
          ("capture_training_state", "restore_training_state"), "8_fault_tolerance", color="#8c564b",
          extra_credit=True, graded_from=("task8", "task3", "task2b", "task2a", "task1"), needs_tasks=("1", "2", "3")),
+    # Task 9 is advanced, extra credit like Task 7. Not a training task of the kit's loop yet (sync None): its notebook
+    # runs the student's pipeline_step on local ranks itself (kit/demo/pipeline.py). Stages talk point to point only.
+    Task("9", "pipeline parallelism (GPipe, 1F1B)", "pipeline",
+         ("pipeline_step", "schedule_order", "stage_sizes", "build_stage"), "9_pipeline", color="#bcbd22",
+         collectives=frozenset({"send", "recv", "isend", "irecv", "barrier"}), extra_credit=True),
 )
 
 #: every task by id, in the assignment's order

@@ -1,0 +1,234 @@
+"""Hidden checks for Task 9: pipeline parallelism by hand (``student_src/pipeline.py``).
+
+The rank side and the judges of the toy-model checks are the public check's (``public/task9.py``):
+stage s of the grader's toy, inputs from stage 0's secret, labels from the last stage's, the
+student's ``pipeline_step`` with the grader's recording SGD; the judge runs the whole model in
+one process on the same micro-batches and compares every stage's gradients and parameters.
+
+* ``one_f_one_b_2_stages`` / ``one_f_one_b_4_stages``: 1F1B, equal to one process (4 stages:
+  uneven stage sizes, m = 6 not a multiple of p);
+* ``afab_4_stages_float64``: AFAB on a float64 toy, to 1e-9;
+* ``schedule_1f1b``: each stage's forwards and backwards in 1F1B's order, and no stage holding
+  more than p - stage micro-batches' activations (a 1F1B that runs AFAB loses this);
+* ``point_to_point_only``: ``pipeline_step`` calls send/recv/isend/irecv (and barrier) only;
+* ``world_size_1``: one stage is plain gradient accumulation, nothing sent;
+* ``bert_stages_2_ranks``: ``build_stage`` cuts a small BERT into 2 stages that, as a pipeline,
+  give the model's own gradients (the attention mask travels with the hidden states);
+* ``stage_sizes``: balanced layer counts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autograder import fixtures, judging
+from autograder.public import task9 as shared
+from autograder.registry import CheckFailure, define_check
+
+_SAME = "every stage's gradients and parameters equal a single process that runs the whole model on the same micro-batches"
+_1F1B_2 = {"sizes": (2, 1), "m": 4, "steps": 2}
+_1F1B_4 = {"sizes": (1, 2, 1, 2), "m": 6, "steps": 2}
+_AFAB_64 = {"sizes": (2, 1, 1, 1), "m": 5, "steps": 2}
+_ORDER = {"sizes": (1, 1, 1, 1), "m": 8, "steps": 1}
+
+
+def _run(ctx, case, schedule, dtype=torch.float32):
+    return shared.run_pipeline(ctx, case["sizes"], case["m"], schedule, case["steps"], dtype)
+
+
+def _judge(payloads, secrets, case, dtype=torch.float32):
+    shared.judge_matches(payloads, secrets, case["sizes"], case["m"], case["steps"], dtype)
+
+
+@define_check("9.one_f_one_b_2_stages", task="9", world_size=2, needs="pipeline", hang_hint=shared.HANG_HINT,
+              title="1F1B on 2 stages, 4 micro-batches: gradients and parameters equal one process's",
+              promise=("1F1B on 2 and on 4 stages", _SAME))
+def one_f_one_b_2(ctx):
+    return _run(ctx, _1F1B_2, "1f1b")
+
+
+@one_f_one_b_2.judge
+def _(payloads, secrets):
+    _judge(payloads, secrets, _1F1B_2)
+
+
+@define_check("9.one_f_one_b_4_stages", task="9", world_size=4, needs="pipeline", hang_hint=shared.HANG_HINT,
+              title="1F1B on 4 uneven stages, 6 micro-batches: gradients and parameters equal one process's",
+              promise=("1F1B on 2 and on 4 stages", "uneven stage sizes; m not a multiple of p", _SAME))
+def one_f_one_b_4(ctx):
+    return _run(ctx, _1F1B_4, "1f1b")
+
+
+@one_f_one_b_4.judge
+def _(payloads, secrets):
+    _judge(payloads, secrets, _1F1B_4)
+
+
+@define_check("9.afab_4_stages_float64", task="9", world_size=4, needs="pipeline", hang_hint=shared.HANG_HINT,
+              title="AFAB on 4 float64 stages, 5 micro-batches: equal to one process to 1e-9",
+              promise=("float64 stages: what is sent keeps the stage's dtype", _SAME))
+def afab_float64(ctx):
+    return _run(ctx, _AFAB_64, "afab", torch.float64)
+
+
+@afab_float64.judge
+def _(payloads, secrets):
+    _judge(payloads, secrets, _AFAB_64, torch.float64)
+
+
+def expected_order(schedule: str, stage: int, p: int, m: int) -> list[str]:
+    """The grader's own schedule: "F"/"B" in the order stage ``stage`` runs them."""
+    if schedule == "afab":
+        return ["F"] * m + ["B"] * m
+    warm = min(p - stage - 1, m)
+    return ["F"] * warm + ["F", "B"] * (m - warm) + ["B"] * warm
+
+
+def peak_in_flight(events) -> int:
+    """The most micro-batches whose forward ran and backward did not, at any moment."""
+    held = peak = 0
+    for e in events:
+        held += 1 if e == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+@define_check("9.schedule_1f1b", task="9", world_size=4, needs="pipeline", hang_hint=shared.HANG_HINT,
+              title="1F1B on 4 stages, 8 micro-batches: each stage runs 1F1B's order and holds at most p - stage "
+                    "micro-batches' activations",
+              promise=("the order each stage runs its forwards and backwards is schedule_order's",
+                       "a 1F1B stage holds at most p - stage micro-batches' activations at once"))
+def schedule_1f1b(ctx):
+    return _run(ctx, _ORDER, "1f1b")
+
+
+@schedule_1f1b.judge
+def _(payloads, secrets):
+    p, m = len(payloads), _ORDER["m"]
+    for stage, pl in enumerate(payloads):
+        events = pl["events"][0]
+        peak = peak_in_flight(events)
+        if peak > p - stage:
+            raise CheckFailure(f"stage {stage} held the activations of {peak} micro-batches at once; 1F1B holds at most "
+                               f"p - stage = {p - stage}: after the warm-up forwards, alternate one forward and one "
+                               "backward")
+        want = expected_order("1f1b", stage, p, m)
+        if events != want:
+            raise CheckFailure(f"stage {stage} ran {' '.join(events)}; 1F1B on stage {stage} of {p} with m = {m} runs "
+                               f"{' '.join(want)} (schedule_order)")
+    _judge(payloads, secrets, _ORDER)
+
+
+@define_check("9.point_to_point_only", task="9", world_size=4, needs="pipeline", hang_hint=shared.HANG_HINT,
+              title="pipeline_step moves activations and gradients with send/recv/isend/irecv only",
+              promise="pipeline_step calls only send, recv, isend, irecv (and barrier): no collectives")
+def point_to_point_only(ctx):
+    return _run(ctx, _1F1B_4, "1f1b")
+
+
+@point_to_point_only.judge
+def _(payloads, secrets):
+    allowed = judging.ALLOWED_COLLECTIVES["9"]
+    for stage, pl in enumerate(payloads):
+        names = [n for step in pl["calls"] for n in step]
+        extra = sorted(set(names) - allowed)
+        if extra:
+            raise CheckFailure(f"stage {stage} called {', '.join(extra)}; a pipeline only talks to its neighbours: "
+                               "send/isend the activations and gradients, recv/irecv them")
+        if not {"send", "isend"} & set(names) or not {"recv", "irecv"} & set(names):
+            raise CheckFailure(f"stage {stage} never sent or never received: each stage but the first receives its "
+                               "inputs from the previous one, and each but the last sends its outputs on")
+
+
+@define_check("9.world_size_1", task="9", world_size=1, needs="pipeline",
+              title="one stage: pipeline_step is plain training with gradient accumulation, nothing sent",
+              promise="world size 1 (one stage, p = 1) reduces to plain training with gradient accumulation")
+def world_size_1(ctx):
+    return _run(ctx, {"sizes": (3,), "m": 3, "steps": 2}, "1f1b")
+
+
+@world_size_1.judge
+def _(payloads, secrets):
+    calls = [n for step in payloads[0]["calls"] for n in step if n != "barrier"]
+    if calls:
+        raise CheckFailure(f"with one stage pipeline_step called {', '.join(sorted(set(calls)))}; it is first and last "
+                           "stage at once: nothing to send or receive")
+    _judge(payloads, secrets, {"sizes": (3,), "m": 3, "steps": 2})
+
+
+# ---------------------------------------------------------------- BERT
+def _bert(seed: int = 0):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=fixtures.VOCAB, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32, num_labels=2, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    return BertForSequenceClassification(config)
+
+
+def _bert_batch(secrets) -> dict:
+    """Stage 0's inputs and mask, the last stage's labels."""
+    first, last = fixtures.make_batch(fixtures.derive_seed(secrets[0], "pp-bert"), batch_size=6), \
+        fixtures.make_batch(fixtures.derive_seed(secrets[-1], "pp-bert"), batch_size=6)
+    return {**first, "labels": last["labels"]}
+
+
+@define_check("9.bert_stages_2_ranks", task="9", world_size=2, needs="pipeline", hang_hint=shared.HANG_HINT,
+              title="build_stage cuts a 3-layer BERT into 2 stages; as a 1F1B pipeline they give the model's own "
+                    "gradients (padding in the batch: the mask travels with the hidden states)",
+              promise=("the stages build_stage cuts from a BERT model, run as a pipeline, give the model's own loss "
+                       "and gradients", "the attention mask travels with the activations"))
+def bert_stages(ctx):
+    student = ctx.student("pipeline")
+    model = _bert()
+    mine = fixtures.make_batch(fixtures.derive_seed(ctx.secret, "pp-bert"), batch_size=6)
+    mod = student.build_stage(model, ctx.rank, ctx.world_size)
+    named = [(n, q) for n, q in model.named_parameters() if id(q) in {id(x) for x in mod.parameters()}]
+    opt = shared.RecordingSGD(named, shared.LR)
+    loss = student.pipeline_step(mod, shared.micro_batches(mine, 3), ctx.rank, ctx.world_size, "1f1b", optimizer=opt)
+    return {"grads": opt.seen, "loss": None if loss is None else float(loss)}
+
+
+@bert_stages.judge
+def _(payloads, secrets):
+    model, b = _bert(), _bert_batch(secrets)
+    total = 0.0
+    for mb in shared.micro_batches(b, 3):
+        loss = model(**mb).loss / 3
+        loss.backward()
+        total += float(loss.detach())
+    want = {n: q.grad for n, q in model.named_parameters() if q.grad is not None}
+    seen = {}
+    for stage, pl in enumerate(payloads):
+        if len(pl["grads"]) != 1:
+            raise CheckFailure(f"stage {stage}: optimizer.step() ran {len(pl['grads'])} time(s) in one pipeline_step")
+        for n, g in pl["grads"][0].items():
+            seen[n] = stage
+            if n in want and (g is None or not shared._close(g, want[n], torch.float32)):
+                raise CheckFailure(f"stage {stage}: {n}.grad differs from the whole model's on the same 3 micro-batches: "
+                                   "does build_stage give stage 0 the first layers and the embeddings, the last stage "
+                                   "the last layers, and every layer to exactly one stage?")
+    missing = sorted(set(want) - set(seen))
+    if missing:
+        raise CheckFailure(f"no stage holds {', '.join(missing[:3])}: every layer belongs to exactly one stage")
+    got = payloads[-1]["loss"]
+    if got is None or abs(got - total) > 1e-5:
+        raise CheckFailure(f"the last stage returned loss {got}; the model's loss on the batch is {total:.6f}")
+
+
+@define_check("9.stage_sizes", task="9", needs="pipeline",
+              title="stage_sizes splits the layers as evenly as possible, the earlier stages getting the extra ones",
+              promise="stage_sizes balances the layers (sizes differ by at most one, the earlier stages get the extra ones)")
+def stage_sizes(ctx):
+    fn = ctx.student("pipeline").stage_sizes
+    return {f"{n},{p}": [int(x) for x in fn(n, p)] for n, p in ((12, 4), (5, 2), (6, 4), (3, 3), (7, 1))}
+
+
+@stage_sizes.judge
+def _(payloads, secrets):
+    for key, got in payloads[0].items():
+        n, p = map(int, key.split(","))
+        want = [n // p + (1 if s < n % p else 0) for s in range(p)]
+        if got != want:
+            raise CheckFailure(f"stage_sizes({n}, {p}) returned {got}, expected {want}")
