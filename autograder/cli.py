@@ -203,9 +203,7 @@ def _on_signal(signum, frame):
             threading.Thread(target=_watch, args=(signum,), daemon=True).start()
         return
     _STOP["handling"] = True
-    box = sys.modules.get("autograder.sandbox")  # loaded once grading began; not imported in a handler
-    if box is not None:
-        box.stop_starting()  # a sandbox started from here on would inherit the ignored SIGTERM below
+    leftovers.stop_starting()  # a sandbox started from here on would inherit the ignored SIGTERM below
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             signal.signal(sig, signal.SIG_IGN)

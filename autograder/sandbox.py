@@ -31,7 +31,6 @@ Levels, strongest first (``--sandbox auto`` takes the first that works on this h
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import os
@@ -43,7 +42,6 @@ import subprocess
 import sys
 import sysconfig
 import time
-import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -285,7 +283,7 @@ class Sandbox:
         self.start(wait=True)
 
     def _launch(self) -> None:
-        if _STOPPING:
+        if leftovers.stopping():  # a bwrap started now would inherit the stop handler's ignored SIGTERM
             raise SandboxError("the grader is stopping: no new sandbox is started")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items()
@@ -318,8 +316,7 @@ class Sandbox:
         theirs.close()
         self.sock = ours
         os.set_blocking(self.proc.stderr.fileno(), False)
-        _LIVE.add(self)
-        _note_started(self.proc.pid)
+        leftovers.remember_sandbox(self, self.proc.pid)  # closed at exit if nothing else did; noted for the tests
 
     def _stderr(self) -> str:
         try:
@@ -436,48 +433,6 @@ class Sandbox:
             leftovers.remove_temp_dir(self.host_scratch)
         self.proc = None
         self._ready = False
-
-
-#: set once the grader stops (``stop_starting``) or the interpreter exits: no sandbox starts after it
-_STOPPING = False
-_LIVE: "weakref.WeakSet[Sandbox]" = weakref.WeakSet()
-#: where each sandbox's outer process (bwrap, or the server itself) is noted, one "pid start-time"
-#: line each, when set: the test suite checks at its end that none of them is still alive
-PID_LOG_ENV = "AUTOGRADER_SANDBOX_PID_LOG"
-
-
-def _note_started(pid: int) -> None:
-    path = os.environ.get(PID_LOG_ENV)
-    if not path:
-        return
-    try:
-        import psutil
-        started = psutil.Process(pid).create_time()
-    except Exception:  # already gone: nothing can outlive anything
-        return
-    try:
-        with open(path, "a") as f:
-            f.write(f"{pid} {started!r}\n")
-    except OSError:
-        pass
-
-
-def stop_starting() -> None:
-    """From now on no sandbox starts (``SandboxError``): the grader is stopping (a signal) or the
-    interpreter exits. A bwrap started then inherited the stop handler's ignored SIGTERM and
-    outlived the grader."""
-    global _STOPPING
-    _STOPPING = True
-
-
-@atexit.register
-def _close_all() -> None:  # safety net: whatever path forgot one, no sandbox outlives the grader
-    stop_starting()
-    for box in list(_LIVE):
-        try:
-            box.close()
-        except Exception:
-            pass
 
 
 def report(requested: str = "auto") -> str:

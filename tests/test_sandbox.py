@@ -368,6 +368,7 @@ def test_a_check_that_breaks_the_sandbox_starts_no_new_one_when_it_ends(tmp_path
     then) and at interpreter exit (``_kill_all_groups``), so the new sandbox outlived the grader:
     the bwrap left running after ``make test``. Now kill() closes the broken sandbox; the next
     check's ``Pools.group`` starts one; once the grader stops, none starts."""
+    from autograder import leftovers
     from autograder.pool import Settings
 
     pools = runner.Pools(Settings(), str(tmp_path), sandbox.choose("process"), transformers=False)
@@ -387,7 +388,7 @@ def test_a_check_that_breaks_the_sandbox_starts_no_new_one_when_it_ends(tmp_path
         again = pools.group(1)  # the next check gets a fresh sandbox
         assert pools.sandbox.alive()
         again.kill()
-        monkeypatch.setattr(sandbox, "_STOPPING", True)  # what the CLI's stop handler sets
+        monkeypatch.setattr(leftovers, "_STOPPING", [True])  # what the CLI's stop handler sets
         with pytest.raises(sandbox.SandboxError, match="stopping"):
             pools.sandbox.restart()
     finally:
@@ -396,7 +397,7 @@ def test_a_check_that_breaks_the_sandbox_starts_no_new_one_when_it_ends(tmp_path
 
 
 def test_the_suite_fails_when_a_sandbox_it_started_outlives_it(tmp_path):
-    """The session-end check of tests/conftest.py: a sandbox process noted by ``sandbox._note_started``
+    """The session-end check of tests/conftest.py: a sandbox process noted by ``leftovers.note_sandbox``
     and still alive when pytest's session ends fails the run (and is killed)."""
     (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""
         import importlib.util, sys
@@ -410,11 +411,11 @@ def test_the_suite_fails_when_a_sandbox_it_started_outlives_it(tmp_path):
     (tmp_path / "test_leak.py").write_text(textwrap.dedent(f"""
         import subprocess, sys
         sys.path.insert(0, {str(ROOT)!r})
-        from autograder import sandbox
+        from autograder import leftovers
 
         def test_leaks_a_sandbox_process():
             proc = subprocess.Popen(["sleep", "300"])
-            sandbox._note_started(proc.pid)  # as Sandbox._launch notes the bwrap (or server) it starts
+            leftovers.note_sandbox(proc.pid)  # as Sandbox._launch notes the bwrap (or server) it starts
             with open("leaked.pid", "w") as f:
                 f.write(str(proc.pid))
     """))
