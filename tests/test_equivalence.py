@@ -49,3 +49,16 @@ def test_torchs_own_sharding_trains_like_single_node_and_holds_what_the_model_pr
     memory = metrics["memory"]
     for got, want in zip(memory["per_rank"], memory["predicted"]["per_rank"]):
         assert abs(got["total"] - want["states"]) <= 0.01 * want["states"], (got, want)
+
+
+@pytest.mark.parametrize("schedule", ["afab", "1f1b"])
+def test_pipeline_losses_match_single_node(single_node, small_rte, tmp_path, schedule):
+    """Task 9: tiny BERT cut into 2 stages (one per rank), 4 micro-batches of the global batch, either
+    schedule: the same losses as Task 1 step by step (fp32, dropout off, within 1e-6), every rank
+    reporting the batch's loss, and the same dev accuracy after the stages' weights are gathered."""
+    metrics = _losses(small_rte, tmp_path, "9", 2, "--schedule", schedule, "--micro_batches", "4")
+    assert metrics["world_size"] == 2 and metrics["global_batch_size"] == 16
+    for step, (a, b) in enumerate(zip(single_node["losses"], metrics["losses"])):
+        assert abs(a - b) < 1e-6, f"step {step + 1}: task 1 {a:.8f} vs task 9 ({schedule}) {b:.8f}"
+    for step, loss in enumerate(metrics["losses"]):
+        assert all(r[step] == loss for r in metrics["rank_losses"])  # the last stage's loss, broadcast

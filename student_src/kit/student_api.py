@@ -20,6 +20,8 @@ student module              what the kit calls                                wh
 ``fsdp.py`` (7)             ``FSDP(model)``, its ``finish_gradient_synchronization``  ``setup_task``
                             and ``clip_grad_norm_``
 ``resume.py`` (8)           ``capture_training_state``, ``restore_training_state``  checkpoints
+``pipeline.py`` (9)         ``build_stage(model, rank, p)``, ``pipeline_step``  ``setup_task``, the
+                            (``pipeline_helpers.make_train_step`` around it)  Task 9 notebook
 ==========================  ================================================  =================
 
 Which function belongs to which task comes from the task table (``tasks.py``).

@@ -35,6 +35,11 @@ student package.
                   model, its ``finish_gradient_synchronization`` then its ``clip_grad_norm_`` (the
                   global norm) are the sync, and every rank evaluates the same number of batches
                   (each forward all_gathers, so the ranks must stay in step).
+* ``"pipeline"``  the task's first function is ``pipeline_step`` (``student_src/pipeline.py``): rank r
+                  trains stage r of ``build_stage`` (one stage per rank), every rank loads the whole
+                  batch, which is cut into ``--micro_batches``; the kit clips by the global norm over
+                  the stages, steps the stage's AdamW, broadcasts the last stage's loss, and gathers
+                  the stages' weights on every rank before evaluating.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from dataclasses import dataclass
 #: the ``sync`` kinds that wrap the model (``--grad_compression`` applies to them)
 WRAPPERS = ("ddp", "bucketed")
 #: every ``sync`` kind the training loop knows (module docstring; ``train/task_setup.py``)
-SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp")
+SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp", "pipeline")
 #: the colour of a task without one of its own (plots)
 DEFAULT_COLOR = "#888888"
 
@@ -140,11 +145,11 @@ _ROWS = (
     Task("8", "training that survives a lost node: what to save", "resume",
          ("capture_training_state", "restore_training_state"), "8_fault_tolerance", color="#8c564b",
          extra_credit=True, graded_from=("task8", "task3", "task2b", "task2a", "task1"), needs_tasks=("1", "2", "3")),
-    # Task 9 is advanced, extra credit like Task 7. Not a training task of the kit's loop yet (sync None): its notebook
-    # runs the student's pipeline_step on local ranks itself (kit/demo/pipeline.py). Stages talk point to point only.
+    # Task 9 is advanced, extra credit like Task 7. Its stages talk point to point only; its notebook also runs the
+    # student's pipeline_step on local ranks itself, timed (kit/demo/pipeline.py).
     Task("9", "pipeline parallelism (GPipe, 1F1B)", "pipeline",
          ("pipeline_step", "schedule_order", "stage_sizes", "build_stage"), "9_pipeline", color="#bcbd22",
-         collectives=frozenset({"send", "recv", "isend", "irecv", "barrier"}), extra_credit=True),
+         sync="pipeline", collectives=frozenset({"send", "recv", "isend", "irecv", "barrier"}), extra_credit=True),
 )
 
 #: every task by id, in the assignment's order

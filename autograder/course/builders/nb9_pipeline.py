@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .cells import NB, check_cells, header
+from .cells import NB, RESULTS_INTRO, check_cells, header
 
 
 def build() -> NB:
@@ -55,6 +55,20 @@ few cores and stage 0 holds the large word embeddings, so the measured bubble is
 formula's: compare the trend as m grows.
 """)
     nb.code("runs9 = pp.run(STAGES, MICRO_BATCHES)\npp.show(runs9)")
+    nb.md("""
+## Train the real model through your pipeline
+
+`run_glue --task 9` trains BERT with your stages and schedule (`--pipeline_stages`, one per
+rank; `--micro_batches`; `--schedule afab|1f1b`): every rank loads the whole batch, the kit cuts
+it into micro-batches, runs your `pipeline_step`, clips by the norm over *all* stages, steps each
+stage's own AdamW, and gathers the stages' weights before evaluating. With dropout off its
+losses equal Task 1's step by step: the same training, cut along the depth. (The quick model
+has 2 encoder layers, so the quick run uses 2 stages.)
+""")
+    nb.code('m9 = kit.run_task("9", world_size=2 if S.quick else STAGES, extra=["--schedule", "1f1b"])')
+    nb.md(RESULTS_INTRO + "\nWith dropout off, Task 9 matches Task 1 step by step: micro-batches with each loss scaled "
+          "by 1/m give the gradient of the whole batch.")
+    nb.code('kit.show_results("9", m9)')
     nb.md("## Questions for your report")
     nb.question("**Q1.** Why does 1F1B not shrink the bubble, yet shrink the memory? Use your timelines and the "
                 "table's last column.",

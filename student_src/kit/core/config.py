@@ -68,6 +68,10 @@ class TrainConfig:
     bucket_cap_mb: float = 25.0
     grad_compression: str = "none"
     torch_sharding: bool = False
+    # Task 9: pipeline parallelism (student_src/pipeline.py; kit/train/pipeline_helpers.py)
+    pipeline_stages: int | None = None  # None: one stage per rank
+    micro_batches: int = 4
+    schedule: str = "1f1b"
     # checkpoints (student_src/kit/resume/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -143,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--torch_sharding", action="store_true", default=None,
                    help="Task 6: torch's ZeroRedundancyOptimizer instead of your ShardedOptimizer; Task 7: torch's FSDP2 "
                         "(fully_shard) instead of your FSDP (as Task 3's DDP is to 2b)")
+    g.add_argument("--pipeline_stages", type=int, help="Task 9: pipeline stages (default: one per rank; it must equal "
+                   "--world_size for now)")
+    g.add_argument("--micro_batches", type=int, help="Task 9: micro-batches per batch (default 4; must divide the global batch)")
+    g.add_argument("--schedule", choices=("afab", "1f1b"), help="Task 9: all forwards then all backwards (GPipe), or 1F1B (default)")
 
     g = p.add_argument_group("checkpoints (student_src/kit/resume/checkpoint.py)")
     g.add_argument("--save_every", type=int, help="save a checkpoint every N steps and at the end (0, the default: no checkpoints)")
@@ -257,6 +265,7 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.measure_traffic and task.sync == "fsdp":
             raise KitError("--measure_traffic's model follows your FSDP (FSDP2 gathers whole units and re-gathers "
                            "before every backward): measure without --torch_sharding")
+    _validate_pipeline(cfg, task)
     if cfg.grad_compression != "none" and cfg.task not in wrappers:
         raise KitError(f"--grad_compression compresses DDP's or your BucketedDDP's all_reduce: use it with "
                        f"--task {tasks.spoken(wrappers)}, not --task {cfg.task}")
@@ -265,6 +274,30 @@ def validate(cfg: TrainConfig) -> None:
         world = int(os.environ["WORLD_SIZE"])  # torchrun
     if cfg.do_train and world:
         per_worker_batch_size(cfg, world)  # a global batch the workers cannot split is refused here
+
+
+def _validate_pipeline(cfg: TrainConfig, task) -> None:
+    """Task 9's flags: only with a pipeline task, one stage per rank, micro-batches that divide the batch."""
+    pipelines = tasks.ids(lambda t: t.sync == "pipeline")
+    if task.sync != "pipeline":
+        if cfg.pipeline_stages is not None or cfg.micro_batches != 4 or cfg.schedule != "1f1b":
+            raise KitError(f"--pipeline_stages/--micro_batches/--schedule are for a pipeline: use them with --task "
+                           f"{tasks.spoken(pipelines)}")
+        return
+    if cfg.schedule not in ("afab", "1f1b"):
+        raise KitError(f"--schedule must be afab or 1f1b, got {cfg.schedule!r}")
+    if cfg.micro_batches < 1:
+        raise KitError("--micro_batches must be at least 1")
+    if cfg.pipeline_stages is not None and cfg.world_size is not None and cfg.pipeline_stages != cfg.world_size:
+        raise KitError(f"--pipeline_stages {cfg.pipeline_stages} with --world_size {cfg.world_size}: one stage per rank "
+                       "(pipeline x data parallel is not here yet); give both the same number")
+    if cfg.measure_traffic or cfg.save_every or cfg.resume or cfg.timeline or cfg.torch_sharding:
+        raise KitError(f"--task {task.id} trains a pipeline without --measure_traffic, --timeline, --save_every, --resume "
+                       "or --torch_sharding (not there yet for pipelines)")
+    g = cfg.global_batch_size or (cfg.per_device_train_batch_size or 64)
+    if g % cfg.micro_batches:
+        raise KitError(f"--micro_batches {cfg.micro_batches} does not divide the batch of {g}: equal micro-batches keep "
+                       "the loss the batch's mean (pick a divisor)")
 
 
 def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:

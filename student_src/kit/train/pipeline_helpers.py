@@ -99,3 +99,61 @@ class BertStage(nn.Module):
             return hidden, mask
         logits = self.classifier(self.dropout(self.pooler(hidden)))
         return nn.functional.cross_entropy(logits.view(-1, self.num_labels), micro_batch["labels"].view(-1))
+
+
+# ---------------------------------------------------------------- the kit's training loop (run_glue --task 9)
+def clip_global_norm(params, max_norm: float, group=None) -> None:
+    """``torch.nn.utils.clip_grad_norm_`` over the parameters of *every* stage: each stage adds the
+    squares of its gradients' norms, one all_reduce sums them, every stage scales by the same factor."""
+    import torch.distributed as dist
+
+    grads = [p.grad for p in params if p.grad is not None]
+    norms = [torch.linalg.vector_norm(g.detach(), 2.0) for g in grads]
+    squares = torch.stack(norms).pow(2).sum() if norms else torch.zeros(())
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(squares, group=group)
+    coef = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
+    for g in grads:
+        g.detach().mul_(coef.to(g.dtype))
+
+
+def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: int, schedule: str):
+    """A ``train_step(model, batch, optimizer, scheduler, sync_gradients, max_grad_norm)`` for the
+    kit's loop, around the student's ``pipeline_step``: the batch cut into micro-batches, the
+    schedule, the clip by the global norm, the stage's optimizer and scheduler, and the last stage's
+    loss broadcast, so that every rank returns the batch's loss."""
+    import torch.distributed as dist
+
+    def train_step(model, batch, optimizer, scheduler=None, sync_gradients=None, max_grad_norm=1.0):
+        loss = pipeline_step(model, split_micro_batches(batch, micro_batches), stage, num_stages, schedule)
+        if max_grad_norm and max_grad_norm > 0:
+            clip_global_norm(model.parameters(), max_grad_norm)
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        optimizer.zero_grad()
+        out = torch.zeros((), dtype=torch.float32) if loss is None else loss.detach().float().reshape(())
+        if num_stages > 1:
+            dist.broadcast(out, src=num_stages - 1)
+        return out
+
+    return train_step
+
+
+def owners(model, stage_modules) -> dict:
+    """``{parameter name: the stage that trains it}`` (the stages share the model's modules)."""
+    of = {id(p): s for s, mod in enumerate(stage_modules) for p in mod.parameters()}
+    return {n: of[id(p)] for n, p in model.named_parameters() if id(p) in of}
+
+
+def assemble(model, owner: dict) -> None:
+    """Every stage's trained weights onto every rank (one broadcast per parameter from its stage),
+    so that each rank holds the whole model: evaluation then runs as in every other task."""
+    import torch.distributed as dist
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n in owner:
+                dist.broadcast(p.data, src=owner[n])

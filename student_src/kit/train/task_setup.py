@@ -14,6 +14,8 @@ sharded_optimizer (6)  the model; the optimizer is   ``sync.allreduce_average`` 
               ``ShardedOptimizer(groups, AdamW, ...)``
 fsdp (7)      ``fsdp.FSDP(model)`` (the model's slots  ``model.finish_gradient_synchronization``,
               hold shards: AdamW is built over them)  then ``model.clip_grad_norm_`` (global norm)
+pipeline (9)  ``pipeline.build_stage(model, rank, p)``  none: the step is the kit's around
+              (AdamW over the stage's parameters)    ``pipeline.pipeline_step`` (pipeline_helpers.py)
 ============  =====================================  ==========================================
 
 Every other task steps the kit's AdamW (``build_optimizer``); a ``sharded_optimizer`` task's class
@@ -30,6 +32,7 @@ from student_src.kit import student_api, tasks
 from student_src.kit.compression import register_ddp_compression
 from student_src.kit.core.config import TrainConfig
 from student_src.kit.errors import KitError
+from student_src.kit.train import pipeline_helpers
 from student_src.kit.train.fsdp2 import wrap_fsdp2
 from student_src.kit.train.optim import make_optimizer
 
@@ -43,6 +46,8 @@ class TaskSetup:
     sync_gradients: Callable | None
     comm_log: object | None
     optimizer: torch.optim.Optimizer
+    train_step: Callable | None = None    # in place of the student's Task 1 train_step (a pipeline's)
+    before_eval: Callable | None = None   # called on every rank before evaluating (a pipeline gathers its stages)
 
 
 def _function_sync(fn):
@@ -96,6 +101,8 @@ def setup_task(cfg: TrainConfig, model, ctx) -> TaskSetup:
             return TaskSetup(wrapped, None, None, make_optimizer(model, cfg))
         wrapped = fn(model)  # the model's own slots now hold this rank's shards (fp32 masters)
         return TaskSetup(wrapped, _fsdp_sync(cfg.max_grad_norm), None, make_optimizer(model, cfg))
+    if task.sync == "pipeline":
+        return _pipeline_setup(cfg, model, ctx, task, fn)
     compression = None if cfg.grad_compression == "none" else cfg.grad_compression
     if task.sync == "ddp":
         wrapped = fn(model)
@@ -106,6 +113,21 @@ def setup_task(cfg: TrainConfig, model, ctx) -> TaskSetup:
         wrapped = fn(model, bucket_cap_mb=cfg.bucket_cap_mb, compression=compression)
         return TaskSetup(wrapped, (lambda m: m.finish_gradient_synchronization()), None, make_optimizer(model, cfg))
     raise KitError(f"Task {task.id}: the task table names an unknown sync kind {task.sync!r} (see student_src/kit/tasks.py)")
+
+
+def _pipeline_setup(cfg: TrainConfig, model, ctx, task, pipeline_step) -> TaskSetup:
+    """Stage ``ctx.rank`` of one stage per rank, cut by the student's ``build_stage``; AdamW over its
+    parameters; the kit's step around ``pipeline_step``; the stages gathered before evaluation."""
+    p = cfg.pipeline_stages or ctx.world_size
+    if p != ctx.world_size:
+        raise KitError(f"Task {task.id}: {p} pipeline stages on {ctx.world_size} ranks; one stage per rank for now")
+    build = student_api.function(task.id, "build_stage")
+    stages = [build(model, s, p) for s in range(p)]  # every rank cuts alike: who owns what, for evaluation
+    stage = stages[ctx.rank]
+    owner = pipeline_helpers.owners(model, stages)
+    step = pipeline_helpers.make_train_step(pipeline_step, ctx.rank, p, cfg.micro_batches, cfg.schedule)
+    return TaskSetup(stage, None, None, make_optimizer(stage, cfg), train_step=step,
+                     before_eval=lambda: pipeline_helpers.assemble(model, owner))
 
 
 def broadcast_parameters(model, ctx) -> None:

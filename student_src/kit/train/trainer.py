@@ -148,6 +148,7 @@ class Run:
     stop_requested: bool = False     # some rank got a SIGTERM (preempt.py): stop after this step
     preempted: bool = False          # stopped that way, before total_steps
     checkpoint_blocked_s: list | None = None  # seconds each checkpoint save held the training up
+    before_eval: Callable | None = None  # setup_task's (a pipeline gathers its stages' weights on every rank)
 
     def grad_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.base_model.parameters() if p.requires_grad)
@@ -213,8 +214,12 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history) -> Run:
     """The task's model and sync, the loader, the optimizer and the meter; the run's first line."""
     task = tasks.get(cfg.task)
     setup = setup_task(cfg, model, ctx)
-    per_worker, how = per_worker_batch_size(cfg, ctx.world_size)
-    if task.distributed:
+    pipeline = task.sync == "pipeline"  # every stage loads the whole batch, as one process does
+    per_worker, how = per_worker_batch_size(cfg, 1 if pipeline else ctx.world_size)
+    if pipeline:
+        loader = single_node_loader(train_ds, per_worker, cfg.seed)
+        how = f"{how}, {cfg.micro_batches} micro-batches through {ctx.world_size} stages ({cfg.schedule})"
+    elif task.distributed:
         loader = student_api.build_train_loader()(train_ds, per_worker, ctx.rank, ctx.world_size, cfg.seed)
     else:
         loader = single_node_loader(train_ds, per_worker, cfg.seed)
@@ -223,7 +228,7 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history) -> Run:
         raise KitError(f"the training set ({len(train_ds)} examples) is smaller than one global batch; lower the batch size")
     max_steps = cfg.timing_iters or cfg.max_steps
     total_steps = max_steps if max_steps and max_steps > 0 else math.ceil(cfg.num_train_epochs * steps_per_epoch)
-    batch = {"global_batch_size": per_worker * ctx.world_size, "per_worker_batch_size": per_worker,
+    batch = {"global_batch_size": per_worker * (1 if pipeline else ctx.world_size), "per_worker_batch_size": per_worker,
              "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
     log(f"Task {task.id} ({task.title}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
         f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "
@@ -231,13 +236,13 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history) -> Run:
     scheduler = make_scheduler(setup.optimizer, cfg, total_steps)
     meter = _traffic_meter(cfg, ctx)
     recorder = recorder_for(cfg, ctx, setup.model, model, setup.optimizer)  # --timeline N
-    train_step = student_api.train_step()
+    train_step = setup.train_step or student_api.train_step()
     return Run(cfg=cfg, ctx=ctx, model=setup.model, base_model=model,
                train_step=recorder.wrap(train_step) if recorder else train_step,
                sync_gradients=setup.sync_gradients, comm_log=setup.comm_log, loader=loader,
                optimizer=setup.optimizer, scheduler=scheduler, dev_ds=dev_ds, total_steps=total_steps,
                epochs=math.ceil(total_steps / steps_per_epoch), batch=batch, log=log, history=history, meter=meter,
-               recorder=recorder)
+               recorder=recorder, before_eval=setup.before_eval)
 
 
 def _traffic_meter(cfg, ctx):
@@ -320,6 +325,8 @@ def _evaluate_epoch(run: Run, epoch: int) -> None:
     """Dev accuracy after an epoch (the traffic meter paused: evaluation is not training traffic)."""
     if run.meter is not None:
         run.meter.pause()
+    if run.before_eval is not None:
+        run.before_eval()
     result = evaluate(run.base_model, run.dev_ds, run.ctx, run.cfg.per_device_eval_batch_size,
                       lockstep=tasks.get(run.cfg.task).sync == "fsdp")
     if run.meter is not None:
