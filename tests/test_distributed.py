@@ -65,11 +65,15 @@ def test_ddp_replicas_stay_identical():
 
 
 def _children():
-    """Live descendants of this test process (other tests' helpers, e.g. a fork server, included)."""
+    """Live descendants of this test process (other tests' helpers included), but multiprocessing's
+    own long-lived helpers: the resource tracker and the fork server (the launcher starts it at its
+    first launch, maybe inside the test that runs first, and keeps it on purpose)."""
     out = set()
     for c in psutil.Process(os.getpid()).children(recursive=True):
         try:
-            if c.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(c.cmdline()):
+            cmd = " ".join(c.cmdline())
+            server = "multiprocessing.forkserver" in cmd and c.ppid() == os.getpid()  # its ranks (grandchildren) count
+            if c.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in cmd and not server:
                 out.add(c.pid)
         except psutil.NoSuchProcess:
             pass

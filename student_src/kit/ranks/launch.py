@@ -246,8 +246,11 @@ def _raise_first(failures: list, world_size: int, outputs: dict) -> None:
 
 
 #: seconds a rank's exit status may precede its last message (the queue's pipe), and seconds the
-#: parent collects the others' fate after the first failure before it names the first
-_LAST_WORDS_S, _SETTLE_S = 0.7, 1.5
+#: parent collects the others' fate after the first failure before it names the first (longer,
+#: _LOST_PEER_S, while every failure reported is a reaction to a lost peer: the rank that was lost
+#: has not been seen to end yet, and on a loaded machine its exit status can come late)
+_LAST_WORDS_S, _SETTLE_S, _LOST_PEER_S = 0.7, 1.5, 10.0
+_LOST_PEER = re.compile(r"by peer|Broken pipe|remote worker|Connection refused")
 
 
 def _stop(procs, grace: float = 2.0, let_finish: float = 0.0) -> None:
@@ -352,7 +355,9 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
                 first_failure = first_failure or now
                 failed = {f[0] for f in failures}
                 waiting = [r for r in exited_at if r not in outputs and r not in failed]
-                settled = all(r in outputs or r in failed for r in range(world_size)) or now - first_failure >= _SETTLE_S
+                reacting = all(st == "error" and _LOST_PEER.search(_gist(t, 10_000)) for _, st, t in failures)
+                settle = _LOST_PEER_S if reacting else _SETTLE_S
+                settled = all(r in outputs or r in failed for r in range(world_size)) or now - first_failure >= settle
                 if settled and not waiting:
                     _raise_first(failures, world_size, outputs)
             elif timeout is not None and now - start > timeout:
