@@ -75,7 +75,10 @@ How the kit trains with it
 stage r of ``build_stage`` and AdamW over its parameters; every rank loads the whole batch, the
 kit cuts it into M micro-batches (``split_micro_batches``), calls your ``pipeline_step``, clips
 by the gradient norm over all stages, steps each stage's optimizer and broadcasts the last
-stage's loss. With ``--dropout 0`` its losses equal Task 1's step by step.
+stage's loss. With ``--pipeline_stages P`` below the world size the ranks are P stages x world/P
+data-parallel replicas (rank = replica * P + stage): ``ranks`` and ``group`` then name this
+replica's pipeline, and your Task 2b ``allreduce_average`` averages each stage's gradients over
+its replicas. With ``--dropout 0`` its losses equal Task 1's step by step.
 
 Cases the checks test
 ---------------------

@@ -62,3 +62,16 @@ def test_pipeline_losses_match_single_node(single_node, small_rte, tmp_path, sch
         assert abs(a - b) < 1e-6, f"step {step + 1}: task 1 {a:.8f} vs task 9 ({schedule}) {b:.8f}"
     for step, loss in enumerate(metrics["losses"]):
         assert all(r[step] == loss for r in metrics["rank_losses"])  # the last stage's loss, broadcast
+
+
+def test_pipeline_times_data_parallel_losses_match_single_node(single_node, small_rte, tmp_path):
+    """Task 9, part 2: 4 ranks as 2 stages x 2 data-parallel replicas (a process group per pipeline and
+    per stage), each stage's gradients averaged over its replicas by Task 2b's allreduce_average: the
+    same losses as Task 1 step by step (within 1e-6). Ranks 0-1 (replica 0) and 2-3 (replica 1) each
+    report their replica's loss, and the logged loss is their mean."""
+    metrics = _losses(small_rte, tmp_path, "9", 4, "--pipeline_stages", "2", "--micro_batches", "2")
+    assert metrics["world_size"] == 4 and metrics["global_batch_size"] == 16
+    for step, (a, b) in enumerate(zip(single_node["losses"], metrics["losses"])):
+        assert abs(a - b) < 1e-6, f"step {step + 1}: task 1 {a:.8f} vs task 9 (2 x 2) {b:.8f}"
+    ranks = metrics["rank_losses"]
+    assert ranks[0] == ranks[1] and ranks[2] == ranks[3] and ranks[0] != ranks[2]

@@ -35,11 +35,14 @@ student package.
                   model, its ``finish_gradient_synchronization`` then its ``clip_grad_norm_`` (the
                   global norm) are the sync, and every rank evaluates the same number of batches
                   (each forward all_gathers, so the ranks must stay in step).
-* ``"pipeline"``  the task's first function is ``pipeline_step`` (``student_src/pipeline.py``): rank r
-                  trains stage r of ``build_stage`` (one stage per rank), every rank loads the whole
-                  batch, which is cut into ``--micro_batches``; the kit clips by the global norm over
-                  the stages, steps the stage's AdamW, broadcasts the last stage's loss, and gathers
-                  the stages' weights on every rank before evaluating.
+* ``"pipeline"``  the task's first function is ``pipeline_step`` (``student_src/pipeline.py``): the
+                  ranks are ``--pipeline_stages`` P stages x world/P replicas (rank = replica * P +
+                  stage), each trains its stage of ``build_stage``; every rank loads the whole batch,
+                  takes its replica's rows and cuts them into ``--micro_batches``; with replicas, the
+                  first ``"function"`` task of ``needs_tasks`` (2b) averages each stage's gradients on
+                  its replica group; the kit clips by the global norm over the stages, steps the
+                  stage's AdamW, broadcasts the last stage's loss, and gathers the stages' weights on
+                  every rank before evaluating.
 """
 
 from __future__ import annotations
@@ -149,7 +152,8 @@ _ROWS = (
     # student's pipeline_step on local ranks itself, timed (kit/demo/pipeline.py).
     Task("9", "pipeline parallelism (GPipe, 1F1B)", "pipeline",
          ("pipeline_step", "schedule_order", "stage_sizes", "build_stage"), "9_pipeline", color="#bcbd22",
-         sync="pipeline", collectives=frozenset({"send", "recv", "isend", "irecv", "barrier"}), extra_credit=True),
+         sync="pipeline", collectives=frozenset({"send", "recv", "isend", "irecv", "barrier"}), extra_credit=True,
+         needs_tasks=("2b",)),
 )
 
 #: every task by id, in the assignment's order

@@ -58,10 +58,13 @@ formula's: compare the trend as m grows.
     nb.md("""
 ## Train the real model through your pipeline
 
-`run_glue --task 9` trains BERT with your stages and schedule (`--pipeline_stages`, one per
-rank; `--micro_batches`; `--schedule afab|1f1b`): every rank loads the whole batch, the kit cuts
+`run_glue --task 9` trains BERT with your stages and schedule (`--pipeline_stages`, default one
+per rank; `--micro_batches`; `--schedule afab|1f1b`): every rank loads the whole batch, the kit cuts
 it into micro-batches, runs your `pipeline_step`, clips by the norm over *all* stages, steps each
-stage's own AdamW, and gathers the stages' weights before evaluating. With dropout off its
+stage's own AdamW, and gathers the stages' weights before evaluating. With fewer stages than ranks
+the ranks are stages × data-parallel replicas (4 ranks, `--pipeline_stages 2`: 2 × 2, a process
+group per pipeline and per stage), and your Task 2b `allreduce_average` averages each stage's
+gradients over its replicas. With dropout off its
 losses equal Task 1's step by step: the same training, cut along the depth. (The quick model
 has 2 encoder layers, so the quick run uses 2 stages.)
 """)

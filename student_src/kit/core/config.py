@@ -69,7 +69,7 @@ class TrainConfig:
     grad_compression: str = "none"
     torch_sharding: bool = False
     # Task 9: pipeline parallelism (student_src/pipeline.py; kit/train/pipeline_helpers.py)
-    pipeline_stages: int | None = None  # None: one stage per rank
+    pipeline_stages: int | None = None  # None: one stage per rank; fewer: stages x data-parallel replicas
     micro_batches: int = 4
     schedule: str = "1f1b"
     # checkpoints (student_src/kit/resume/checkpoint.py)
@@ -147,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--torch_sharding", action="store_true", default=None,
                    help="Task 6: torch's ZeroRedundancyOptimizer instead of your ShardedOptimizer; Task 7: torch's FSDP2 "
                         "(fully_shard) instead of your FSDP (as Task 3's DDP is to 2b)")
-    g.add_argument("--pipeline_stages", type=int, help="Task 9: pipeline stages (default: one per rank; it must equal "
-                   "--world_size for now)")
+    g.add_argument("--pipeline_stages", type=int, help="Task 9: pipeline stages (default: one per rank); with fewer, "
+                   "the ranks are stages x data-parallel replicas (4 ranks, 2 stages: 2 replicas)")
     g.add_argument("--micro_batches", type=int, help="Task 9: micro-batches per batch (default 4; must divide the global batch)")
     g.add_argument("--schedule", choices=("afab", "1f1b"), help="Task 9: all forwards then all backwards (GPipe), or 1F1B (default)")
 
@@ -277,7 +277,8 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def _validate_pipeline(cfg: TrainConfig, task) -> None:
-    """Task 9's flags: only with a pipeline task, one stage per rank, micro-batches that divide the batch."""
+    """Task 9's flags: only with a pipeline task; stages that divide the ranks; micro-batches and replicas that
+    divide the batch."""
     pipelines = tasks.ids(lambda t: t.sync == "pipeline")
     if task.sync != "pipeline":
         if cfg.pipeline_stages is not None or cfg.micro_batches != 4 or cfg.schedule != "1f1b":
@@ -288,16 +289,21 @@ def _validate_pipeline(cfg: TrainConfig, task) -> None:
         raise KitError(f"--schedule must be afab or 1f1b, got {cfg.schedule!r}")
     if cfg.micro_batches < 1:
         raise KitError("--micro_batches must be at least 1")
-    if cfg.pipeline_stages is not None and cfg.world_size is not None and cfg.pipeline_stages != cfg.world_size:
-        raise KitError(f"--pipeline_stages {cfg.pipeline_stages} with --world_size {cfg.world_size}: one stage per rank "
-                       "(pipeline x data parallel is not here yet); give both the same number")
+    if cfg.pipeline_stages is not None and cfg.pipeline_stages < 1:
+        raise KitError("--pipeline_stages must be at least 1")
+    replicas = 1
+    if cfg.pipeline_stages is not None and cfg.world_size is not None:
+        if cfg.world_size % cfg.pipeline_stages:
+            raise KitError(f"--pipeline_stages {cfg.pipeline_stages} does not divide --world_size {cfg.world_size}: the "
+                           "ranks are stages x data-parallel replicas")
+        replicas = cfg.world_size // cfg.pipeline_stages
     if cfg.measure_traffic or cfg.save_every or cfg.resume or cfg.timeline or cfg.torch_sharding:
         raise KitError(f"--task {task.id} trains a pipeline without --measure_traffic, --timeline, --save_every, --resume "
                        "or --torch_sharding (not there yet for pipelines)")
     g = cfg.global_batch_size or (cfg.per_device_train_batch_size or 64)
-    if g % cfg.micro_batches:
-        raise KitError(f"--micro_batches {cfg.micro_batches} does not divide the batch of {g}: equal micro-batches keep "
-                       "the loss the batch's mean (pick a divisor)")
+    if g % (cfg.micro_batches * replicas):
+        raise KitError(f"{replicas} replica(s) x --micro_batches {cfg.micro_batches} do not divide the batch of {g}: "
+                       "equal micro-batches keep the loss the batch's mean (pick a divisor)")
 
 
 def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:

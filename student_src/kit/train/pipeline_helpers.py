@@ -102,7 +102,7 @@ class BertStage(nn.Module):
 
 
 # ---------------------------------------------------------------- the kit's training loop (run_glue --task 9)
-def clip_global_norm(params, max_norm: float, group=None) -> None:
+def clip_global_norm(params, max_norm: float, group=None, reduce: bool = True) -> None:
     """``torch.nn.utils.clip_grad_norm_`` over the parameters of *every* stage: each stage adds the
     squares of its gradients' norms, one all_reduce sums them, every stage scales by the same factor."""
     import torch.distributed as dist
@@ -110,34 +110,62 @@ def clip_global_norm(params, max_norm: float, group=None) -> None:
     grads = [p.grad for p in params if p.grad is not None]
     norms = [torch.linalg.vector_norm(g.detach(), 2.0) for g in grads]
     squares = torch.stack(norms).pow(2).sum() if norms else torch.zeros(())
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
+    if reduce and dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(squares, group=group)
     coef = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
     for g in grads:
         g.detach().mul_(coef.to(g.dtype))
 
 
-def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: int, schedule: str):
+def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: int, schedule: str, ranks=None,
+                    group=None, replica: int = 0, replicas: int = 1, average=None):
     """A ``train_step(model, batch, optimizer, scheduler, sync_gradients, max_grad_norm)`` for the
-    kit's loop, around the student's ``pipeline_step``: the batch cut into micro-batches, the
-    schedule, the clip by the global norm, the stage's optimizer and scheduler, and the last stage's
-    loss broadcast, so that every rank returns the batch's loss."""
+    kit's loop, around the student's ``pipeline_step``: this replica's share of the batch (rows
+    ``replica`` of ``replicas`` equal parts) cut into micro-batches, the schedule among ``ranks``
+    (``group``: the pipeline's), the stage's gradients averaged over its replicas by
+    ``average(model)`` (Task 2b's ``allreduce_average`` on the stage's data-parallel group), the
+    clip by the global norm over the pipeline's stages, the stage's optimizer and scheduler, and the
+    last stage's loss broadcast in the pipeline, so that every rank returns its replica's loss."""
     import torch.distributed as dist
 
+    ranks = list(ranks) if ranks is not None else list(range(num_stages))
+
     def train_step(model, batch, optimizer, scheduler=None, sync_gradients=None, max_grad_norm=1.0):
-        loss = pipeline_step(model, split_micro_batches(batch, micro_batches), stage, num_stages, schedule)
+        if replicas > 1:
+            batch = {k: (torch.tensor_split(v, replicas)[replica] if isinstance(v, torch.Tensor) else v)
+                     for k, v in batch.items()}
+        loss = pipeline_step(model, split_micro_batches(batch, micro_batches), stage, num_stages, schedule,
+                             ranks=ranks, group=group)
+        if average is not None:
+            average(model)
         if max_grad_norm and max_grad_norm > 0:
-            clip_global_norm(model.parameters(), max_grad_norm)
+            clip_global_norm(model.parameters(), max_grad_norm, group=group, reduce=num_stages > 1)
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
         optimizer.zero_grad()
         out = torch.zeros((), dtype=torch.float32) if loss is None else loss.detach().float().reshape(())
         if num_stages > 1:
-            dist.broadcast(out, src=num_stages - 1)
+            dist.broadcast(out, src=ranks[-1], group=group)
         return out
 
     return train_step
+
+
+def process_groups(world_size: int, stages: int) -> tuple[list, list]:
+    """Pipeline x data parallel on ``world_size`` ranks, rank = replica * stages + stage:
+    ``(pipeline groups, data-parallel groups)``, one per replica and one per stage, each
+    ``(ranks, group)``; every rank creates every group, in the same order (``dist.new_group``)."""
+    import torch.distributed as dist
+
+    replicas = world_size // stages
+    pipelines = [[d * stages + s for s in range(stages)] for d in range(replicas)]
+    data_parallel = [[d * stages + s for d in range(replicas)] for s in range(stages)]
+    if replicas == 1:
+        return [(pipelines[0], None)], [([s], None) for s in range(stages)]
+    if stages == 1:
+        return [([d], None) for d in range(replicas)], [(data_parallel[0], None)]
+    return ([(r, dist.new_group(r)) for r in pipelines], [(r, dist.new_group(r)) for r in data_parallel])
 
 
 def owners(model, stage_modules) -> dict:

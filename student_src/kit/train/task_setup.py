@@ -116,16 +116,31 @@ def setup_task(cfg: TrainConfig, model, ctx) -> TaskSetup:
 
 
 def _pipeline_setup(cfg: TrainConfig, model, ctx, task, pipeline_step) -> TaskSetup:
-    """Stage ``ctx.rank`` of one stage per rank, cut by the student's ``build_stage``; AdamW over its
-    parameters; the kit's step around ``pipeline_step``; the stages gathered before evaluation."""
+    """Pipeline x data parallel: ``--pipeline_stages`` P stages (default one per rank) times
+    world / P replicas, rank = replica * P + stage. The stage cut by the student's ``build_stage``;
+    AdamW over its parameters; the kit's step around ``pipeline_step``; with several replicas each
+    stage's gradients averaged over its replicas by the ``"function"`` task of ``needs_tasks``
+    (Task 2b's ``allreduce_average``) on the stage's group; the stages gathered before evaluation."""
     p = cfg.pipeline_stages or ctx.world_size
-    if p != ctx.world_size:
-        raise KitError(f"Task {task.id}: {p} pipeline stages on {ctx.world_size} ranks; one stage per rank for now")
+    if ctx.world_size % p:
+        raise KitError(f"Task {task.id}: {p} pipeline stages do not divide {ctx.world_size} ranks")
+    replicas, stage_id, replica = ctx.world_size // p, ctx.rank % p, ctx.rank // p
+    pipelines, data_parallel = pipeline_helpers.process_groups(ctx.world_size, p)
+    average = None
+    if replicas > 1:
+        averaging = [t for t in map(tasks.get, task.needs_tasks) if t.sync == "function"]
+        if not averaging:
+            raise KitError(f"Task {task.id}: a pipeline with replicas names the task whose function averages its "
+                           "gradients in needs_tasks (see student_src/kit/tasks.py)")
+        fn, dp_group = student_api.function(averaging[0].id), data_parallel[stage_id][1]
+        average = lambda m: fn(m, group=dp_group)  # noqa: E731
     build = student_api.function(task.id, "build_stage")
     stages = [build(model, s, p) for s in range(p)]  # every rank cuts alike: who owns what, for evaluation
-    stage = stages[ctx.rank]
-    owner = pipeline_helpers.owners(model, stages)
-    step = pipeline_helpers.make_train_step(pipeline_step, ctx.rank, p, cfg.micro_batches, cfg.schedule)
+    stage = stages[stage_id]
+    owner = pipeline_helpers.owners(model, stages)  # stage s of replica 0 is rank s
+    ranks, group = pipelines[replica]
+    step = pipeline_helpers.make_train_step(pipeline_step, stage_id, p, cfg.micro_batches, cfg.schedule, ranks=ranks,
+                                            group=group, replica=replica, replicas=replicas, average=average)
     return TaskSetup(stage, None, None, make_optimizer(stage, cfg), train_step=step,
                      before_eval=lambda: pipeline_helpers.assemble(model, owner))
 
