@@ -495,6 +495,26 @@ ZOO.update({
         """,
         # 2 stages have no middle stage: only the 4-stage checks see it
         {"9.one_f_one_b_4_stages", "9.afab_4_stages_float64", "9.schedule_1f1b"}, "differs from one process's"),
+    "9_received_activations_without_requires_grad": ("pipeline", "9", """
+        _step = pipeline_step
+
+        class _Detached(torch.nn.Module):  # what arrives is used as a constant: no gradient flows back to it
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def boundary_specs(self, micro_batch):
+                return self.inner.boundary_specs(micro_batch)
+
+            def forward(self, inputs, micro_batch):
+                return self.inner(tuple(t.detach() for t in inputs), micro_batch)
+
+        def pipeline_step(stage_module, micro_batches, stage, num_stages, schedule="1f1b", optimizer=None,
+                          ranks=None, group=None):
+            return _step(_Detached(stage_module), micro_batches, stage, num_stages, schedule, optimizer, ranks, group)
+        """,
+        # the earlier stages never learn; one stage, the calls and the layer counts are right
+        TASK_9 - {"9.world_size_1", "9.point_to_point_only", "9.stage_sizes"}, "requires_grad_()"),
 })
 
 
