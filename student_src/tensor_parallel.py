@@ -242,9 +242,9 @@ def parallelize_bert_layer(layer: nn.Module, group=None) -> nn.Module:
     """
     attn = layer.attention.self
     size = tp_rank_and_size(group)[1]
+    ### BEGIN SOLUTION
     heads = _split(attn.num_attention_heads, size, "attention heads")
     _split(layer.intermediate.dense.out_features, size, "MLP features (intermediate_size)")
-    ### BEGIN SOLUTION
     for name in ("query", "key", "value"):
         setattr(attn, name, ColumnParallelLinear(getattr(attn, name), group, copy_input=False))
     attn.num_attention_heads = heads

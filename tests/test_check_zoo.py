@@ -421,6 +421,41 @@ MAY_ALSO_LOSE = {"2b_off_by_a_tolerance": {"2b.loss_matches_single_node"},
 
 ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "4": TASK_4, "5": TASK_5, "6": TASK_6, "7": TASK_7, "8": TASK_8}
 
+# ------------------------------------------------------------------ 10 (tensor parallelism: its own block)
+TASK_10 = {"10.public_f_g_2_ranks", "10.public_column_row_2_ranks", "10.layers_4_ranks_float64",
+           "10.bert_layer_2_ranks_float64", "10.bert_layer_4_ranks_float64", "10.collectives_2_ranks",
+           "10.heads_not_divisible", "10.tp_size_1"}
+ALL_OF["10"] = TASK_10
+ZOO.update({
+    "10_row_parallel_without_all_reduce": ("tensor_parallel", "10", """
+        def _no_reduce(self, x):  # the partial products never summed (no g)
+            out = torch.nn.functional.linear(x, self.weight)
+            return out if self.bias is None else out + self.bias
+
+        RowParallelLinear.forward = _no_reduce
+        """,
+        # f, g alone, the error and TP size 1 (nothing to sum) are right
+        TASK_10 - {"10.public_f_g_2_ranks", "10.heads_not_divisible", "10.tp_size_1"}, "summed over ranks"),
+    "10_f_all_reduces_in_forward": ("tensor_parallel", "10", """
+        class _SummingF(torch.autograd.Function):  # all_reduces forward (and backward): the input counts T times
+            @staticmethod
+            def forward(ctx, x, group=None):
+                ctx.group = group
+                out = x.clone()
+                if tp_rank_and_size(group)[1] > 1:
+                    dist.all_reduce(out, group=group)
+                return out
+
+            backward = staticmethod(F.backward)
+
+        def f(x, group=None):
+            return _SummingF.apply(x, group)
+        """,
+        # g alone, the error and TP size 1 (a group of one sums nothing) are right
+        TASK_10 - {"10.heads_not_divisible", "10.tp_size_1"}, "f's forward is the identity"),
+})
+
+
 # ------------------------------------------------------------------ 9 (pipeline parallelism: its own block)
 TASK_9 = {"9.public_afab_2_stages", "9.one_f_one_b_2_stages", "9.one_f_one_b_4_stages", "9.afab_4_stages_float64",
           "9.schedule_1f1b", "9.point_to_point_only", "9.world_size_1", "9.bert_stages_2_ranks", "9.stage_sizes"}

@@ -154,6 +154,13 @@ _ROWS = (
          ("pipeline_step", "schedule_order", "stage_sizes", "build_stage"), "9_pipeline", color="#bcbd22",
          sync="pipeline", collectives=frozenset({"send", "recv", "isend", "irecv", "barrier"}), extra_credit=True,
          needs_tasks=("2b",)),
+    # Task 10 is advanced, extra credit like Tasks 7 and 9. Not a training task of the kit's loop yet (sync None): its
+    # checks run the student's f, g and parallel layers on local ranks against single-process ones; every collective
+    # is an all_reduce over the TP group (f's backward, g's forward).
+    Task("10", "tensor parallelism (Megatron's f and g)", "tensor_parallel",
+         ("parallelize_bert_layer", "F", "G", "ColumnParallelLinear", "RowParallelLinear"), "10_tensor_parallel",
+         color="#ff7f0e", collectives=frozenset({"all_reduce"}), must_call=frozenset({"all_reduce"}),
+         extra_credit=True),
 )
 
 #: every task by id, in the assignment's order

@@ -1,0 +1,61 @@
+"""Notebook 10: Task 10 (extra credit, advanced) · Tensor parallelism by hand, Megatron's f and g (its builder;
+shared cells live in ``cells.py``)."""
+
+from __future__ import annotations
+
+from .cells import NB, check_cells, header
+
+
+def build() -> NB:
+    nb = NB("10_tensor_parallel")
+    header(nb, "Task 10 (extra credit, advanced) · Tensor parallelism: Megatron's f and g", """
+Data parallelism cuts the batch; pipeline parallelism cuts the model's depth. **Tensor
+parallelism** (TP) cuts every layer's *width*: with T ranks, each holds 1/T of every big weight,
+and all of them see the same batch. Megatron-LM (Shoeybi et al., 2019) needs only two layers and
+two conjugate autograd functions:
+
+| | forward | backward |
+|---|---|---|
+| **f** (in front of a column-parallel layer) | identity | all_reduce of the input's gradient |
+| **g** (after a row-parallel layer) | all_reduce of the partial outputs | identity |
+
+A column-parallel Linear holds rows of the weight (a slice of the output features), a
+row-parallel one columns (a slice of the input features): column then row, with an element-wise
+function between them, is a whole MLP that sends **one all_reduce forward** (g) and **one
+backward** (f). Attention splits the same way by heads.
+""", "`student_src/tensor_parallel.py` → `F`, `G`, `ColumnParallelLinear`, `RowParallelLinear` and "
+         "`parallelize_bert_layer` (`TODO(task 10)`; the docstring draws the shards and lists the cases the checks "
+         "test).")
+    check_cells(nb, "10", "f and g must send exactly what the table above says, and each shard's output and "
+                "gradient must be the matching slice of a single-process Linear's.")
+    nb.md("""
+## Predict first
+
+A BERT encoder layer under TP sends two all_reduces forward and two backward, each of
+`batch × seq × hidden` elements (the activations), whatever the number of parameters. Data
+parallelism (Task 2b) all-reduces the *gradients* once per step: every parameter, whatever the
+batch. Before you read on, write down for the `tiny` model (hidden 64, 2 layers, batch 64 of 128
+tokens) and for MiniLM (hidden 384, 6 layers) the bytes a rank sends per step in each case.
+Which grows with the batch, which with the model?
+""")
+    nb.md("## Questions for your report")
+    nb.question("**Q1.** Why does f all_reduce in its *backward*, and what would go wrong if it all-reduced in its "
+                "forward instead?",
+                "Every rank holds the whole input x of a column-parallel layer and computes only its part of dL/dx "
+                "(from its own rows of W); the full gradient of a replicated tensor is the sum of the parts, so the "
+                "backward sums them. Its forward is the identity: x is already the same on every rank, and an "
+                "all_reduce there would multiply the input by T.")
+    nb.question("**Q2.** Compare the bytes per step of TP (2 + 2 all_reduces per layer of b·s·h elements) with "
+                "DDP's (one all_reduce of every gradient) for tiny and MiniLM at batch 64 × 128 tokens. When is TP's "
+                "traffic the smaller one?",
+                "TP: 4 all_reduces per layer × layers × b·s·h × 4 bytes (tiny: 4 × 2 × 64·128·64 × 4 B = 16.8 MB; "
+                "MiniLM: 4 × 6 × 64·128·384 × 4 B = 302 MB), each sent at 2(T-1)/T of its size. DDP: the gradients "
+                "once (tiny 8.2 M parameters = 33 MB, MiniLM 22.7 M = 91 MB). TP's bytes grow with the batch and the "
+                "sequence, DDP's with the parameters: TP wins for huge layers and small micro-batches.")
+    nb.question("**Q3.** Why does tensor parallelism live inside a node (NVLink) in practice, and data parallelism "
+                "across nodes?",
+                "TP's all_reduces sit on the critical path of every layer, forward and backward: nothing can overlap "
+                "them (the next layer needs the sum), and they carry activations, many MB per layer. Only a fast, "
+                "low-latency link (NVLink, hundreds of GB/s) keeps them small next to the compute. DDP's one gradient "
+                "all_reduce per step overlaps with backward and tolerates a slower network.")
+    return nb
