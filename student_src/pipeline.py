@@ -92,6 +92,9 @@ Cases the checks test
 * float64 stages: what is sent keeps the stage's dtype;
 * ``pipeline_step`` calls only ``send``, ``recv``, ``isend``, ``irecv`` (and ``barrier``): no
   collectives;
+* ``ranks`` and ``group``: 4 ranks as 2 stages x 2 data-parallel replicas, each replica's
+  pipeline in its own group (ranks [0, 1] and [2, 3]), each stage's gradients averaged over its
+  replicas by the optimizer: equal to one process on both replicas' micro-batches;
 * world size 1 (one stage, p = 1) reduces to plain training with gradient accumulation, and
   nothing is sent;
 * ``stage_sizes`` balances the layers (sizes differ by at most one, the earlier stages get the

@@ -458,7 +458,8 @@ ZOO.update({
 
 # ------------------------------------------------------------------ 9 (pipeline parallelism: its own block)
 TASK_9 = {"9.public_afab_2_stages", "9.one_f_one_b_2_stages", "9.one_f_one_b_4_stages", "9.afab_4_stages_float64",
-          "9.schedule_1f1b", "9.point_to_point_only", "9.world_size_1", "9.bert_stages_2_ranks", "9.stage_sizes"}
+          "9.schedule_1f1b", "9.point_to_point_only", "9.world_size_1", "9.bert_stages_2_ranks", "9.stage_sizes",
+          "9.pipeline_x_data_parallel_4_ranks"}
 ALL_OF["9"] = TASK_9
 ZOO.update({
     "9_forgets_to_scale_the_loss": ("pipeline", "9", """
@@ -487,6 +488,7 @@ ZOO.update({
         def pipeline_step(stage_module, micro_batches, stage, num_stages, schedule="1f1b", optimizer=None,
                           ranks=None, group=None):
             m, first, last = len(micro_batches), stage == 0, stage == num_stages - 1
+            ranks = list(ranks) if ranks is not None else list(range(num_stages))
             stash, pending, total = {}, [], None
             for kind, i in schedule_order(schedule, stage, num_stages, m):
                 mb = micro_batches[i]
@@ -495,7 +497,7 @@ ZOO.update({
                     if not first:
                         inputs = tuple(torch.empty(s, dtype=d) for s, d in stage_module.boundary_specs(mb))
                         for t in inputs:
-                            dist.recv(t, src=stage - 1)
+                            dist.recv(t, src=ranks[stage - 1], group=group)
                             t.requires_grad_(t.is_floating_point())
                     out = stage_module(inputs, mb)
                     if last:
@@ -504,7 +506,7 @@ ZOO.update({
                     else:
                         for t in out:
                             t = t.detach().contiguous()
-                            pending.append((dist.isend(t, dst=stage + 1), t))
+                            pending.append((dist.isend(t, dst=ranks[stage + 1], group=group), t))
                     stash[i] = (inputs, out)
                 else:
                     inputs, out = stash.pop(i)
@@ -515,12 +517,12 @@ ZOO.update({
                         floats = [t for t in out if t.is_floating_point()]
                         received = [torch.empty_like(t) for t in floats]
                         for g in received:
-                            dist.recv(g, src=stage + 1)
+                            dist.recv(g, src=ranks[stage + 1], group=group)
                         torch.autograd.backward(floats, received)
                     if not first:  # a middle stage sends back the gradient it received, not its inputs' .grad
                         for t, g in zip([t for t in inputs if t.is_floating_point()], received or [None] * len(inputs)):
                             t = (g if g is not None else t.grad).contiguous()
-                            pending.append((dist.isend(t, dst=stage - 1), t))
+                            pending.append((dist.isend(t, dst=ranks[stage - 1], group=group), t))
             for work, _ in pending:
                 work.wait()
             if optimizer is not None:

@@ -12,6 +12,8 @@ one process on the same micro-batches and compares every stage's gradients and p
   more than p - stage micro-batches' activations (a 1F1B that runs AFAB loses this);
 * ``point_to_point_only``: ``pipeline_step`` calls send/recv/isend/irecv (and barrier) only;
 * ``world_size_1``: one stage is plain gradient accumulation, nothing sent;
+* ``pipeline_x_data_parallel_4_ranks``: 2 pipelines of 2 stages, each in its own group (``ranks``,
+  ``group``), the stages' gradients averaged over the replicas by the grader's optimizer;
 * ``bert_stages_2_ranks``: ``build_stage`` cuts a small BERT into 2 stages that, as a pipeline,
   give the model's own gradients (the attention mask travels with the hidden states);
 * ``stage_sizes``: balanced layer counts.
@@ -232,3 +234,85 @@ def _(payloads, secrets):
         want = [n // p + (1 if s < n % p else 0) for s in range(p)]
         if got != want:
             raise CheckFailure(f"stage_sizes({n}, {p}) returned {got}, expected {want}")
+
+
+# ---------------------------------------------------------------- pipeline x data parallel
+_PPDP = {"sizes": (1, 2), "m": 2, "steps": 2, "replicas": 2}
+
+
+class _AveragingSGD(shared.RecordingSGD):
+    """The grader's data parallelism: before each step, every gradient averaged over the stage's
+    replicas with the grader's own all_reduce (taken before the spy), then recorded and stepped."""
+
+    def __init__(self, named, lr, all_reduce, group, replicas):
+        super().__init__(named, lr)
+        self.all_reduce, self.group, self.replicas = all_reduce, group, replicas
+
+    def step(self, closure=None):
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    self.all_reduce(p.grad, group=self.group)
+                    p.grad.div_(self.replicas)
+        return super().step(closure)
+
+
+@define_check("9.pipeline_x_data_parallel_4_ranks", task="9", world_size=4, needs="pipeline",
+              hang_hint=shared.HANG_HINT,
+              title="4 ranks as 2 stages x 2 replicas: each pipeline in its own group (ranks=, group=); gradients "
+                    "and parameters equal one process on both replicas' micro-batches",
+              promise=("4 ranks as 2 stages x 2 data-parallel replicas, each replica's pipeline in its own group",
+                       "``ranks``: the global ranks of the stages in order"))
+def pipeline_x_data_parallel(ctx):
+    import torch.distributed as dist
+
+    p, replicas = len(_PPDP["sizes"]), _PPDP["replicas"]
+    stage, replica = ctx.rank % p, ctx.rank // p
+    all_reduce = dist.all_reduce  # the grader's own, taken before the spy
+    pipelines = [[d * p + s for s in range(p)] for d in range(replicas)]
+    groups = [dist.new_group(r) for r in pipelines]  # every rank creates every group, in the same order
+    stage_groups = [dist.new_group([d * p + s for d in range(replicas)]) for s in range(p)]
+    model = shared.make_toy(_PPDP["sizes"])
+    mod = shared.ToyStage(model, _PPDP["sizes"], stage)
+    mine = {id(q) for q in mod.parameters()}
+    named = [(n, q) for n, q in model.named_parameters() if id(q) in mine]
+    opt = _AveragingSGD(named, shared.LR, all_reduce, stage_groups[stage], replicas)
+    out = {"params": [], "loss": []}
+    fn = ctx.student("pipeline").pipeline_step
+    for step in range(_PPDP["steps"]):
+        loss = fn(mod, shared.micro_batches(shared.batch(ctx.secret, step), _PPDP["m"]), stage, p, "1f1b",
+                  optimizer=opt, ranks=pipelines[replica], group=groups[replica])
+        out["loss"].append(None if loss is None else float(loss))
+        out["params"].append({n: q.detach().clone() for n, q in named})
+    out["grads"] = opt.seen
+    return out
+
+
+@pipeline_x_data_parallel.judge
+def _(payloads, secrets):
+    p, replicas, m, steps = len(_PPDP["sizes"]), _PPDP["replicas"], _PPDP["m"], _PPDP["steps"]
+    model = shared.make_toy(_PPDP["sizes"])
+    opt = torch.optim.SGD(model.parameters(), lr=shared.LR)
+    for step in range(steps):
+        for d in range(replicas):  # replica d: inputs from its stage 0's secret, labels from its last stage's
+            b = {"x": shared.batch(secrets[d * p], step)["x"], "y": shared.batch(secrets[d * p + p - 1], step)["y"]}
+            for mb in shared.micro_batches(b, m):
+                (shared.toy_loss(model, mb) / (m * replicas)).backward()
+        want_g = {n: q.grad.detach().clone() for n, q in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        want_p = {n: q.detach().clone() for n, q in model.named_parameters()}
+        for r, pl in enumerate(payloads):
+            if len(pl["grads"]) <= step:
+                raise CheckFailure(f"rank {r} (stage {r % p} of replica {r // p}): optimizer.step() ran "
+                                   f"{len(pl['grads'])} time(s) in {steps} calls of pipeline_step")
+            for n, got in pl["grads"][step].items():
+                if got is None or not shared._close(got, want_g[n], torch.float32):
+                    raise CheckFailure(f"rank {r} (stage {r % p} of replica {r // p}): {n}.grad at step {step + 1} "
+                                       "differs from one process's on both replicas' micro-batches: send to and "
+                                       "receive from ranks[stage + 1] / ranks[stage - 1] in the given group, not "
+                                       "stage + 1 / stage - 1")
+            for n, got in pl["params"][step].items():
+                if not shared._close(got, want_p[n], torch.float32):
+                    raise CheckFailure(f"rank {r}: {n} after step {step + 1} is not one SGD step from the averaged "
+                                       "gradients")
