@@ -100,3 +100,25 @@ def test_torch_sharding_is_for_the_sharding_tasks_and_without_checkpoints():
                        (["--task", "7", "--measure_traffic"], "measure without --torch_sharding")):
         with pytest.raises(KitError, match=says):
             parse_config([*argv, "--torch_sharding"])
+
+
+def test_pipeline_flags_are_checked_before_any_rank_starts(tmp_path):
+    """Task 9: its flags only with a pipeline; stages that divide the ranks; replicas x micro-batches
+    that divide the batch. Every stage loads the whole batch, so 3 stages take a batch of 16 (which
+    3 data-parallel workers could not split)."""
+    from student_src.kit.train.start import check_data
+
+    for argv, says in ((["--task", "2b", "--micro_batches", "8"], "are for a pipeline"),
+                       (["--task", "9", "--world_size", "4", "--pipeline_stages", "3"], "does not divide --world_size 4"),
+                       (["--task", "9", "--micro_batches", "5"], "do not divide the batch of 64"),
+                       (["--task", "9", "--world_size", "4", "--pipeline_stages", "2", "--global_batch_size", "12",
+                         "--micro_batches", "4"], "2 replica"),
+                       (["--task", "9", "--measure_traffic"], "not there yet for pipelines")):
+        with pytest.raises(KitError, match=says):
+            parse_config(argv)
+    cfg = parse_config(["--task", "9", "--world_size", "3", "--global_batch_size", "16", "--schedule", "afab"])
+    assert (cfg.micro_batches, cfg.schedule, cfg.pipeline_stages) == (4, "afab", None)
+    train = tmp_path / "train.tsv"
+    train.write_text("index\tsentence1\tsentence2\tlabel\n" + "".join(f"{i}\ta\tb\tentailment\n" for i in range(20)))
+    cfg.data_dir, cfg.do_eval = str(tmp_path), False
+    check_data(cfg)  # one global batch of 16 fits in 20 examples: the stages do not multiply it

@@ -272,7 +272,7 @@ def validate(cfg: TrainConfig) -> None:
     world = cfg.world_size
     if world is None and "RANK" in os.environ and os.environ.get("WORLD_SIZE", "").isdigit():
         world = int(os.environ["WORLD_SIZE"])  # torchrun
-    if cfg.do_train and world:
+    if cfg.do_train and world and task.sync != "pipeline":  # a pipeline's stages all load the whole batch
         per_worker_batch_size(cfg, world)  # a global batch the workers cannot split is refused here
 
 

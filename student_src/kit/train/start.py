@@ -53,6 +53,8 @@ def check_data(cfg: TrainConfig) -> None:
     if cfg.do_train:
         path = split_path(cfg.data_dir, "train")
         world = cfg.world_size or int(os.environ.get("WORLD_SIZE", "1") or 1)
+        if tasks.get(cfg.task).sync == "pipeline":  # every stage loads the whole batch
+            world = 1
         per_worker, _ = per_worker_batch_size(cfg, world)
         with open(path, "rb") as f:
             examples = sum(1 for line in f if line.strip()) - 1  # minus the header
