@@ -75,3 +75,14 @@ def test_pipeline_times_data_parallel_losses_match_single_node(single_node, smal
         assert abs(a - b) < 1e-6, f"step {step + 1}: task 1 {a:.8f} vs task 9 (2 x 2) {b:.8f}"
     ranks = metrics["rank_losses"]
     assert ranks[0] == ranks[1] and ranks[2] == ranks[3] and ranks[0] != ranks[2]
+
+
+@pytest.mark.parametrize("extra", [("--schedule", "afab"), ("--schedule", "1f1b", "--world_size_4_as_2x2")])
+def test_torchs_own_pipelining_trains_like_single_node(single_node, small_rte, tmp_path, extra):
+    """Task 9's --torch_pipelining: torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B over the
+    student's stages in place of their pipeline_step (as DDP is to 2b) runs on gloo and gives Task 1's
+    losses (within 1e-6), alone on 2 ranks and as 2 stages x 2 replicas on 4."""
+    world, flags = (4, ["--pipeline_stages", "2", "--micro_batches", "2"]) if "--world_size_4_as_2x2" in extra else (2, [])
+    metrics = _losses(small_rte, tmp_path, "9", world, "--torch_pipelining", *extra[:2], *flags)
+    for step, (a, b) in enumerate(zip(single_node["losses"], metrics["losses"])):
+        assert abs(a - b) < 1e-6, f"step {step + 1}: task 1 {a:.8f} vs torch's pipeline {b:.8f}"

@@ -72,6 +72,7 @@ class TrainConfig:
     pipeline_stages: int | None = None  # None: one stage per rank; fewer: stages x data-parallel replicas
     micro_batches: int = 4
     schedule: str = "1f1b"
+    torch_pipelining: bool = False  # torch.distributed.pipelining's schedules in place of the student's pipeline_step
     # checkpoints (student_src/kit/resume/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -151,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "the ranks are stages x data-parallel replicas (4 ranks, 2 stages: 2 replicas)")
     g.add_argument("--micro_batches", type=int, help="Task 9: micro-batches per batch (default 4; must divide the global batch)")
     g.add_argument("--schedule", choices=("afab", "1f1b"), help="Task 9: all forwards then all backwards (GPipe), or 1F1B (default)")
+    g.add_argument("--torch_pipelining", action="store_true", default=None,
+                   help="Task 9: torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B over your stages in place of "
+                        "your pipeline_step (as Task 3's DDP is to 2b)")
 
     g = p.add_argument_group("checkpoints (student_src/kit/resume/checkpoint.py)")
     g.add_argument("--save_every", type=int, help="save a checkpoint every N steps and at the end (0, the default: no checkpoints)")
@@ -281,8 +285,9 @@ def _validate_pipeline(cfg: TrainConfig, task) -> None:
     divide the batch."""
     pipelines = tasks.ids(lambda t: t.sync == "pipeline")
     if task.sync != "pipeline":
-        if cfg.pipeline_stages is not None or cfg.micro_batches != 4 or cfg.schedule != "1f1b":
-            raise KitError(f"--pipeline_stages/--micro_batches/--schedule are for a pipeline: use them with --task "
+        if cfg.pipeline_stages is not None or cfg.micro_batches != 4 or cfg.schedule != "1f1b" or cfg.torch_pipelining:
+            raise KitError(f"--pipeline_stages/--micro_batches/--schedule/--torch_pipelining are for a pipeline: use them "
+                           f"with --task "
                            f"{tasks.spoken(pipelines)}")
         return
     if cfg.schedule not in ("afab", "1f1b"):
@@ -297,6 +302,8 @@ def _validate_pipeline(cfg: TrainConfig, task) -> None:
             raise KitError(f"--pipeline_stages {cfg.pipeline_stages} does not divide --world_size {cfg.world_size}: the "
                            "ranks are stages x data-parallel replicas")
         replicas = cfg.world_size // cfg.pipeline_stages
+    if cfg.torch_pipelining and cfg.pipeline_stages == 1:
+        raise KitError("--torch_pipelining needs at least 2 stages (--pipeline_stages)")
     if cfg.measure_traffic or cfg.save_every or cfg.resume or cfg.timeline or cfg.torch_sharding:
         raise KitError(f"--task {task.id} trains a pipeline without --measure_traffic, --timeline, --save_every, --resume "
                        "or --torch_sharding (not there yet for pipelines)")

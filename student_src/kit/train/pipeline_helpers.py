@@ -86,6 +86,13 @@ class BertStage(nn.Module):
         return [((b, seq, self.hidden_size), self.dtype), ((b, seq), micro_batch["attention_mask"].dtype)]
 
     def forward(self, inputs: tuple, micro_batch: dict):
+        out = self.run(inputs, micro_batch)
+        if not self.last:
+            return out
+        return nn.functional.cross_entropy(out.view(-1, self.num_labels), micro_batch["labels"].view(-1))
+
+    def run(self, inputs: tuple, micro_batch: dict):
+        """The stage's computation: ``(hidden, mask)`` to send on, or on the last stage the logits."""
         if self.first:
             mask = micro_batch["attention_mask"]
             hidden = self.embeddings(input_ids=micro_batch["input_ids"], token_type_ids=micro_batch.get("token_type_ids"))
@@ -97,8 +104,7 @@ class BertStage(nn.Module):
             hidden = out[0] if isinstance(out, tuple) else out
         if not self.last:
             return hidden, mask
-        logits = self.classifier(self.dropout(self.pooler(hidden)))
-        return nn.functional.cross_entropy(logits.view(-1, self.num_labels), micro_batch["labels"].view(-1))
+        return self.classifier(self.dropout(self.pooler(hidden)))
 
 
 # ---------------------------------------------------------------- the kit's training loop (run_glue --task 9)
@@ -118,14 +124,16 @@ def clip_global_norm(params, max_norm: float, group=None, reduce: bool = True) -
 
 
 def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: int, schedule: str, ranks=None,
-                    group=None, replica: int = 0, replicas: int = 1, average=None):
+                    group=None, replica: int = 0, replicas: int = 1, average=None, runner=None):
     """A ``train_step(model, batch, optimizer, scheduler, sync_gradients, max_grad_norm)`` for the
     kit's loop, around the student's ``pipeline_step``: this replica's share of the batch (rows
     ``replica`` of ``replicas`` equal parts) cut into micro-batches, the schedule among ``ranks``
     (``group``: the pipeline's), the stage's gradients averaged over its replicas by
     ``average(model)`` (Task 2b's ``allreduce_average`` on the stage's data-parallel group), the
     clip by the global norm over the pipeline's stages, the stage's optimizer and scheduler, and the
-    last stage's loss broadcast in the pipeline, so that every rank returns its replica's loss."""
+    last stage's loss broadcast in the pipeline, so that every rank returns its replica's loss.
+    ``runner(model, batch)``, when given, runs the schedule in place of ``pipeline_step``
+    (``--torch_pipelining``: ``torch_pipelining.py``)."""
     import torch.distributed as dist
 
     ranks = list(ranks) if ranks is not None else list(range(num_stages))
@@ -134,8 +142,11 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
         if replicas > 1:
             batch = {k: (torch.tensor_split(v, replicas)[replica] if isinstance(v, torch.Tensor) else v)
                      for k, v in batch.items()}
-        loss = pipeline_step(model, split_micro_batches(batch, micro_batches), stage, num_stages, schedule,
-                             ranks=ranks, group=group)
+        if runner is not None:
+            loss = runner(model, batch)
+        else:
+            loss = pipeline_step(model, split_micro_batches(batch, micro_batches), stage, num_stages, schedule,
+                                 ranks=ranks, group=group)
         if average is not None:
             average(model)
         if max_grad_norm and max_grad_norm > 0:

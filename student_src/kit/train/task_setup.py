@@ -139,8 +139,14 @@ def _pipeline_setup(cfg: TrainConfig, model, ctx, task, pipeline_step) -> TaskSe
     stage = stages[stage_id]
     owner = pipeline_helpers.owners(model, stages)  # stage s of replica 0 is rank s
     ranks, group = pipelines[replica]
+    runner = None
+    if cfg.torch_pipelining:  # torch's schedule over the same stages, as Task 3's DDP is to 2b
+        from student_src.kit.train.torch_pipelining import make_runner  # imports torch.distributed.pipelining: only here
+
+        runner = make_runner(stage, stage_id, p, cfg.micro_batches, cfg.schedule, ctx.device, group=group)
     step = pipeline_helpers.make_train_step(pipeline_step, stage_id, p, cfg.micro_batches, cfg.schedule, ranks=ranks,
-                                            group=group, replica=replica, replicas=replicas, average=average)
+                                            group=group, replica=replica, replicas=replicas, average=average,
+                                            runner=runner)
     return TaskSetup(stage, None, None, make_optimizer(stage, cfg), train_step=step,
                      before_eval=lambda: pipeline_helpers.assemble(model, owner))
 

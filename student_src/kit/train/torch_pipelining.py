@@ -1,0 +1,54 @@
+"""``--torch_pipelining`` for Task 9: torch's own ``torch.distributed.pipelining`` (``PipelineStage``
+with ``ScheduleGPipe`` for AFAB or ``Schedule1F1B``) runs the schedule in place of the student's
+``pipeline_step``, as Task 3's DDP is to 2b. The stages are still the student's ``build_stage``'s
+(the kit's ``BertStage``); torch's stage takes and returns tensors only, so ``TensorStage`` adapts
+it: stage 0 takes ``(input_ids, attention_mask, token_type_ids)``, the others ``(hidden, mask)``,
+the last returns the logits and torch's schedule applies the loss to each micro-batch (scaling the
+gradients by 1/m itself). Measured to run on gloo with torch 2.13 (the integer mask travels too).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TensorStage(nn.Module):
+    """A ``BertStage`` with tensor arguments and results, as torch's ``PipelineStage`` needs."""
+
+    def __init__(self, stage):
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, *args):
+        if self.stage.first:
+            ids, mask, types = args
+            return self.stage.run((), {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+        return self.stage.run(tuple(args), {})
+
+
+def make_runner(stage_module, stage: int, num_stages: int, micro_batches: int, schedule: str, device, group=None):
+    """``runner(model, batch) -> loss`` (the batch's mean loss on the last stage, None elsewhere)
+    for ``pipeline_helpers.make_train_step``: torch's schedule over this rank's stage."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    labels = stage_module.num_labels if stage_module.last else None
+    torch_stage = PipelineStage(TensorStage(stage_module), stage, num_stages, device, group=group)
+
+    def loss_fn(logits, target):
+        return nn.functional.cross_entropy(logits.view(-1, labels), target.view(-1))
+
+    cls = ScheduleGPipe if schedule == "afab" else Schedule1F1B
+    runs = cls(torch_stage, n_microbatches=micro_batches, loss_fn=loss_fn)
+
+    def runner(model, batch):
+        losses: list = []
+        if stage == 0:
+            runs.step(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        elif stage == num_stages - 1:
+            runs.step(target=batch["labels"], losses=losses)
+        else:
+            runs.step()
+        return torch.stack([loss.detach() for loss in losses]).mean() if losses else None
+
+    return runner
