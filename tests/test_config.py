@@ -122,3 +122,16 @@ def test_pipeline_flags_are_checked_before_any_rank_starts(tmp_path):
     train.write_text("index\tsentence1\tsentence2\tlabel\n" + "".join(f"{i}\ta\tb\tentailment\n" for i in range(20)))
     cfg.data_dir, cfg.do_eval = str(tmp_path), False
     check_data(cfg)  # one global batch of 16 fits in 20 examples: the stages do not multiply it
+
+
+def test_tensor_parallel_flag_is_checked_up_front():
+    """Task 10's --tp_size: only with a tensor-parallel task, dividing the ranks, without the flags
+    tensor parallelism does not support yet; the default (None) puts every rank in one TP group."""
+    for argv, says in ((["--task", "2b", "--tp_size", "2"], "is for tensor parallelism: use it with --task 10"),
+                       (["--task", "10", "--world_size", "4", "--tp_size", "3"], "does not divide --world_size 4"),
+                       (["--task", "10", "--tp_size", "0"], "at least 1"),
+                       (["--task", "10", "--save_every", "5", "--output_dir", "x"], "not there yet for tensor parallelism")):
+        with pytest.raises(KitError, match=says):
+            parse_config(argv)
+    assert parse_config(["--task", "10", "--world_size", "4"]).tp_size is None
+    assert parse_config(["--task", "10", "--world_size", "4", "--tp_size", "2"]).tp_size == 2

@@ -77,6 +77,24 @@ def test_pipeline_times_data_parallel_losses_match_single_node(single_node, smal
     assert ranks[0] == ranks[1] and ranks[2] == ranks[3] and ranks[0] != ranks[2]
 
 
+@pytest.mark.parametrize("world_size, tp_size", [(2, 2), (4, 2)])
+def test_tensor_parallel_losses_match_single_node(single_node, small_rte, tmp_path, world_size, tp_size):
+    """Task 10: tiny BERT (2 heads) with every encoder layer cut by parallelize_bert_layer over
+    --tp_size ranks: the same losses as Task 1 step by step (fp32, dropout off, within 1e-6). 2 ranks
+    as TP 2; 4 ranks as TP 2 x DP 2 (each replica half the batch, gradients averaged over the DP group
+    by Task 2b's allreduce_average): the ranks of a TP group report the same loss."""
+    metrics = _losses(small_rte, tmp_path, "10", world_size, "--tp_size", str(tp_size))
+    assert metrics["world_size"] == world_size and metrics["global_batch_size"] == 16
+    for step, (a, b) in enumerate(zip(single_node["losses"], metrics["losses"])):
+        assert abs(a - b) < 1e-6, f"step {step + 1}: task 1 {a:.8f} vs task 10 (TP {tp_size}) {b:.8f}"
+    ranks = metrics["rank_losses"]
+    for replica in range(world_size // tp_size):
+        group = ranks[replica * tp_size:(replica + 1) * tp_size]
+        assert all(r == group[0] for r in group)
+    if world_size > tp_size:
+        assert ranks[0] != ranks[tp_size]  # the replicas train different rows of the batch
+
+
 @pytest.mark.parametrize("extra", [("--schedule", "afab"), ("--schedule", "1f1b", "--world_size_4_as_2x2")])
 def test_torchs_own_pipelining_trains_like_single_node(single_node, small_rte, tmp_path, extra):
     """Task 9's --torch_pipelining: torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B over the

@@ -43,6 +43,14 @@ student package.
                   its replica group; the kit clips by the global norm over the stages, steps the
                   stage's AdamW, broadcasts the last stage's loss, and gathers the stages' weights on
                   every rank before evaluating.
+* ``"tensor_parallel"``  the task's first function is ``parallelize_bert_layer``: the ranks are
+                  ``--tp_size`` T ranks per TP group x world/T replicas (rank = replica * T + tp_rank);
+                  a copy of the model, each encoder layer rewritten by it on the TP group, trains on
+                  its replica's share of the batch (the student's loader over the replicas); with
+                  replicas, the first ``"function"`` task of ``needs_tasks`` (2b) averages every
+                  gradient on the DP group; the kit clips by the global norm (the shards' squares
+                  summed over the TP group) and refills the whole model from the shards before
+                  evaluating (``train/tp_helpers.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ from dataclasses import dataclass
 #: the ``sync`` kinds that wrap the model (``--grad_compression`` applies to them)
 WRAPPERS = ("ddp", "bucketed")
 #: every ``sync`` kind the training loop knows (module docstring; ``train/task_setup.py``)
-SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp", "pipeline")
+SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp", "pipeline", "tensor_parallel")
 #: the colour of a task without one of its own (plots)
 DEFAULT_COLOR = "#888888"
 
@@ -154,13 +162,12 @@ _ROWS = (
          ("pipeline_step", "schedule_order", "stage_sizes", "build_stage"), "9_pipeline", color="#bcbd22",
          sync="pipeline", collectives=frozenset({"send", "recv", "isend", "irecv", "barrier"}), extra_credit=True,
          needs_tasks=("2b",)),
-    # Task 10 is advanced, extra credit like Tasks 7 and 9. Not a training task of the kit's loop yet (sync None): its
-    # checks run the student's f, g and parallel layers on local ranks against single-process ones; every collective
-    # is an all_reduce over the TP group (f's backward, g's forward).
+    # Task 10 is advanced, extra credit like Tasks 7 and 9. Every collective of the student's code is an all_reduce
+    # over the TP group (f's backward, g's forward); TP x DP averages over the replicas with Task 2b's function.
     Task("10", "tensor parallelism (Megatron's f and g)", "tensor_parallel",
          ("parallelize_bert_layer", "F", "G", "ColumnParallelLinear", "RowParallelLinear"), "10_tensor_parallel",
-         color="#ff7f0e", collectives=frozenset({"all_reduce"}), must_call=frozenset({"all_reduce"}),
-         extra_credit=True),
+         color="#ff7f0e", sync="tensor_parallel", collectives=frozenset({"all_reduce"}),
+         must_call=frozenset({"all_reduce"}), extra_credit=True, needs_tasks=("1", "2", "2b")),
 )
 
 #: every task by id, in the assignment's order

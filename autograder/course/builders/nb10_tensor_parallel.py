@@ -3,7 +3,7 @@ shared cells live in ``cells.py``)."""
 
 from __future__ import annotations
 
-from .cells import NB, check_cells, header
+from .cells import NB, RESULTS_INTRO, RUN_INTRO, check_cells, header
 
 
 def build() -> NB:
@@ -25,7 +25,8 @@ function between them, is a whole MLP that sends **one all_reduce forward** (g) 
 backward** (f). Attention splits the same way by heads.
 """, "`student_src/tensor_parallel.py` → `F`, `G`, `ColumnParallelLinear`, `RowParallelLinear` and "
          "`parallelize_bert_layer` (`TODO(task 10)`; the docstring draws the shards and lists the cases the checks "
-         "test).")
+         "test).", params="TP_SIZE = 2     # ranks per tensor-parallel group (tiny has 2 heads: at most 2); "
+                          "WORLD_SIZE / TP_SIZE data-parallel replicas")
     check_cells(nb, "10", "f and g must send exactly what the table above says, and each shard's output and "
                 "gradient must be the matching slice of a single-process Linear's.")
     nb.md("""
@@ -38,6 +39,15 @@ batch. Before you read on, write down for the `tiny` model (hidden 64, 2 layers,
 tokens) and for MiniLM (hidden 384, 6 layers) the bytes a rank sends per step in each case.
 Which grows with the batch, which with the model?
 """)
+    nb.md(RUN_INTRO + "\nTask 10 runs `WORLD_SIZE` ranks as `TP_SIZE` ranks per tensor-parallel group times "
+          "`WORLD_SIZE / TP_SIZE` data-parallel replicas (rank = replica × TP_SIZE + tp_rank): each replica trains its "
+          "share of the batch through your cut layers, and your Task 2b `allreduce_average` averages the gradients "
+          "over the replicas (its `group=`).")
+    nb.code('m10 = kit.run_task("10", extra=["--tp_size", TP_SIZE])')
+    nb.md(RESULTS_INTRO + "\nWith dropout off, Task 10 should match Task 1 step by step: cutting every layer across "
+          "the ranks changes where each product is computed and the order of a few sums, not what is computed. With "
+          "dropout on it would not: each rank draws its own masks on its own heads.")
+    nb.code('kit.show_results("10", m10)')
     nb.md("## Questions for your report")
     nb.question("**Q1.** Why does f all_reduce in its *backward*, and what would go wrong if it all-reduced in its "
                 "forward instead?",

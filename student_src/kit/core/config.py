@@ -73,6 +73,8 @@ class TrainConfig:
     micro_batches: int = 4
     schedule: str = "1f1b"
     torch_pipelining: bool = False  # torch.distributed.pipelining's schedules in place of the student's pipeline_step
+    # Task 10: tensor parallelism (student_src/tensor_parallel.py; kit/train/tp_helpers.py)
+    tp_size: int | None = None  # None: every rank in one TP group; fewer: TP groups x data-parallel replicas
     # checkpoints (student_src/kit/resume/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -155,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--torch_pipelining", action="store_true", default=None,
                    help="Task 9: torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B over your stages in place of "
                         "your pipeline_step (as Task 3's DDP is to 2b)")
+    g.add_argument("--tp_size", type=int, help="Task 10: ranks per tensor-parallel group (default: all); with fewer, the "
+                   "ranks are TP groups x data-parallel replicas (4 ranks, --tp_size 2: 2 replicas)")
 
     g = p.add_argument_group("checkpoints (student_src/kit/resume/checkpoint.py)")
     g.add_argument("--save_every", type=int, help="save a checkpoint every N steps and at the end (0, the default: no checkpoints)")
@@ -270,6 +274,7 @@ def validate(cfg: TrainConfig) -> None:
             raise KitError("--measure_traffic's model follows your FSDP (FSDP2 gathers whole units and re-gathers "
                            "before every backward): measure without --torch_sharding")
     _validate_pipeline(cfg, task)
+    _validate_tensor_parallel(cfg, task)
     if cfg.grad_compression != "none" and cfg.task not in wrappers:
         raise KitError(f"--grad_compression compresses DDP's or your BucketedDDP's all_reduce: use it with "
                        f"--task {tasks.spoken(wrappers)}, not --task {cfg.task}")
@@ -311,6 +316,23 @@ def _validate_pipeline(cfg: TrainConfig, task) -> None:
     if g % (cfg.micro_batches * replicas):
         raise KitError(f"{replicas} replica(s) x --micro_batches {cfg.micro_batches} do not divide the batch of {g}: "
                        "equal micro-batches keep the loss the batch's mean (pick a divisor)")
+
+
+def _validate_tensor_parallel(cfg: TrainConfig, task) -> None:
+    """Task 10's flag: only with a tensor-parallel task; a TP size that divides the ranks."""
+    if task.sync != "tensor_parallel":
+        if cfg.tp_size is not None:
+            raise KitError(f"--tp_size is for tensor parallelism: use it with --task "
+                           f"{tasks.spoken(tasks.ids(lambda t: t.sync == 'tensor_parallel'))}")
+        return
+    if cfg.tp_size is not None and cfg.tp_size < 1:
+        raise KitError("--tp_size must be at least 1")
+    if cfg.tp_size is not None and cfg.world_size is not None and cfg.world_size % cfg.tp_size:
+        raise KitError(f"--tp_size {cfg.tp_size} does not divide --world_size {cfg.world_size}: the ranks are TP groups "
+                       "x data-parallel replicas")
+    if cfg.measure_traffic or cfg.save_every or cfg.resume or cfg.timeline or cfg.torch_sharding:
+        raise KitError(f"--task {task.id} trains without --measure_traffic, --timeline, --save_every, --resume or "
+                       "--torch_sharding (not there yet for tensor parallelism)")
 
 
 def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:

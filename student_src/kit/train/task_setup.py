@@ -16,6 +16,9 @@ fsdp (7)      ``fsdp.FSDP(model)`` (the model's slots  ``model.finish_gradient_s
               hold shards: AdamW is built over them)  then ``model.clip_grad_norm_`` (global norm)
 pipeline (9)  ``pipeline.build_stage(model, rank, p)``  none: the step is the kit's around
               (AdamW over the stage's parameters)    ``pipeline.pipeline_step`` (pipeline_helpers.py)
+tensor_parallel (10)  a copy, each encoder layer cut by  with replicas ``sync.allreduce_average`` on
+              ``parallelize_bert_layer`` on its TP group  the DP group, then the clip by the global norm
+              (``--tp_size``; tp_helpers.py)          (one all_reduce on the TP group)
 ============  =====================================  ==========================================
 
 Every other task steps the kit's AdamW (``build_optimizer``); a ``sharded_optimizer`` task's class
@@ -32,7 +35,7 @@ from student_src.kit import student_api, tasks
 from student_src.kit.compression import register_ddp_compression
 from student_src.kit.core.config import TrainConfig
 from student_src.kit.errors import KitError
-from student_src.kit.train import pipeline_helpers
+from student_src.kit.train import pipeline_helpers, tp_helpers
 from student_src.kit.train.fsdp2 import wrap_fsdp2
 from student_src.kit.train.optim import make_optimizer
 
@@ -48,6 +51,7 @@ class TaskSetup:
     optimizer: torch.optim.Optimizer
     train_step: Callable | None = None    # in place of the student's Task 1 train_step (a pipeline's)
     before_eval: Callable | None = None   # called on every rank before evaluating (a pipeline gathers its stages)
+    data: tuple[int, int] | None = None   # (rank, world size) the loader shards by, when not the process group's (TP x DP)
 
 
 def _function_sync(fn):
@@ -103,6 +107,8 @@ def setup_task(cfg: TrainConfig, model, ctx) -> TaskSetup:
         return TaskSetup(wrapped, _fsdp_sync(cfg.max_grad_norm), None, make_optimizer(model, cfg))
     if task.sync == "pipeline":
         return _pipeline_setup(cfg, model, ctx, task, fn)
+    if task.sync == "tensor_parallel":
+        return _tensor_parallel_setup(cfg, model, ctx, task, fn)
     compression = None if cfg.grad_compression == "none" else cfg.grad_compression
     if task.sync == "ddp":
         wrapped = fn(model)
@@ -149,6 +155,36 @@ def _pipeline_setup(cfg: TrainConfig, model, ctx, task, pipeline_step) -> TaskSe
                                             runner=runner)
     return TaskSetup(stage, None, None, make_optimizer(stage, cfg), train_step=step,
                      before_eval=lambda: pipeline_helpers.assemble(model, owner))
+
+
+def _tensor_parallel_setup(cfg: TrainConfig, model, ctx, task, parallelize_layer) -> TaskSetup:
+    """TP x DP: ``--tp_size`` T ranks per TP group (default all) times world / T replicas, rank =
+    replica * T + tp_rank (tp_helpers.py). A copy of the model, each encoder layer cut by the student's
+    ``parallelize_bert_layer`` on its TP group, trains (AdamW over its shards and replicated
+    parameters); the loader shards the batch over the replicas; with several replicas every gradient
+    is averaged over the DP group by the ``"function"`` task of ``needs_tasks`` (Task 2b); then the clip
+    by the global norm. The whole model, refilled from the shards, is evaluated."""
+    mesh = tp_helpers.layout(ctx.world_size, cfg.tp_size or ctx.world_size, ctx.rank)
+    (_, tp_group), (_, dp_group) = mesh["tp"], mesh["dp"]
+    average = None
+    if mesh["replicas"] > 1:
+        averaging = [t for t in map(tasks.get, task.needs_tasks) if t.sync == "function"]
+        if not averaging:
+            raise KitError(f"Task {task.id}: TP x DP names the task whose function averages its gradients in "
+                           "needs_tasks (see student_src/kit/tasks.py)")
+        fn = student_api.function(averaging[0].id)
+        average = lambda m: fn(m, group=dp_group)  # noqa: E731
+    tp_model = tp_helpers.parallelize(model, parallelize_layer, tp_group)
+    cut = tp_helpers.cut_dims(model, tp_model)
+
+    def sync(m):
+        if average is not None:
+            average(m)
+        tp_helpers.global_clip(m, cut, tp_group, cfg.max_grad_norm)
+
+    return TaskSetup(tp_model, sync, None, make_optimizer(tp_model, cfg),
+                     before_eval=lambda: tp_helpers.gather_into(model, tp_model, cut, tp_group),
+                     data=(mesh["replica"], mesh["replicas"]))
 
 
 def broadcast_parameters(model, ctx) -> None:

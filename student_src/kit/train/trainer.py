@@ -215,12 +215,13 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history) -> Run:
     task = tasks.get(cfg.task)
     setup = setup_task(cfg, model, ctx)
     pipeline = task.sync == "pipeline"  # every stage loads the whole batch, as one process does
-    per_worker, how = per_worker_batch_size(cfg, 1 if pipeline else ctx.world_size)
+    data_rank, data_world = setup.data or (ctx.rank, ctx.world_size)  # TP x DP: the loader shards over the replicas
+    per_worker, how = per_worker_batch_size(cfg, 1 if pipeline else data_world)
     if pipeline:
         loader = single_node_loader(train_ds, per_worker, cfg.seed)
         how = f"{how}, {cfg.micro_batches} micro-batches through {ctx.world_size} stages ({cfg.schedule})"
     elif task.distributed:
-        loader = student_api.build_train_loader()(train_ds, per_worker, ctx.rank, ctx.world_size, cfg.seed)
+        loader = student_api.build_train_loader()(train_ds, per_worker, data_rank, data_world, cfg.seed)
     else:
         loader = single_node_loader(train_ds, per_worker, cfg.seed)
     steps_per_epoch = len(loader)
@@ -228,7 +229,7 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history) -> Run:
         raise KitError(f"the training set ({len(train_ds)} examples) is smaller than one global batch; lower the batch size")
     max_steps = cfg.timing_iters or cfg.max_steps
     total_steps = max_steps if max_steps and max_steps > 0 else math.ceil(cfg.num_train_epochs * steps_per_epoch)
-    batch = {"global_batch_size": per_worker * (1 if pipeline else ctx.world_size), "per_worker_batch_size": per_worker,
+    batch = {"global_batch_size": per_worker * (1 if pipeline else data_world), "per_worker_batch_size": per_worker,
              "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
     log(f"Task {task.id} ({task.title}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
         f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "

@@ -1,0 +1,113 @@
+"""Task 10's provided parts: what training with the student's tensor parallelism
+(``student_src/tensor_parallel.py``) needs around it but is not the student's job.
+
+The layout (``layout``): ``world`` ranks as ``--tp_size`` T ranks per tensor-parallel group times
+D = world / T data-parallel replicas, rank = replica * T + tp_rank (the TP ranks of a replica are
+neighbours: on a cluster, the GPUs of one node). Every rank creates every group, in the same order
+(``dist.new_group``): one TP group per replica, one DP group per TP rank.
+
+The model (``parallelize``): a copy of the whole model, each encoder layer rewritten in place by
+the student's ``parallelize_bert_layer`` on the TP group; the kit keeps the whole model beside it
+for evaluation, refilled from the shards before each evaluation (``gather_into``: an all_gather per
+cut parameter over the TP group), so evaluation runs as in every other task.
+
+The clip (``global_clip``): a shard's gradient is 1/T of its parameter's, so the global gradient
+norm is ``sqrt(replicated squares + the TP group's sum of the shards' squares)``, one all_reduce of
+one number. Clipping by it first leaves ``train_step``'s own clip (over this rank's tensors, a
+smaller norm) multiplying by exactly 1, as in Task 7 (``task_setup._fsdp_sync``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+
+from student_src.kit.errors import KitError
+
+
+def layout(world_size: int, tp_size: int, rank: int) -> dict:
+    """``{"tp": (ranks, group), "dp": (ranks, group), "tp_rank", "replica", "replicas"}`` of ``rank``;
+    a group of the whole world is None (the default group); a TP group of one rank is a group of its
+    own (``dist.get_world_size(group)`` 1: nothing is sent)."""
+    if tp_size < 1 or world_size % tp_size:
+        raise KitError(f"--tp_size {tp_size} does not divide --world_size {world_size}: the ranks are TP x DP")
+    replicas = world_size // tp_size
+    tp_ranks = [[d * tp_size + t for t in range(tp_size)] for d in range(replicas)]
+    dp_ranks = [[d * tp_size + t for d in range(replicas)] for t in range(tp_size)]
+
+    def groups(all_ranks):
+        if len(all_ranks[0]) == world_size or not (dist.is_available() and dist.is_initialized()):
+            return [(r, None) for r in all_ranks]
+        return [(r, dist.new_group(r)) for r in all_ranks]
+
+    tp, dp = groups(tp_ranks), groups(dp_ranks)
+    replica, tp_rank = rank // tp_size, rank % tp_size
+    return {"tp": tp[replica], "dp": dp[tp_rank], "tp_rank": tp_rank, "replica": replica, "replicas": replicas}
+
+
+def encoder_layers(model) -> list:
+    """The encoder layers of a BERT-family model (``model.bert.encoder.layer``, or its base model's)."""
+    base = getattr(model, "base_model", model)
+    layers = getattr(getattr(base, "encoder", None), "layer", None)
+    if layers is None:
+        raise KitError(f"tensor parallelism cuts a BERT-family encoder: {type(model).__name__} has no encoder.layer")
+    return list(layers)
+
+
+def parallelize(model, parallelize_layer, group) -> torch.nn.Module:
+    """A copy of ``model`` with every encoder layer rewritten by the student's ``parallelize_layer``."""
+    tp_model = copy.deepcopy(model)
+    for layer in encoder_layers(tp_model):
+        parallelize_layer(layer, group)
+    return tp_model
+
+
+def cut_dims(full_model, tp_model) -> dict:
+    """``{name: dim}`` of every parameter cut across the TP group (0: rows, 1: columns), by shape."""
+    full = dict(full_model.named_parameters())
+    out = {}
+    for name, p in tp_model.named_parameters():
+        w = full.get(name)
+        if w is None:
+            raise KitError(f"parallelize_bert_layer renamed a parameter: {name} is not in the model (keep the names: "
+                           "replace query, key, value and the dense layers in place)")
+        if p.shape != w.shape:
+            out[name] = 0 if p.shape[0] != w.shape[0] else 1
+    return out
+
+
+def global_clip(model, cut: dict, group, max_norm: float) -> None:
+    """Clip every gradient by the norm of the whole model's gradient (module docstring); torch's
+    formula (``max_norm / (norm + 1e-6)``, never above 1)."""
+    if not max_norm or max_norm <= 0:
+        return
+    grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+    if not grads:
+        return
+    sq = {True: torch.zeros((), dtype=torch.float32), False: torch.zeros((), dtype=torch.float32)}
+    for n, g in grads:
+        sq[n in cut] = sq[n in cut] + torch.linalg.vector_norm(g.detach().float()) ** 2
+    shards = sq[True].clone()
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(shards, group=group)
+    total = torch.sqrt(shards + sq[False])
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for _, g in grads:
+        g.detach().mul_(coef.to(g.dtype))
+
+
+def gather_into(full_model, tp_model, cut: dict, group) -> None:
+    """The whole model refilled from ``tp_model``: every cut parameter all_gathered over the TP group
+    and joined on its dimension, every other parameter copied."""
+    full = dict(full_model.named_parameters())
+    size = dist.get_world_size(group) if dist.is_initialized() else 1
+    with torch.no_grad():
+        for name, p in tp_model.named_parameters():
+            if name in cut and size > 1:
+                parts = [torch.empty_like(p) for _ in range(size)]
+                dist.all_gather(parts, p.detach().contiguous(), group=group)
+                full[name].copy_(torch.cat(parts, dim=cut[name]))
+            else:
+                full[name].copy_(p.detach())
