@@ -459,7 +459,7 @@ ZOO.update({
 # ------------------------------------------------------------------ 9 (pipeline parallelism: its own block)
 TASK_9 = {"9.public_afab_2_stages", "9.one_f_one_b_2_stages", "9.one_f_one_b_4_stages", "9.afab_4_stages_float64",
           "9.schedule_1f1b", "9.point_to_point_only", "9.world_size_1", "9.bert_stages_2_ranks", "9.stage_sizes",
-          "9.pipeline_x_data_parallel_4_ranks"}
+          "9.pipeline_x_data_parallel_4_ranks", "9.tiny_bert_matches_single_node"}
 ALL_OF["9"] = TASK_9
 ZOO.update({
     "9_forgets_to_scale_the_loss": ("pipeline", "9", """

@@ -16,7 +16,9 @@ one process on the same micro-batches and compares every stage's gradients and p
   ``group``), the stages' gradients averaged over the replicas by the grader's optimizer;
 * ``bert_stages_2_ranks``: ``build_stage`` cuts a small BERT into 2 stages that, as a pipeline,
   give the model's own gradients (the attention mask travels with the hidden states);
-* ``stage_sizes``: balanced layer counts.
+* ``stage_sizes``: balanced layer counts;
+* ``tiny_bert_matches_single_node``: the kit's tiny BERT in 2 stages trains (SGD, 3 steps) with the
+  single-node losses (``references.py``'s setup), inputs from stage 0's secret, labels from the last's.
 """
 
 from __future__ import annotations
@@ -316,3 +318,54 @@ def _(payloads, secrets):
                 if not shared._close(got, want_p[n], torch.float32):
                     raise CheckFailure(f"rank {r}: {n} after step {step + 1} is not one SGD step from the averaged "
                                        "gradients")
+
+
+# ---------------------------------------------------------------- the tiny BERT, trained
+def _tiny_batch(secrets, step: int) -> dict:
+    """The global batch: inputs and mask from stage 0's secret, labels from the last stage's."""
+    from autograder import references
+
+    first, last = references.rank_batch(secrets[0], step, 1), references.rank_batch(secrets[-1], step, 1)
+    return {**first, "labels": last["labels"]}
+
+
+@define_check("9.tiny_bert_matches_single_node", task="9", world_size=2, needs="pipeline", hang_hint=shared.HANG_HINT,
+              title="the tiny BERT in 2 stages (build_stage, 1F1B, 4 micro-batches, SGD) trains with single-node "
+                    "losses (within 1e-4)",
+              promise="training the ``tiny`` BERT cut into 2 stages (``build_stage``, 1F1B, 4 micro-batches, SGD) "
+                      "gives the same losses as single-node training on the whole batch (within 1e-4)")
+def tiny_bert(ctx):
+    from autograder import references
+
+    student = ctx.student("pipeline")
+    model = references.tiny_model()
+    stage = student.build_stage(model, ctx.rank, ctx.world_size)
+    opt = torch.optim.SGD(stage.parameters(), lr=references.LR)
+    losses = []
+    for step in range(references.STEPS):
+        mine = references.rank_batch(ctx.secret, step, 1)  # stage 0 reads its inputs, the last stage its labels
+        loss = student.pipeline_step(stage, shared.micro_batches(mine, 4), ctx.rank, ctx.world_size, "1f1b",
+                                     optimizer=opt)
+        losses.append(None if loss is None else float(loss))
+    return {"losses": losses}
+
+
+@tiny_bert.judge
+def _(payloads, secrets):
+    from autograder import references
+
+    model = references.tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=references.LR)
+    for step in range(references.STEPS):
+        loss = model(**_tiny_batch(secrets, step)).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        got = payloads[-1]["losses"][step] if len(payloads[-1].get("losses") or []) > step else None
+        if got is None or abs(got - float(loss)) > references.TOL:
+            raise CheckFailure(f"the tiny BERT in 2 stages: at step {step + 1} the last stage returned loss {got}, "
+                               f"single-node training on the same batch gives {float(loss):.6f} (tolerance "
+                               f"{references.TOL:g})" + ("; the first step differs: are the stages cut from the whole "
+                                                        "model, in order?" if step == 0 else
+                                                        "; later steps differ: does every stage step its optimizer "
+                                                        "once per batch, on the accumulated gradients?"))
