@@ -74,6 +74,16 @@ def _no_sandbox_outlives_the_suite():
                     pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _sys_path_restored():
+    """A test that puts a release's folder on sys.path (a notebook session started in it) must not
+    leave it there: ranks launched by later tests in the same worker take the launcher's sys.path
+    and would import that release's TODO stubs instead of the solution."""
+    saved = list(sys.path)
+    yield
+    sys.path[:] = saved
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT

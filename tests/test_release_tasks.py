@@ -29,6 +29,9 @@ from autograder.release import build_release, student_readme  # noqa: E402
 from autograder.selection import resolve  # noqa: E402
 from autograder.task_table import tasks as task_table  # noqa: E402
 
+#: a task id the table does not have (a number past every id in it)
+UNKNOWN = str(max(int("".join(c for c in t if c.isdigit())) for t in task_table.ids()) + 90)
+
 CHOSEN = ["0", "1", "2", "2a", "2b", "3", "4"]
 LEFT_OUT = ["5", "6", "7", "8"]
 
@@ -181,7 +184,7 @@ def test_a_selection_that_leaves_out_what_its_tasks_need_is_refused_in_one_line(
                          ("1,2,8", ("Tasks 2 and 8 need 2a; Task 8 needs 3", "add 2a and 3, i.e. --tasks 1,2,2a,3,8")),
                          # Task 2 is taught in 2a's notebook (its check cell and run are 2a's)
                          ("0,1,2,2b,3,4", ("Tasks 2, 2b, 3 and 4 need 2a", "--tasks 0,1,2,2a,2b,3,4")),
-                         ("0,1,2,2b,4,9", ("unknown task(s) 9",))):
+                         (f"0,1,2,2b,4,{UNKNOWN}", (f"unknown task(s) {UNKNOWN}",))):
         proc = subprocess.run([sys.executable, "-m", "autograder", "release", str(tmp_path / "r"), "--tasks", tasks],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
@@ -274,7 +277,7 @@ def test_the_nbgrader_course_takes_the_courses_notebooks(selected, tmp_path):
 def test_a_course_naming_an_unknown_task_is_an_autograder_failure(tmp_path):
     """A points.toml whose [tasks] course names a task the table lacks grades nothing, and says why."""
     bad = tmp_path / "points.toml"
-    bad.write_text((ROOT / "autograder" / "points.toml").read_text().replace("[tasks]\n", '[tasks]\ncourse = ["1", "9"]\n', 1))
+    bad.write_text((ROOT / "autograder" / "points.toml").read_text().replace("[tasks]\n", f'[tasks]\ncourse = ["1", "{UNKNOWN}"]\n', 1))
     results = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, "-m", "autograder", "grade", str(ROOT), "--tasks", "1", "--results",
                            str(results), "--json-only"], cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -282,7 +285,7 @@ def test_a_course_naming_an_unknown_task_is_an_autograder_failure(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(results.read_text())
     assert [t["name"] for t in data["tests"]] == ["autograder failed"]
-    assert "[tasks] course names 9, which the task table" in data["tests"][0]["output"]
+    assert f"[tasks] course names {UNKNOWN}, which the task table" in data["tests"][0]["output"]
 
 
 def test_release_follows_the_course_in_points_toml(selected, tmp_path, monkeypatch):

@@ -122,7 +122,7 @@ def test_nothing_outlives_grading_and_results_stay_the_graders(tmp_path, level):
 @pytest.mark.parametrize("level", LEVELS)
 def test_grader_files_cannot_be_changed(tmp_path, level):
     points = ROOT / "autograder" / "points.toml"
-    kit_file = ROOT / "student_src" / "kit" / "timing.py"
+    kit_file = ROOT / "student_src" / "kit" / "core" / "timing.py"
     before = {p: p.read_bytes() for p in (points, kit_file)}
     code = f'''
     for _p in ({str(points)!r}, {str(kit_file)!r}):
