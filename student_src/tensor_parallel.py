@@ -88,7 +88,10 @@ Cases the checks test
 * heads or the MLP width not divisible by the TP size: a ``ValueError`` whose message names the
   number and the TP size (``4 attention heads do not divide by the tensor-parallel size 3``);
 * TP size 1 (no process group, or a group of one): the layers hold the whole weights, nothing is
-  sent, and training equals plain training.
+  sent, and training equals plain training;
+* TP x DP on 4 ranks (TP groups {0, 1} and {2, 3}, each training its own share of the batch, the
+  gradients averaged over the DP groups): the ``tiny`` BERT gives the same losses as single-node
+  training (within 1e-4); every collective goes to ``group``, never to the default group.
 """
 
 from __future__ import annotations

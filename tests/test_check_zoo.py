@@ -424,7 +424,7 @@ ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "
 # ------------------------------------------------------------------ 10 (tensor parallelism: its own block)
 TASK_10 = {"10.public_f_g_2_ranks", "10.public_column_row_2_ranks", "10.layers_4_ranks_float64",
            "10.bert_layer_2_ranks_float64", "10.bert_layer_4_ranks_float64", "10.collectives_2_ranks",
-           "10.heads_not_divisible", "10.tp_size_1"}
+           "10.heads_not_divisible", "10.tp_size_1", "10.tp_x_dp_4_ranks_tiny_bert"}
 ALL_OF["10"] = TASK_10
 ZOO.update({
     "10_row_parallel_without_all_reduce": ("tensor_parallel", "10", """
@@ -453,6 +453,14 @@ ZOO.update({
         """,
         # g alone, the error and TP size 1 (a group of one sums nothing) are right
         TASK_10 - {"10.heads_not_divisible", "10.tp_size_1"}, "f's forward is the identity"),
+    "10_ignores_the_group": ("tensor_parallel", "10", """
+        _parallelize = parallelize_bert_layer
+
+        def parallelize_bert_layer(layer, group=None):  # every rank in one TP group, whatever group says
+            return _parallelize(layer, None)
+        """,
+        # every other check passes group=None: only TP x DP sees it (tiny's 2 heads over 4 ranks)
+        {"10.tp_x_dp_4_ranks_tiny_bert"}, "tensor-parallel size 4"),
 })
 
 

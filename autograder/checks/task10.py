@@ -16,7 +16,15 @@ the judge recomputes everything with a single-process ``nn.Linear`` or ``BertLay
 * ``heads_not_divisible``: 3 heads, then an MLP of 15, on 2 ranks: a one-line ValueError naming
   the number and the TP size, raised before the layer is changed;
 * ``tp_size_1``: no process group: the layers hold the whole weights, nothing is sent, and three
-  SGD steps of a parallelized BertLayer equal three steps of the plain one.
+  SGD steps of a parallelized BertLayer equal three steps of the plain one;
+* ``tp_x_dp_4_ranks_tiny_bert``: the kit's ``tiny`` BERT on 4 ranks as TP groups {0, 1} and {2, 3}
+  (``dist.new_group``), every encoder layer cut by ``parallelize_bert_layer`` on its TP group; each
+  TP group trains on its two ranks' secret shares of every global batch (put together through the
+  trusted ``all_gather_object``), the grader's own all_reduce averages the gradients over the DP
+  groups {0, 2} and {1, 3}, SGD steps: the mean loss over ranks equals single-node training on the
+  whole batch at every step, and every rank's model the single-node one on a probe batch
+  (``references.judge_equivalence``, 1e-4). A layer that ignores ``group`` (and all_reduces over
+  every rank) fails it.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from autograder import margins, references
 from autograder.public import task10 as shared
 from autograder.registry import CheckFailure, define_check
 
@@ -151,3 +160,81 @@ def _(payloads, secrets):
     for name, w in want.state_dict().items():
         shared._close(0, f"{name} after {STEPS} SGD steps", got.get(name), w, torch.float64,
                       "at TP size 1 every layer holds the whole weight and trains as the plain one")
+
+
+TP = 2
+
+
+def _tp_x_dp_groups(world: int):
+    """(TP group, DP group) of this rank: rank = replica * TP + tp_rank; every rank creates every group."""
+    import torch.distributed as dist
+
+    tp = [dist.new_group([d * TP + t for t in range(TP)]) for d in range(world // TP)]
+    dp = [dist.new_group([d * TP + t for d in range(world // TP)]) for t in range(TP)]
+    rank = dist.get_rank()
+    return tp[rank // TP], dp[rank % TP]
+
+
+@define_check("10.tp_x_dp_4_ranks_tiny_bert", task=TASK, world_size=4, needs="tensor_parallel",
+              title="tiny BERT on 4 ranks as TP 2 x DP 2 (the grader averages over the DP groups): losses equal to "
+                    "single-node training (within 1e-4)",
+              promise=("TP x DP on 4 ranks (TP groups {0, 1} and {2, 3}, each training its own share of the batch, the "
+                       "gradients averaged over the DP groups): the ``tiny`` BERT gives the same losses as single-node "
+                       "training",))
+def tp_x_dp(ctx):
+    import torch.distributed as dist
+
+    world = ctx.world_size
+    shares = [ctx.all_gather_object(references.rank_batch(ctx.secret, step, world)) for step in range(references.STEPS)]
+    tp_group, dp_group = _tp_x_dp_groups(world)
+    mine = range(ctx.rank // TP * TP, ctx.rank // TP * TP + TP)  # the ranks of this rank's TP group
+
+    def average(model):  # the grader's own mean over the DP group
+        for p in model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=dp_group)
+                p.grad.div_(world // TP)
+
+    mod = shared.student(ctx)
+    model = references.tiny_model()
+    for layer in model.bert.encoder.layer:
+        mod.parallelize_bert_layer(layer, tp_group)
+    opt = references.sgd(model.parameters())
+    losses = []
+    for step in range(references.STEPS):
+        batch = {k: torch.cat([shares[step][r][k] for r in mine]) for k in shares[step][0]}
+        losses.append(references.trusted_step(model, batch, opt, sync=average).item())
+    encoder = {n: p.detach().clone() for n, p in model.named_parameters() if ".encoder." in n}
+    return {"losses": losses, "probe": references.probe_loss(model, references.probe_batch()), "encoder": encoder}
+
+
+def _single_node_encoder(secrets) -> dict:
+    """The encoder's parameters after single-node training on every rank's rows (``references.single_node``'s run):
+    the loss of a freshly initialised classifier barely moves in 3 steps, the encoder's weights do."""
+    model = references.tiny_model()
+    opt = references.sgd(model.parameters())
+    for step in range(references.STEPS):
+        parts = [references.rank_batch(s, step, len(secrets)) for s in secrets]
+        references.trusted_step(model, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, opt)
+    return {n: p.detach() for n, p in model.named_parameters() if ".encoder." in n}
+
+
+@tp_x_dp.judge
+def _(payloads, secrets):
+    references.judge_equivalence(payloads, secrets, "parallelize_bert_layer (TP 2 x DP 2)")
+    want = _single_node_encoder(secrets)
+    for r, p in enumerate(payloads):
+        got, t = p.get("encoder") or {}, r % TP
+        for name, w in want.items():
+            owner = name.split(".layer.", 1)[1].split(".", 1)[1].rsplit(".", 1)[0]
+            if owner in shared.COLUMN:
+                w = shared.rows(w, t, TP)
+            elif owner in shared.ROW and name.endswith("weight"):
+                w = shared.cols(w, t, TP)
+            g = got.get(name)
+            if g is None or tuple(g.shape) != tuple(w.shape) or not margins.close(g, w, 1e-5, 1e-4, name):
+                err = "missing or of another shape" if g is None or g.shape != w.shape else \
+                    f"off by {(g - w).abs().max().item():.2e}"
+                raise CheckFailure(f"rank {r}: after {references.STEPS} steps {name} ({owner}, TP rank {t}) is {err} "
+                                   "against the matching slice of single-node training: is every collective on the "
+                                   "TP group (group=), the partial outputs summed (g), each input gradient summed (f)?")
