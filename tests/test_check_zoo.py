@@ -461,7 +461,19 @@ ZOO.update({
         """,
         # every other check passes group=None: only TP x DP sees it (tiny's 2 heads over 4 ranks)
         {"10.tp_x_dp_4_ranks_tiny_bert"}, "tensor-parallel size 4"),
+    "10_row_bias_on_every_rank": ("tensor_parallel", "10", """
+        def _bias_before_sum(self, x):  # every rank adds the whole bias before the all_reduce: T times the bias
+            out = torch.nn.functional.linear(x, self.weight, self.bias)
+            return g(out, self.group)
+
+        RowParallelLinear.forward = _bias_before_sum
+        """,
+        # f, g alone and the collectives are right; at TP size 1 the bias is added once; the error comes first. The
+        # tiny BERT's biases start at 0 and move little in 3 SGD steps: TP x DP may stay within its tolerance
+        TASK_10 - {"10.public_f_g_2_ranks", "10.collectives_2_ranks", "10.heads_not_divisible", "10.tp_size_1",
+                   "10.tp_x_dp_4_ranks_tiny_bert"}, "the bias is added once"),
 })
+MAY_ALSO_LOSE["10_row_bias_on_every_rank"] = {"10.tp_x_dp_4_ranks_tiny_bert"}
 
 
 # ------------------------------------------------------------------ 9 (pipeline parallelism: its own block)
