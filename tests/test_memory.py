@@ -85,9 +85,16 @@ def test_bad_input_says_what_to_give():
             call()
 
 
+#: sync kinds whose per-rank memory the model does not predict yet (issues 32 and 33 leave the
+#: pipeline's activations and tensor parallelism's 1/T shards for later): their rows say memory=None
+NOT_MODELLED_YET = {"pipeline", "tensor_parallel"}
+
+
 def test_every_training_task_declares_what_a_rank_holds():
     for task in tasks.TASKS.values():
-        if task.trains:
+        if task.trains and task.sync in NOT_MODELLED_YET:
+            assert task.memory is None, task.id  # modelled now: take its kind out of NOT_MODELLED_YET
+        elif task.trains:
             assert task.memory is not None, f"Task {task.id}: give its row memory=replicated|zero1|zero2|fsdp"
             mm.parse_spec(task.memory)
         else:
