@@ -1,9 +1,9 @@
 """What the kit provides. Students read this package; they do not need to edit it. Their work
-lives one level up, in student_src/: the ten task modules of the task table (``tasks.py``),
+lives one level up, in student_src/: the task modules of the task table (``tasks.py``),
 collectives.py (Task 0), train.py (1), partition.py (2), sync.py (2a, 2b), ddp.py (3),
-profiling.py (4), bucketed.py (5), sharded_optimizer.py (6), fsdp.py (7), resume.py (8);
-beside them run_glue.py (the one entry point) and export.py (the hand-in), 13 files with
-student_src/__init__.py.
+profiling.py (4), bucketed.py (5), sharded_optimizer.py (6), fsdp.py (7), resume.py (8),
+pipeline.py (9), tensor_parallel.py (10); beside them run_glue.py (the one entry point) and
+export.py (the hand-in), 15 files with student_src/__init__.py.
 
 The map, one room per folder, from the ground floor up. A room imports only rooms below it
 (``tests/test_layering.py`` holds the order and fails on a loop or an arrow that runs up):
