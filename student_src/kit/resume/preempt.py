@@ -36,37 +36,33 @@ def _note(signum, frame) -> None:
 
 
 @contextlib.contextmanager
-def install(enabled: bool = True):
-    """While inside: a SIGTERM sets ``requested()`` instead of ending the process (main thread
-    only: elsewhere, or not ``enabled``, nothing changes)."""
+def _on_sigterm(handler, enabled: bool = True):
+    """While inside: ``handler`` answers SIGTERM (main thread only: elsewhere, or not ``enabled``,
+    nothing changes); the previous handler comes back after."""
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return
     _requested.clear()
-    previous = signal.signal(signal.SIGTERM, _note)
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-@contextlib.contextmanager
+def install(enabled: bool = True):
+    """While inside: a SIGTERM sets ``requested()`` instead of ending the process."""
+    return _on_sigterm(_note, enabled)
+
+
+def _forward(signum, frame) -> None:
+    _requested.set()
+    for child in mp.active_children():
+        with contextlib.suppress(OSError):
+            os.kill(child.pid, signal.SIGTERM)
+
+
 def forward_to_children():
     """While inside (a launcher waiting for its ranks): a SIGTERM to this process is sent on to
     every live child process it started, which stop as above; the launcher keeps waiting for them."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def forward(signum, frame):
-        _requested.set()
-        for child in mp.active_children():
-            with contextlib.suppress(OSError):
-                os.kill(child.pid, signal.SIGTERM)
-
-    _requested.clear()
-    previous = signal.signal(signal.SIGTERM, forward)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return _on_sigterm(_forward)

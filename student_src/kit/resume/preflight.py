@@ -43,18 +43,27 @@ def check(cfg, verify: bool = True) -> None:
 
 def check_folder(folder: Path, needed: int | None) -> None:
     """``folder`` can be made and written, with ``needed`` bytes free (None: unknown, not checked)."""
+    problem = unwritable(folder)
+    if problem:
+        raise KitError(f"--checkpoint_dir {folder} cannot be written ({problem}); choose a folder you "
+                       "can write to (--checkpoint_dir DIR)")
+    free = shutil.disk_usage(folder).free
+    if needed is not None and free < needed:
+        raise KitError(f"--checkpoint_dir {folder} has {free / 1e6:.0f} MB free, one checkpoint of this model needs "
+                       f"about {needed / 1e6:.0f} MB; free some space or choose another --checkpoint_dir")
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why ``folder`` cannot be made and written (the OS's words), or None: a file is written and
+    removed, the only test that holds for every file system and user (``os.access`` lies for root)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".write-test-{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
-        raise KitError(f"--checkpoint_dir {folder} cannot be written ({exc.strerror or exc}); choose a folder you "
-                       "can write to (--checkpoint_dir DIR)") from None
-    free = shutil.disk_usage(folder).free
-    if needed is not None and free < needed:
-        raise KitError(f"--checkpoint_dir {folder} has {free / 1e6:.0f} MB free, one checkpoint of this model needs "
-                       f"about {needed / 1e6:.0f} MB; free some space or choose another --checkpoint_dir")
+        return exc.strerror or str(exc)
+    return None
 
 
 def estimate_bytes(model_name: str) -> int | None:

@@ -37,13 +37,9 @@ def check_output_dir(cfg: TrainConfig) -> None:
         raise KitError(f"--output_dir {out} is a file; give a folder")
     if out.is_dir() and any(out.iterdir()) and not cfg.overwrite_output_dir and not cfg.resume:
         raise KitError(f"--output_dir {out} is not empty; pass --overwrite_output_dir or choose another folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise KitError(f"--output_dir {out} is not writable ({exc.strerror or exc}); choose a folder you can write to") from None
+    problem = preflight.unwritable(out)
+    if problem:
+        raise KitError(f"--output_dir {out} is not writable ({problem}); choose a folder you can write to")
 
 
 def check_data(cfg: TrainConfig) -> None:
