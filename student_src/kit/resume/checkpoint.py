@@ -79,6 +79,7 @@ whole, gathered from the shards, and each rank keeps its piece on resume (``fsdp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -396,19 +397,34 @@ class Checkpointer:
             self._save(wait=True)
         t0 = time.perf_counter()
         if self.pending is not None:
-            self._complete()
+            with self._unmetered():
+                self._complete()
             self.blocked_s.append(time.perf_counter() - t0)
+
+    @contextlib.contextmanager
+    def _unmetered(self):
+        """--measure_traffic counts training traffic: a save's own collectives (DCP's plan and
+        metadata exchange) are not, as evaluation's are not. Every rank saves at the same step,
+        so the meter's barriers line up. An --async_save's background writes after this returns
+        are still counted (they overlap the steps that follow)."""
+        meter = getattr(self.run, "meter", None)
+        if meter is not None:
+            meter.pause()
+        yield  # a failed save ends the run: no resume (its barrier would wait for ranks that failed)
+        if meter is not None:
+            meter.resume()
 
     def _save(self, wait: bool) -> None:
         """Save this step: with ``--async_save`` in the background unless ``wait`` (a SIGTERM, the
         end), after completing the save still in flight (at most one at a time). The seconds the
         training waited go to ``blocked_s`` (metrics.json's ``checkpoint_blocked_s``)."""
         t0 = time.perf_counter()
-        self._complete()
-        if self.run.cfg.async_save and not wait:
-            self.pending = save(self.run, self.directory, self.epoch, self.batches_done, asynchronous=True)
-        else:
-            self.last = save(self.run, self.directory, self.epoch, self.batches_done)
+        with self._unmetered():
+            self._complete()
+            if self.run.cfg.async_save and not wait:
+                self.pending = save(self.run, self.directory, self.epoch, self.batches_done, asynchronous=True)
+            else:
+                self.last = save(self.run, self.directory, self.epoch, self.batches_done)
         self.blocked_s.append(time.perf_counter() - t0)
 
     def _complete(self) -> None:
