@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from student_src.kit.errors import KitError
-from student_src.kit.whatif.scaling import (ComputeProfile, LinkModel, ddp_buckets, iteration, main, parse_latency, parse_rate,
-                                    predict)
+from student_src.kit.whatif.scaling import (ComputeProfile, HostModel, LinkModel, ddp_buckets, fsdp_layout, iteration, main,
+                                            measure_host, parse_latency, parse_rate, predict, sync_cpu_bytes, tensor_sizes)
 
 GBIT = LinkModel(1e9, latency_s=0.0, efficiency=1.0)
 COMPUTE = ComputeProfile(forward_s=0.1, backward_s=0.2, optimizer_s=0.05, batch_size=32)
@@ -33,8 +33,50 @@ def test_serial_tasks_add_communication_after_backward():
     assert it["forward_s"] == pytest.approx(0.025) and it["backward_s"] == pytest.approx(0.05)
     assert it["optimizer_s"] == pytest.approx(0.05)  # every rank updates every weight
     assert it["comm_s"] == pytest.approx(sum(GBIT.allreduce_s(s, 4) for s in sizes))
-    assert it["total_s"] == pytest.approx(0.025 + 0.05 + 0.05 + it["comm_s"])
+    # 2b divides every gradient (2 S of memory traffic), the clip reads and scales it (3 S)
+    assert it["sync_cpu_s"] == pytest.approx(5 * sum(sizes) / HostModel().bytes_per_s)
+    assert it["total_s"] == pytest.approx(0.025 + 0.05 + 0.05 + it["comm_s"] + it["sync_cpu_s"])
     assert iteration("2a", 4, COMPUTE, sizes, GBIT)["comm_s"] > 2 * it["comm_s"]
+
+
+def test_the_sync_cpu_term_follows_each_tasks_reference_sync():
+    """Issue 31 item 18: the CPU work between backward and the optimizer is in the model. 2a's rank
+    0 stacks, sums and divides N copies of each gradient ((4N+3) S) and grows with N; DDP divides
+    inside its hook during backward (only the clip is left); no clip, no clip term; one worker
+    syncs nothing."""
+    sizes, host = [8_000_000], HostModel(1e9)
+    sync = {(t, n): iteration(t, n, COMPUTE, sizes, GBIT, host=host)["sync_cpu_s"] for t in ("2a", "3") for n in (1, 2, 4)}
+    assert sync[("2a", 2)] == pytest.approx((4 * 2 + 3 + 3) * 8e-3) and sync[("2a", 4)] == pytest.approx((4 * 4 + 6) * 8e-3)
+    assert sync[("3", 4)] == pytest.approx(3 * 8e-3) and sync[("2a", 1)] == sync[("3", 1)] == 0
+    assert iteration("3", 4, COMPUTE, sizes, GBIT, host=host, clip=False)["sync_cpu_s"] == 0
+    assert sync_cpu_bytes("5", 4, sizes) == 7 * 8e6  # divides and copies its buckets back, then the clip
+    assert measure_host(nbytes=2 ** 20, n=2, repeats=3).bytes_per_s > 1e8
+
+
+def test_zero1_and_fsdp_have_their_own_collectives_and_a_sharded_optimizer():
+    """Task 6 adds a broadcast of every weight to 2b's all_reduces; Task 7 gathers the sharded
+    weights (Linear weights twice) and reduce-scatters their gradients (an all_reduce on gloo,
+    priced as ``allreduce_s``); both step 1/N of the
+    optimizer (a profile measured at N workers is already sharded: ``workers``)."""
+    sizes = [4_000_000, 1000]
+    zero1, ring = iteration("6", 4, COMPUTE, sizes, GBIT), iteration("2b", 4, COMPUTE, sizes, GBIT)
+    broadcast = sum(GBIT.collective_s("broadcast", s, 4) for s in sizes)
+    assert broadcast == pytest.approx(2 * sum(sizes) / 1.25e8)  # the root sends ceil(log2 4) = 2 times
+    assert zero1["comm_s"] == pytest.approx(ring["comm_s"] + broadcast)
+    assert zero1["optimizer_s"] == pytest.approx(COMPUTE.optimizer_s / 4)
+    measured_at_4 = ComputeProfile(0.1, 0.2, 0.05 / 4, 32, workers=4)
+    assert iteration("6", 4, measured_at_4, sizes, GBIT)["optimizer_s"] == pytest.approx(0.05 / 4)
+    layout = ([(4_000_000, True), (1000, False)], 400)
+    fsdp = iteration("7", 4, COMPUTE, sizes, GBIT, fsdp=layout)
+    gather = GBIT.collective_s("all_gather_single", 4_000_000, 4)
+    assert gather == pytest.approx(3 / 4 * 4e6 / 1.25e8)
+    expected = (2 * gather + GBIT.allreduce_s(4_000_000, 4) + GBIT.collective_s("all_gather_single", 1000, 4)
+                + GBIT.allreduce_s(1000, 4) + GBIT.allreduce_s(400, 4) + GBIT.allreduce_s(8, 4))
+    # on gloo a group's collectives run in order: the reduce_scatters hide behind nothing
+    assert fsdp["comm_s"] == pytest.approx(expected, rel=1e-4) and fsdp["exposed_comm_s"] == fsdp["comm_s"]
+    sharded, replicated = fsdp_layout("tiny")
+    assert sum(s for s, _ in sharded) + replicated == sum(tensor_sizes("tiny")) and replicated > 0
+    assert any(again for _, again in sharded) and not all(again for _, again in sharded)
 
 
 def test_buckets_fill_in_reverse_order_and_overlap_backward():
@@ -174,3 +216,15 @@ def test_without_metrics_or_memory_it_says_which_to_give(capsys):
         main([])
     err = capsys.readouterr().err
     assert "--metrics" in err and "--memory" in err
+
+
+def test_a_profile_from_a_sharded_run_knows_its_optimizer_was_split(tmp_path):
+    """A 2-rank Task 6 run's optimizer stepped half the weights; a 2-rank 2b run's, all of them."""
+    from student_src.kit.whatif.scaling import compute_from_metrics
+
+    split = {"forward_s": 0.01, "backward_s": 0.02, "optimizer_s": 0.004}
+    base = {"world_size": 2, "per_worker_batch_size": 8, "compute": split}
+    assert compute_from_metrics({**base, "task": "6"}).workers == 2
+    assert compute_from_metrics({**base, "task": "2b"}).workers == 1
+    one = iteration("6", 1, compute_from_metrics({**base, "task": "2b"}), [4000], GBIT)
+    assert one["optimizer_s"] == pytest.approx(0.004)

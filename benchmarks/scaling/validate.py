@@ -1,6 +1,6 @@
 """Validate the what-if model on the emulated cluster: predicted vs measured time per iteration.
 
-    sudo .venv/bin/python benchmarks/scaling/validate.py            # 2a, 2b, 3 at 2, 3, 4 nodes, 1 Gbit links
+    sudo .venv/bin/python benchmarks/scaling/validate.py            # 2a, 2b, 3, 5, 6, 7 at 2, 3, 4 nodes, 1 Gbit links
     sudo .venv/bin/python benchmarks/scaling/validate.py --nodes 2 --tasks 2b --steps 5   # a quick look
 
 For each node count N it brings up an N-node cluster (its own namespace prefix, so another
@@ -30,7 +30,9 @@ HERE = Path(__file__).resolve().parent
 PY = sys.executable
 PREFIX = "scl"
 
-from student_src.kit.whatif.scaling import ComputeProfile, LinkModel, iteration, parse_rate, tensor_sizes  # noqa: E402
+from student_src.kit import tasks as task_table  # noqa: E402
+from student_src.kit.whatif.scaling import (ComputeProfile, LinkModel, fsdp_layout, iteration, measure_host,  # noqa: E402
+                                            parse_rate, tensor_sizes)
 
 
 def sh(cmd: list, timeout: float = 600) -> str:
@@ -88,7 +90,7 @@ def measured_comm(metrics: dict) -> float:
         steps.setdefault((e["rank"], e["iteration"]), {}).setdefault(e["kind"], 0.0)
         steps[(e["rank"], e["iteration"])][e["kind"]] += e["end"] - e["start"]
     c = metrics["compute"]
-    compute = c["forward_s"] + c["backward_s"] + c["optimizer_s"] + c.get("other_s", 0.0)
+    compute = c["forward_s"] + c["backward_s"] + c["optimizer_s"] + c.get("other_s", 0.0) - sum(blocking_comm(metrics).values())
     return statistics.fmean(k["step"] for k in steps.values() if "step" in k) - compute
 
 
@@ -111,16 +113,50 @@ def sync_cpu(metrics: dict) -> float:
     return statistics.fmean(worst.values()) if worst else 0.0
 
 
-def predict_run(metrics: dict, link: LinkModel, sizes: list[int]) -> dict:
+def blocking_comm(metrics: dict) -> dict:
+    """Seconds per iteration of each compute kind spent inside a blocking collective: FSDP's
+    gathers run inside forward and backward, ZeRO-1's broadcasts inside the optimizer. They are
+    communication, which the model prices itself, so they leave the measured compute. (DDP's
+    all_reduces also lie inside backward, but run beside it: they stay.)"""
+    if task_table.get(metrics["task"]).traffic not in ("fsdp", "ring_broadcast"):
+        return {}
+    per: dict = {}
+    for e in metrics["timeline"]:
+        per.setdefault((e["rank"], e["iteration"]), []).append(e)
+    inside = {kind: [] for kind in ("forward", "backward", "optimizer")}
+    for events in per.values():
+        comm = [e for e in events if e["kind"] == "comm"]
+        for kind in inside:
+            spans = [e for e in events if e["kind"] == kind]
+            inside[kind].append(sum(max(0.0, min(c["end"], s["end"]) - max(c["start"], s["start"])) for s in spans for c in comm))
+    return {kind: statistics.fmean(v) for kind, v in inside.items() if v}
+
+
+def plain_compute(metrics: dict) -> ComputeProfile:
+    """The compute of a run whose forward, backward and optimizer hold no collective (2a, 2b)."""
+    c = metrics["compute"]
+    return ComputeProfile(c["forward_s"], c["backward_s"], c["optimizer_s"], metrics["per_worker_batch_size"], c.get("other_s", 0.0))
+
+
+def predict_run(metrics: dict, link: LinkModel, sizes: list[int], host, fsdp, plain=None) -> dict:
+    """The model's iteration for this run, from its own measured compute. FSDP's timeline cannot
+    separate compute from waiting (gloo's reduce_scatter_single gives no future, so its wait is
+    seen inside backward): its compute is that of a plain run at the same N (``plain``), whose
+    optimizer the model divides by N."""
     c = metrics["compute"]
     batch = metrics["per_worker_batch_size"]
-    compute = ComputeProfile(c["forward_s"], c["backward_s"], c["optimizer_s"], batch, c.get("other_s", 0.0))
-    return iteration(metrics["task"], metrics["world_size"], compute, sizes, link, global_batch=batch * metrics["world_size"])
+    comm_inside = blocking_comm(metrics)
+    compute = ComputeProfile(*(c[f"{k}_s"] - comm_inside.get(k, 0.0) for k in ("forward", "backward", "optimizer")),
+                             batch, c.get("other_s", 0.0), workers=metrics["world_size"])
+    if task_table.get(metrics["task"]).traffic == "fsdp" and plain is not None:
+        compute = plain
+    return iteration(metrics["task"], metrics["world_size"], compute, sizes, link, global_batch=batch * metrics["world_size"],
+                     host=host, fsdp=fsdp)
 
 
 def run(nodes: list[int], tasks: list[str], rate: str, steps: int, out_dir: Path, keep_dir: Path) -> list[dict]:
     rate_bps = parse_rate(rate)
-    sizes = tensor_sizes("tiny")
+    sizes, fsdp = tensor_sizes("tiny"), fsdp_layout("tiny")
     rows = []
     cluster("down")
     for n in nodes:
@@ -129,36 +165,46 @@ def run(nodes: list[int], tasks: list[str], rate: str, steps: int, out_dir: Path
             fit = fit_link(n, rate_bps, sizes)
             link = LinkModel(rate_bps, fit["alpha_s"], fit["efficiency"])
             print(f"N={n}: a = {fit['alpha_s'] * 1e3:.2f} ms/message, gloo reaches {fit['efficiency']:.0%} of {rate}", flush=True)
+            plain = None  # the compute of this N's 2a or 2b run (for FSDP's rows)
             for task in tasks:
+                host = measure_host(max(sizes))  # the CPU's memory speed now, for the sync CPU term
                 load_before = load_average()
                 metrics = train(task, n, steps, out_dir / f"n{n}_task{task}")
                 keep = keep_dir / f"n{n}_task{task}.json"  # the run's metrics (with its timeline)
                 keep.parent.mkdir(parents=True, exist_ok=True)
                 keep.write_text(json.dumps(metrics))
-                pred = predict_run(metrics, link, sizes)
+                if task_table.get(task).traffic in ("ring", "gather_scatter"):
+                    plain = plain_compute(metrics)
+                pred = predict_run(metrics, link, sizes, host, fsdp, plain)
                 measured = metrics["timing"]["mean_s"]
                 row = {"task": task, "nodes": n, "rate": rate, "measured_s": measured, "predicted_s": pred["total_s"],
                        "error": pred["total_s"] / measured - 1, "compute_s": pred["forward_s"] + pred["backward_s"] + pred["optimizer_s"] + pred["other_s"],
-                       "exposed_comm_s": pred["exposed_comm_s"], "measured_comm_s": measured_comm(metrics), "sync_cpu_s": sync_cpu(metrics), "comm_s": pred["comm_s"], "alpha_ms": fit["alpha_s"] * 1e3,
+                       "exposed_comm_s": pred["exposed_comm_s"], "measured_comm_s": measured_comm(metrics), "sync_cpu_s": sync_cpu(metrics), "sync_cpu_model_s": pred["sync_cpu_s"],
+                       "cpu_gbps": host.bytes_per_s / 1e9, "comm_s": pred["comm_s"], "alpha_ms": fit["alpha_s"] * 1e3,
                        "link_efficiency": fit["efficiency"], "load_before": load_before, "load_after": load_average(),
                        "iterations": metrics["timing"]["iterations"], "std_s": metrics["timing"]["std_s"]}
                 rows.append(row)
                 print(f"  task {task}: measured {measured:.3f} s, predicted {pred['total_s']:.3f} s ({row['error']:+.0%}), "
-                      f"compute {row['compute_s']:.3f} s, comm {row['measured_comm_s']:.3f} s (model {row['exposed_comm_s']:.3f}), load {load_before:.1f}", flush=True)
+                      f"compute {row['compute_s']:.3f} s, comm {row['measured_comm_s']:.3f} s (model {row['exposed_comm_s']:.3f}), "
+                      f"sync CPU {row['sync_cpu_s']:.3f} s (model {row['sync_cpu_model_s']:.3f}), load {load_before:.1f}", flush=True)
         finally:
             cluster("down")
     return rows
 
 
 def markdown(rows: list[dict], command: str) -> str:
+    """The table: the model's prediction (sync CPU included) against the measured iteration."""
     lines = [f"Command: `{command}`", "",
-             "| task | N | measured s/iter (std) | predicted | error | compute (measured) | comm: timeline | comm: model | sync CPU | + sync CPU | error | a (ms) | gloo eff. | load before/after |",
+             "| task | N | measured s/iter (std) | predicted | error | compute (measured) | comm: timeline | comm: model | "
+             "sync CPU: measured | model | CPU GB/s | a (ms) | gloo eff. | load before/after |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['task']} | {r['nodes']} | {r['measured_s']:.3f} ({r['std_s']:.3f}) | {r['predicted_s']:.3f} | "
-                     f"{r['error']:+.0%} | {r['compute_s']:.3f} | {r['measured_comm_s']:.3f} | {r['exposed_comm_s']:.3f} | {r['sync_cpu_s']:.3f} | "
-                     f"{r['predicted_s'] + r['sync_cpu_s']:.3f} | {(r['predicted_s'] + r['sync_cpu_s']) / r['measured_s'] - 1:+.0%} | {r['alpha_ms']:.2f} | "
+                     f"{r['error']:+.0%} | {r['compute_s']:.3f} | {r['measured_comm_s']:.3f} | {r['exposed_comm_s']:.3f} | "
+                     f"{r['sync_cpu_s']:.3f} | {r.get('sync_cpu_model_s', 0.0):.3f} | {r.get('cpu_gbps', 0.0):.1f} | {r['alpha_ms']:.2f} | "
                      f"{r['link_efficiency']:.0%} | {r['load_before']:.1f} / {r['load_after']:.1f} |")
+    within = sum(abs(r["error"]) <= 0.15 for r in rows)
+    lines += ["", f"**{within}/{len(rows)} rows within 15%.**"]
     return "\n".join(lines) + "\n"
 
 
@@ -168,17 +214,15 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from student_src.kit.plots.whatif import TASK_COLOURS
+    from student_src.kit.plots.figures import task_color
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for task in dict.fromkeys(r["task"] for r in rows):
         mine = [r for r in rows if r["task"] == task]
         xs = [r["nodes"] for r in mine]
-        ax.plot(xs, [r["predicted_s"] for r in mine], "--", color=TASK_COLOURS.get(task), label=f"task {task} predicted")
-        ax.plot(xs, [r["predicted_s"] + r["sync_cpu_s"] for r in mine], "-", color=TASK_COLOURS.get(task),
-                label=f"task {task} predicted + measured sync CPU")
+        ax.plot(xs, [r["predicted_s"] for r in mine], "-", color=task_color(task), label=f"task {task} predicted")
         ax.errorbar(xs, [r["measured_s"] for r in mine], yerr=[r["std_s"] for r in mine], fmt="o", capsize=3,
-                    color=TASK_COLOURS.get(task), markeredgecolor="black", label=f"task {task} measured")
+                    color=task_color(task), markeredgecolor="black", label=f"task {task} measured")
     ax.set_xlabel("nodes (emulated, 1 Gbit links)")
     ax.set_ylabel("seconds per iteration")
     ax.set_xticks(sorted({r["nodes"] for r in rows}))
@@ -192,7 +236,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", default="2,3,4")
-    p.add_argument("--tasks", default="2a,2b,3")
+    p.add_argument("--tasks", default="2a,2b,3,5,6,7")
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--out", default=str(HERE), help="where validation.md/.json/.png go (default: next to this script)")

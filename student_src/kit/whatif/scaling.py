@@ -18,6 +18,16 @@ bandwidth times the efficiency, a the latency, N the workers):
   then 25 MiB; Task 5: ``bucket_cap_mb``), in reverse parameter order; a bucket starts once
   backward has produced its gradients (backward is assumed to produce tensors at an even pace,
   last parameter first) and the previous bucket is done, so communication overlaps backward.
+* 6 ZeRO-1 (``ring_broadcast``): 2b's all_reduces, then each parameter broadcast from its owner
+  (gloo's binomial tree: the root sends ceil(log2 N) times); the optimizer updates 1/N of the weights.
+* 7 FSDP (``fsdp``): per sharded weight an all_gather in forward (and again in backward for a
+  Linear's weight), a reduce_scatter of its gradient (on gloo a whole all_reduce), one all_reduce
+  of the replicated parameters and of the norm; on gloo none overlaps compute (``_fsdp_comm_s``
+  says why). The optimizer updates 1/N of the weights.
+* sync CPU: what the slowest rank does on the CPU between backward and the optimizer that no
+  collective covers (``sync_cpu_bytes``: 2a's rank 0 stacks, sums and divides N copies of every
+  gradient; 2b divides; Task 5 divides and copies its buckets back; clipping reads the gradient
+  and scales it), at the memory speed of one core (``HostModel``, measured by ``measure_host``).
 * fp16/bf16 compression halves every S_t.
 
     python -m student_src.kit.whatif --metrics runs/task1/metrics.json --latency 0.1ms --plot whatif.png
@@ -36,6 +46,7 @@ from typing import Optional, Sequence
 from student_src.kit import tasks as task_table
 from student_src.kit.core.models import load_model
 from student_src.kit.errors import KitError
+from student_src.kit.measure.traffic_model import collective_traffic, fsdp_calls
 from student_src.kit.whatif.memory import run as memory_main
 
 #: the tasks whose gradients travel (the task table's ``traffic`` column says how)
@@ -48,6 +59,11 @@ GLOO_EFFICIENCY = 0.8
 #: how a run's step splits when it recorded only its total (the usual backward = 2 x forward)
 DEFAULT_SPLIT = {"forward": 0.3, "backward": 0.6, "optimizer": 0.1}
 COMPRESSION_FACTOR = {None: 1.0, "none": 1.0, "fp16": 0.5, "bf16": 0.5}
+#: bytes of memory traffic per second one core reaches on the sync's pattern (fresh tensors,
+#: stack, sum, divide): ``measure_host`` on the 2-core sandbox, idle, gave 5.5-7.6 GB/s
+DEFAULT_CPU_BYTES_PER_S = 6e9
+#: the task table's ``traffic`` patterns whose optimizer updates only this rank's 1/N of the weights
+SHARDED_OPTIMIZER = ("ring_broadcast", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -70,6 +86,18 @@ class LinkModel:
         """Ring all_reduce (reduce-scatter + all-gather): 2(N-1) messages of S/N each."""
         return 0.0 if n <= 1 else 2 * (n - 1) * self.latency_s + 2 * (n - 1) / n * nbytes / self.bytes_per_s
 
+    def collective_s(self, op: str, nbytes: float, n: int) -> float:
+        """Any collective the traffic model knows (``traffic_model.collective_traffic``): the
+        busiest rank's messages times the latency plus its bytes over the link. An all_reduce (and
+        gloo's reduce_scatter, which is one) is ``allreduce_s``: 2(N-1) rounds, the count ``a``
+        is fitted with (gloo cuts each round in two segments, sent back to back)."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        if op in ("all_reduce", "reduce_scatter_single"):
+            return self.allreduce_s(nbytes, n)
+        t = collective_traffic(op, int(nbytes), n)
+        return max(m * self.latency_s + b / self.bytes_per_s for m, b in zip(t.msgs_sent, t.sent))
+
     def gather_scatter_s(self, nbytes: float, n: int) -> float:
         """Gather to rank 0 then scatter from it: rank 0's link carries (N-1) S each way, in turn
         (gloo posts the N-1 transfers of each at once, so each pays one latency, not N-1)."""
@@ -85,11 +113,90 @@ class ComputeProfile:
     optimizer_s: float
     batch_size: int
     other_s: float = 0.0
+    workers: int = 1  # the ranks of the run it was measured in (a sharded optimizer's step was 1/workers)
 
     def at_batch(self, batch: float) -> tuple[float, float, float]:
         """(forward, backward, optimizer) at another per-worker batch: the first two scale with it."""
         k = batch / self.batch_size
         return self.forward_s * k, self.backward_s * k, self.optimizer_s
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """The CPU side of the sync: ``bytes_per_s`` of memory traffic one core reaches."""
+    bytes_per_s: float = DEFAULT_CPU_BYTES_PER_S
+
+
+def measure_host(nbytes: int = 8 * 2 ** 20, n: int = 4, repeats: int = 7) -> HostModel:
+    """Time the pattern 2a's rank 0 runs (N fresh tensors stacked, summed, divided: (3N+3) x
+    ``nbytes`` of memory traffic) on one thread: the median rate."""
+    import statistics
+    import time
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.ones(nbytes // 4)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            parts = [torch.empty_like(x).copy_(x) for _ in range(n)]
+            torch.stack(parts).sum(0).div_(n)
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return HostModel((4 * n + 3) * nbytes / statistics.median(times))
+
+
+def sync_cpu_bytes(task: str, n: int, tensor_nbytes: Sequence[int], clip: bool = True) -> float:
+    """Bytes of memory traffic the slowest rank moves between backward and the optimizer, outside
+    any collective (the reference solutions): 2a's rank 0 fills N fresh tensors, stacks them,
+    sums and divides ((4N + 3) S); 2b and ZeRO-1 divide (2 S); Task 5 divides its buckets and
+    copies them back (4 S); DDP divides inside its hook, during backward (0); FSDP divides its
+    shard (2 S / N). Clipping reads every gradient and scales it (3 S; FSDP: its shard)."""
+    if n <= 1:
+        return 0.0
+    row, total = task_table.get(task), float(sum(tensor_nbytes))
+    per_pattern = {"gather_scatter": 4 * n + 3, "ring": 2, "ring_broadcast": 2, "fsdp": 2 / n,
+                   "ring_buckets": 0 if row.sync == "ddp" else 4}
+    passes = per_pattern.get(row.traffic, 2)
+    if clip:
+        passes += 3 / n if row.traffic == "fsdp" else 3
+    return passes * total
+
+
+def _fsdp_comm_s(layout, tensor_nbytes: Sequence[int], link: LinkModel, n: int, scale: float) -> float:
+    """FSDP's step (``traffic_model.fsdp_calls``) from ``layout`` (``fsdp_layout``: the sharded
+    tensors' bytes and whether backward gathers them again, the replicated bytes; without one,
+    every tensor sharded and gathered twice, an upper bound). Nothing overlaps: the gathers
+    block, and although each reduce_scatter is launched asynchronously as backward produces its
+    gradient, gloo runs a group's collectives in order, so the next blocking gather in backward
+    waits for it (on the emulated cluster, modelling the reduce_scatters as hidden behind
+    backward missed by 34%; modelling them exposed, by 2-30%: benchmarks/scaling)."""
+    sharded, replicated = layout if layout is not None else ([(s, True) for s in tensor_nbytes], 0)
+    calls = fsdp_calls([(-(-int(scale * s) // n) * n, again) for s, again in sharded], [int(scale * replicated)])
+    return sum(link.collective_s(op, s, n) for op, s in calls)
+
+
+def fsdp_layout(model_name: str) -> tuple[list, int]:
+    """How the kit's FSDP (``student_src/fsdp.py``, default policy) cuts ``model_name``: the
+    Linear and Embedding parameters sharded (a Linear's weight gathered again in backward), the
+    rest (LayerNorm) replicated: ``([(bytes, gathered_again), ...], replicated bytes)``."""
+    import torch
+
+    model = load_model(model_name, num_labels=2)
+    sharded, replicated = [], 0
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                sharded.append((p.numel() * p.element_size(), isinstance(module, torch.nn.Linear) and name == "weight"))
+            else:
+                replicated += p.numel() * p.element_size()
+    return sharded, replicated
 
 
 def _with_unit(text: str, units, example: str) -> float:
@@ -149,12 +256,15 @@ def _overlapped_comm(tensor_nbytes, buckets, backward_s, link, n, scale) -> floa
 
 def iteration(task: str, n: int, compute: ComputeProfile, tensor_nbytes: Sequence[int], link: LinkModel,
               global_batch: Optional[int] = None, compression: Optional[str] = None,
-              bucket_cap_mb: float = 25.0) -> dict:
+              bucket_cap_mb: float = 25.0, host: Optional[HostModel] = None, clip: bool = True,
+              fsdp: Optional[tuple] = None) -> dict:
     """Predicted seconds of one iteration of ``task`` on ``n`` workers, with its parts.
 
     ``global_batch`` fixed (default: the profile's batch) means strong scaling: each worker
-    computes on global_batch / n examples. Returns ``{"total_s", "forward_s", "backward_s",
-    "optimizer_s", "other_s", "comm_s", "exposed_comm_s"}`` (exposed = what overlap did not hide)."""
+    computes on global_batch / n examples. ``host``: the CPU's memory speed for the sync CPU term
+    (default ``HostModel()``); ``clip``: the run clips the gradient norm; ``fsdp``: Task 7's
+    ``fsdp_layout``. Returns ``{"total_s", "forward_s", "backward_s", "optimizer_s", "other_s",
+    "comm_s", "exposed_comm_s", "sync_cpu_s"}`` (exposed = what overlap did not hide)."""
     if task not in TASKS:
         raise KitError(f"what-if knows tasks {', '.join(TASKS)}, got {task!r}")
     if not isinstance(n, int) or n < 1:
@@ -164,11 +274,19 @@ def iteration(task: str, n: int, compute: ComputeProfile, tensor_nbytes: Sequenc
     scale = COMPRESSION_FACTOR[compression]
     fwd, bwd, opt = compute.at_batch((global_batch or compute.batch_size) / n)
     row = task_table.get(task)
+    if row.traffic in SHARDED_OPTIMIZER:  # each rank steps its own 1/n of the weights
+        opt *= compute.workers / n
     if row.traffic == "gather_scatter":
         comm = sum(link.gather_scatter_s(scale * s, n) for s in tensor_nbytes)
         exposed = comm
     elif row.traffic == "ring":
         comm = sum(link.allreduce_s(scale * s, n) for s in tensor_nbytes)
+        exposed = comm
+    elif row.traffic == "ring_broadcast":  # 2b's all_reduces, then each weight from its owner
+        comm = sum(link.allreduce_s(scale * s, n) + link.collective_s("broadcast", s, n) for s in tensor_nbytes)
+        exposed = comm
+    elif row.traffic == "fsdp":
+        comm = _fsdp_comm_s(fsdp, tensor_nbytes, link, n, scale) if n > 1 else 0.0
         exposed = comm
     else:  # "ring_buckets": torch's DDP with its own bucket sizes, or the student's BucketedDDP
         if row.sync == "ddp":
@@ -177,19 +295,23 @@ def iteration(task: str, n: int, compute: ComputeProfile, tensor_nbytes: Sequenc
             buckets = ddp_buckets(tensor_nbytes, int(bucket_cap_mb * 1024 * 1024))
         comm = sum(link.allreduce_s(scale * sum(tensor_nbytes[i] for i in b), n) for b in buckets)
         exposed = max(0.0, _overlapped_comm(tensor_nbytes, buckets, bwd, link, n, scale) - bwd) if n > 1 else 0.0
-    return {"total_s": fwd + bwd + exposed + opt + compute.other_s, "forward_s": fwd, "backward_s": bwd,
-            "optimizer_s": opt, "other_s": compute.other_s, "comm_s": comm, "exposed_comm_s": exposed}
+    sync_cpu = sync_cpu_bytes(task, n, tensor_nbytes, clip) / (host or HostModel()).bytes_per_s
+    return {"total_s": fwd + bwd + exposed + sync_cpu + opt + compute.other_s, "forward_s": fwd, "backward_s": bwd,
+            "optimizer_s": opt, "other_s": compute.other_s, "comm_s": comm, "exposed_comm_s": exposed,
+            "sync_cpu_s": sync_cpu}
 
 
 def predict(compute: ComputeProfile, tensor_nbytes: Sequence[int], link: LinkModel, tasks=TASKS,
             nodes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), global_batch: Optional[int] = None,
-            compression: Optional[str] = None, bucket_cap_mb: float = 25.0) -> list[dict]:
+            compression: Optional[str] = None, bucket_cap_mb: float = 25.0, host: Optional[HostModel] = None,
+            fsdp: Optional[tuple] = None) -> list[dict]:
     """One row per (task, N): predicted time per iteration, speed-up over one worker, efficiency."""
     rows = []
     for task in tasks:
-        one = iteration(task, 1, compute, tensor_nbytes, link, global_batch, compression, bucket_cap_mb)["total_s"]
+        extra = {"host": host, "fsdp": fsdp}
+        one = iteration(task, 1, compute, tensor_nbytes, link, global_batch, compression, bucket_cap_mb, **extra)["total_s"]
         for n in nodes:
-            it = iteration(task, n, compute, tensor_nbytes, link, global_batch, compression, bucket_cap_mb)
+            it = iteration(task, n, compute, tensor_nbytes, link, global_batch, compression, bucket_cap_mb, **extra)
             rows.append({"task": task, "nodes": n, "gbit": link.bandwidth_bps / 1e9, **it,
                          "speedup": one / it["total_s"], "efficiency": one / it["total_s"] / n})
     return rows
@@ -212,7 +334,7 @@ def compute_from_metrics(metrics: dict) -> ComputeProfile:
     recorded = metrics.get("compute")
     if recorded:
         return ComputeProfile(recorded["forward_s"], recorded["backward_s"], recorded["optimizer_s"], batch,
-                              recorded.get("other_s", 0.0))
+                              recorded.get("other_s", 0.0), workers=_sharded_over(metrics))
     if metrics.get("world_size", 1) != 1:
         raise KitError("this run had several workers, so its iteration time includes communication and it "
                        "recorded no compute split: give the metrics.json of a Task 1 run (one worker)")
@@ -220,6 +342,13 @@ def compute_from_metrics(metrics: dict) -> ComputeProfile:
     if not mean:
         raise KitError("this metrics.json has no mean iteration time: train for at least 2 steps")
     return ComputeProfile(*(mean * DEFAULT_SPLIT[k] for k in ("forward", "backward", "optimizer")), batch)
+
+
+def _sharded_over(metrics: dict) -> int:
+    """Over how many ranks the run's optimizer step was split (ZeRO-1, FSDP: its world size; else 1)."""
+    task = metrics.get("task")
+    sharded = task in TASKS and task_table.get(task).traffic in SHARDED_OPTIMIZER
+    return int(metrics.get("world_size", 1)) if sharded else 1
 
 
 def load_run(path) -> tuple[ComputeProfile, list[int], dict]:
@@ -250,12 +379,13 @@ def _nodes(text: str) -> list[int]:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'task':<5} {'N':>3} {'Gbit/s':>6} {'s/iter':>8} {'compute':>8} {'comm':>8} {'exposed':>8} {'speed-up':>8} {'eff.':>5}"
+    head = (f"{'task':<5} {'N':>3} {'Gbit/s':>6} {'s/iter':>8} {'compute':>8} {'comm':>8} {'exposed':>8} {'sync CPU':>8} "
+            f"{'speed-up':>8} {'eff.':>5}")
     lines = [head, "-" * len(head)]
     for r in rows:
         compute = r["forward_s"] + r["backward_s"] + r["optimizer_s"] + r.get("other_s", 0.0)
         lines.append(f"{r['task']:<5} {r['nodes']:>3} {r['gbit']:>6g} {r['total_s']:>8.4f} {compute:>8.4f} {r['comm_s']:>8.4f} "
-                     f"{r['exposed_comm_s']:>8.4f} {r['speedup']:>8.2f} {r['efficiency']:>5.2f}")
+                     f"{r['exposed_comm_s']:>8.4f} {r.get('sync_cpu_s', 0.0):>8.4f} {r['speedup']:>8.2f} {r['efficiency']:>5.2f}")
     return "\n".join(lines)
 
 
@@ -270,6 +400,8 @@ def main(argv=None) -> int:
     p.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none")
     p.add_argument("--global_batch_size", type=int, help="fixed global batch (default: the run's batch)")
     p.add_argument("--bucket_cap_mb", type=float, default=25.0, help="Task 5's bucket size (default %(default)s)")
+    p.add_argument("--cpu_gbps", type=float, help="GB/s of memory traffic one core reaches, for the sync CPU term "
+                   "(default: measured here, as 2a's rank 0 stacks and averages)")
     p.add_argument("--plot", help="write the speed-up and efficiency curves to this PNG")
     p.add_argument("--json", nargs="?", const="-", help="write the rows to this JSON file (no file: print them as JSON)")
     memory = p.add_argument_group("memory per rank (--memory; whatif_memory.py, memory_model.py)")
@@ -289,19 +421,21 @@ def main(argv=None) -> int:
     if not args.metrics:
         p.error("give --metrics (a Task 1 run's metrics.json), or --memory for the bytes per rank")
     try:
-        compute, sizes, _ = load_run(args.metrics)
+        compute, sizes, metrics = load_run(args.metrics)
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        host = HostModel(args.cpu_gbps * 1e9) if args.cpu_gbps else measure_host(max(sizes))
+        fsdp = fsdp_layout(metrics["model"]["name"]) if any(task_table.get(t).traffic == "fsdp" for t in tasks if t in TASKS) else None
         rows = []
         for rate in args.rates.split(","):
             link = LinkModel(parse_rate(rate), parse_latency(args.latency), args.efficiency)
             rows += predict(compute, sizes, link, tasks, _nodes(args.nodes), args.global_batch_size,
-                            None if args.compression == "none" else args.compression, args.bucket_cap_mb)
+                            None if args.compression == "none" else args.compression, args.bucket_cap_mb, host, fsdp)
     except KitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"compute per step at batch {compute.batch_size}: forward {compute.forward_s:.4f} s, backward "
           f"{compute.backward_s:.4f} s, optimizer {compute.optimizer_s:.4f} s; {len(sizes)} gradient tensors, "
-          f"{sum(sizes) / 1e6:.2f} MB")
+          f"{sum(sizes) / 1e6:.2f} MB; the CPU moves {host.bytes_per_s / 1e9:.1f} GB/s for the sync")
     print(format_table(rows))
     if args.json == "-":
         print(json.dumps(rows, indent=1))
