@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--data_dir", default=str(ROOT / "data" / "glue_data" / "RTE"))
     args = ap.parse_args()
     runs = {"sync": [], "async": []}
+    load_at_start = os.getloadavg()[0]
     for _ in range(args.repeats):
         for kind in runs:  # interleaved: both see the same load
             runs[kind].append(one_run(kind, args.data_dir, args.steps))
@@ -62,7 +63,7 @@ def main() -> None:
                       "blocked_min_s": min(per_save), "blocked_max_s": max(per_save),
                       "step_median_s": statistics.median(t for r in results for t in r["iter_times"][1:]),
                       "wall_median_s": statistics.median(r["wall_s"] for r in results)}
-    out = {"load_at_start": os.getloadavg()[0], "repeats": args.repeats, "steps": args.steps, "rows": rows,
+    out = {"load_at_start": load_at_start, "load_at_end": os.getloadavg()[0], "repeats": args.repeats, "steps": args.steps, "rows": rows,
            "checkpoint_bytes_on_disk": runs["sync"][0]["checkpoint_bytes"], "raw": runs}
     path = Path(__file__).parent / "results" / "async_save.json"
     path.parent.mkdir(exist_ok=True)
