@@ -347,3 +347,53 @@ def test_async_save_writes_while_training_and_resumes_exactly(two_ranks, small_r
     argv = _argv(small_rte, tmp_path / "resumed", "--dropout", "0", "--do_train", "--world_size", 2, "--spawn",
                  "--resume", ckpts / "step-4", task="6", steps=6, batch=16)
     _assert_same_losses(whole["losses"], run(parse_config(argv))["losses"])
+
+
+# --------------------------------------------------------------------------- Task 9: each stage saves its part
+@pytest.fixture(scope="module")
+def pipeline_2x2(small_rte, tmp_path_factory):
+    """Task 9 on 4 ranks as 2 stages x 2 replicas, dropout on (each stage draws its own masks), 2
+    micro-batches, 6 steps of 16, a checkpoint every 3 steps."""
+    out = tmp_path_factory.mktemp("pipeline")
+    argv = _argv(small_rte, out, "--dropout", "0.1", "--do_train", "--world_size", 4, "--spawn", "--pipeline_stages", 2,
+                 "--micro_batches", 2, "--save_every", 3, task="9", steps=6, batch=16)
+    return out, run(parse_config(argv))
+
+
+def test_a_pipeline_resumes_on_its_layout_with_the_very_same_losses(pipeline_2x2, small_rte, tmp_path):
+    """Each stage saved only its own parameters and AdamW state (every parameter of the model once,
+    under the model's names), the layout is in kit.json, and the run resumed at step 3 on the same
+    layout gives the uninterrupted run's losses bit for bit."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from student_src.kit.core.models import load_model
+
+    out, whole = pipeline_2x2
+    step3 = out / "checkpoints" / "step-3"
+    meta = json.loads((step3 / "kit.json").read_text())
+    assert meta["pipeline_layout"] == {"stages": 2, "replicas": 2} and meta["saved_by"] == "kit"
+    keys = FileSystemReader(str(step3)).read_metadata().state_dict_metadata
+    names = {n for n, _ in load_model("tiny", num_labels=2).named_parameters()}
+    assert {k.removeprefix("model.") for k in keys if k.startswith("model.")} == names
+    moments = {k.removeprefix("optimizer.state.").rsplit(".", 1)[0] for k in keys if k.startswith("optimizer.state.")}
+    assert moments == names  # AdamW's state of every parameter, each saved by its stage
+    argv = _argv(small_rte, tmp_path, "--dropout", "0.1", "--do_train", "--world_size", 4, "--spawn",
+                 "--pipeline_stages", 2, "--micro_batches", 2, "--resume", step3, task="9", steps=6, batch=16)
+    resumed = run(parse_config(argv))
+    assert resumed["losses"] == whole["losses"], (resumed["losses"], whole["losses"])
+    assert torch.isfinite(torch.tensor(whole["losses"])).all()
+
+
+def test_a_pipeline_checkpoint_on_another_layout_is_refused_in_one_line(pipeline_2x2, small_rte, tmp_path):
+    """Another number of stages or of replicas: refused before any rank starts, in one line."""
+    step3 = pipeline_2x2[0] / "checkpoints" / "step-3"
+    for world, stages in ((2, 2), (4, 4)):
+        argv = _argv(small_rte, tmp_path / f"w{world}", "--dropout", "0.1", "--do_train", "--world_size", world,
+                     "--spawn", "--pipeline_stages", stages, "--micro_batches", 2, "--resume", step3, task="9", steps=6,
+                     batch=16)
+        with pytest.raises(KitError) as err:
+            run(parse_config(argv))
+        message = str(err.value)
+        assert "saved by a pipeline of 2 stage(s) x 2 replica(s)" in message and len(message.splitlines()) == 1, message
+        assert f"this run is {stages} stage(s) x {world // stages} replica(s)" in message, message

@@ -309,9 +309,9 @@ def _validate_pipeline(cfg: TrainConfig, task) -> None:
         replicas = cfg.world_size // cfg.pipeline_stages
     if cfg.torch_pipelining and cfg.pipeline_stages == 1:
         raise KitError("--torch_pipelining needs at least 2 stages (--pipeline_stages)")
-    if cfg.measure_traffic or cfg.save_every or cfg.resume or cfg.timeline or cfg.torch_sharding:
-        raise KitError(f"--task {task.id} trains a pipeline without --measure_traffic, --timeline, --save_every, --resume "
-                       "or --torch_sharding (not there yet for pipelines)")
+    if cfg.measure_traffic or cfg.timeline or cfg.torch_sharding:
+        raise KitError(f"--task {task.id} trains a pipeline without --measure_traffic, --timeline or --torch_sharding "
+                       "(not there yet for pipelines)")
     g = cfg.global_batch_size or (cfg.per_device_train_batch_size or 64)
     if g % (cfg.micro_batches * replicas):
         raise KitError(f"{replicas} replica(s) x --micro_batches {cfg.micro_batches} do not divide the batch of {g}: "

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from student_src.kit.errors import KitError
-from student_src.kit.resume import fsdp_state
+from student_src.kit.resume import fsdp_state, pipeline_state
 
 
 def flat_options():
@@ -72,7 +72,8 @@ def identity(run) -> dict:
                   else sum(p.numel() for p in run.base_model.parameters()))  # shards count whole: any world size
     return {"task": str(cfg.task), "task_name": cfg.task_name, "model_name_or_path": str(cfg.model_name_or_path),
             "parameters": parameters,
-            "max_seq_length": cfg.max_seq_length, "global_batch_size": run.batch["global_batch_size"], "seed": cfg.seed}
+            "max_seq_length": cfg.max_seq_length, "global_batch_size": run.batch["global_batch_size"], "seed": cfg.seed,
+            **pipeline_state.identity(run)}  # a pipeline's layout (Task 9: resumed only on it)
 
 
 def is_fsdp_run(run) -> bool:
@@ -84,13 +85,17 @@ def model_state_of(run) -> dict:
     """The model's state for DCP: torch's, or an FSDP wrapper's shards gathered whole (Task 7)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+    if pipeline_state.is_pipeline(run.cfg):  # Task 9: this rank's stage only (pipeline_state.py)
+        return pipeline_state.model_state(run)
     return fsdp_state.model_state(run.model) if is_fsdp_run(run) else get_model_state_dict(run.base_model)
 
 
 def load_model_state_of(run, state: dict) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    if is_fsdp_run(run):
+    if pipeline_state.is_pipeline(run.cfg):
+        pipeline_state.load_model_state(run, state)
+    elif is_fsdp_run(run):
         fsdp_state.load_model_state(run.model, state)
     else:
         set_model_state_dict(run.base_model, state)
