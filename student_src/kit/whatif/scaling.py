@@ -47,6 +47,7 @@ from student_src.kit import tasks as task_table
 from student_src.kit.core.models import load_model
 from student_src.kit.errors import KitError
 from student_src.kit.measure.traffic_model import collective_traffic, fsdp_calls
+from student_src.kit.whatif.host import HostModel, measure_host, sync_cpu_bytes  # noqa: F401 (part of this module's API)
 from student_src.kit.whatif.memory import run as memory_main
 
 #: the tasks whose gradients travel (the task table's ``traffic`` column says how)
@@ -59,9 +60,6 @@ GLOO_EFFICIENCY = 0.8
 #: how a run's step splits when it recorded only its total (the usual backward = 2 x forward)
 DEFAULT_SPLIT = {"forward": 0.3, "backward": 0.6, "optimizer": 0.1}
 COMPRESSION_FACTOR = {None: 1.0, "none": 1.0, "fp16": 0.5, "bf16": 0.5}
-#: bytes of memory traffic per second one core reaches on the sync's pattern (fresh tensors,
-#: stack, sum, divide): ``measure_host`` on the 2-core sandbox, idle, gave 5.5-7.6 GB/s
-DEFAULT_CPU_BYTES_PER_S = 6e9
 #: the task table's ``traffic`` patterns whose optimizer updates only this rank's 1/N of the weights
 SHARDED_OPTIMIZER = ("ring_broadcast", "fsdp")
 
@@ -119,52 +117,6 @@ class ComputeProfile:
         """(forward, backward, optimizer) at another per-worker batch: the first two scale with it."""
         k = batch / self.batch_size
         return self.forward_s * k, self.backward_s * k, self.optimizer_s
-
-
-@dataclass(frozen=True)
-class HostModel:
-    """The CPU side of the sync: ``bytes_per_s`` of memory traffic one core reaches."""
-    bytes_per_s: float = DEFAULT_CPU_BYTES_PER_S
-
-
-def measure_host(nbytes: int = 8 * 2 ** 20, n: int = 4, repeats: int = 7) -> HostModel:
-    """Time the pattern 2a's rank 0 runs (N fresh tensors stacked, summed, divided: (3N+3) x
-    ``nbytes`` of memory traffic) on one thread: the median rate."""
-    import statistics
-    import time
-
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        x = torch.ones(nbytes // 4)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            parts = [torch.empty_like(x).copy_(x) for _ in range(n)]
-            torch.stack(parts).sum(0).div_(n)
-            times.append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
-    return HostModel((4 * n + 3) * nbytes / statistics.median(times))
-
-
-def sync_cpu_bytes(task: str, n: int, tensor_nbytes: Sequence[int], clip: bool = True) -> float:
-    """Bytes of memory traffic the slowest rank moves between backward and the optimizer, outside
-    any collective (the reference solutions): 2a's rank 0 fills N fresh tensors, stacks them,
-    sums and divides ((4N + 3) S); 2b and ZeRO-1 divide (2 S); Task 5 divides its buckets and
-    copies them back (4 S); DDP divides inside its hook, during backward (0); FSDP divides its
-    shard (2 S / N). Clipping reads every gradient and scales it (3 S; FSDP: its shard)."""
-    if n <= 1:
-        return 0.0
-    row, total = task_table.get(task), float(sum(tensor_nbytes))
-    per_pattern = {"gather_scatter": 4 * n + 3, "ring": 2, "ring_broadcast": 2, "fsdp": 2 / n,
-                   "ring_buckets": 0 if row.sync == "ddp" else 4}
-    passes = per_pattern.get(row.traffic, 2)
-    if clip:
-        passes += 3 / n if row.traffic == "fsdp" else 3
-    return passes * total
 
 
 def _fsdp_comm_s(layout, tensor_nbytes: Sequence[int], link: LinkModel, n: int, scale: float) -> float:
