@@ -52,9 +52,20 @@ biases) is **replicated**: every rank holds it whole and, because every rank com
 activations, the same gradient for it. With TP alone the ranks need no gradient averaging at all;
 with TP x DP (a 2-D mesh) the DP group averages every gradient as in Task 2b.
 
-Every function takes ``group``: the TP process group (None: the default group, every rank).
-Use ``dist.get_rank(group)`` / ``dist.get_world_size(group)`` and pass ``group=group`` to every
-collective. Without a process group (one process), T is 1: the layers hold the whole weights and
+The 2-D mesh
+------------
+``world`` ranks become T ranks per TP group times D = world / T data-parallel replicas, with
+rank = replica * T + tp_rank (``mesh_ranks``): the TP ranks of a replica are neighbours (on a
+cluster, the GPUs of one node, where the fast link is). A **TP group** is one replica's ranks:
+they hold the *different* shards of one model and see the *same* batch. A **DP group** takes one
+rank of every replica, the ranks with the same tp_rank: they hold the *same* shard and see
+*different* batches, so they are the ones whose gradients Task 2b's average combines. Averaging
+over a TP group instead would add up different shards of one weight, and no replica would learn
+from another's batch. On 4 ranks with T = 2: TP groups [[0, 1], [2, 3]], DP groups [[0, 2], [1, 3]].
+
+Every function but ``mesh_ranks`` takes ``group``: the TP process group (None: the default group,
+every rank). Use ``dist.get_rank(group)`` / ``dist.get_world_size(group)`` and pass ``group=group``
+to every collective. Without a process group (one process), T is 1: the layers hold the whole weights and
 nothing is sent.
 
 The kit uses it as::
@@ -85,6 +96,8 @@ Cases the checks test
 * the collectives each piece calls: f and ColumnParallelLinear call nothing forward and one
   all_reduce backward, g and RowParallelLinear one all_reduce forward and nothing backward, a
   BERT layer two all_reduces forward and two backward; nothing else;
+* ``mesh_ranks``: the TP groups are runs of T neighbouring ranks, the DP groups one rank of every TP
+  group (the same tp_rank), in order; TP size 1 and TP size = world included;
 * heads or the MLP width not divisible by the TP size: a ``ValueError`` whose message names the
   number and the TP size (``4 attention heads do not divide by the tensor-parallel size 3``);
 * TP size 1 (no process group, or a group of one): the layers hold the whole weights, nothing is
@@ -106,6 +119,21 @@ def tp_rank_and_size(group=None) -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(group), dist.get_world_size(group)
     return 0, 1
+
+
+def mesh_ranks(world_size: int, tp_size: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The 2-D mesh (module docstring): ``(tp_groups, dp_groups)`` as lists of ranks, rank = replica * T +
+    tp_rank. ``tp_groups[d]`` holds replica d's T ranks ``[d*T, d*T + 1, ..., d*T + T - 1]``;
+    ``dp_groups[t]`` the D ranks whose tp_rank is t, ``[t, T + t, 2T + t, ...]``. The kit turns each list
+    into a process group (``dist.new_group``) and gives Task 2b's ``allreduce_average`` this rank's DP group.
+    ``mesh_ranks(4, 2)`` is ``([[0, 1], [2, 3]], [[0, 2], [1, 3]])``. The kit checks first that T divides
+    the world size."""
+    replicas = world_size // tp_size
+    ### BEGIN SOLUTION
+    tp_groups = [[d * tp_size + t for t in range(tp_size)] for d in range(replicas)]
+    dp_groups = [[d * tp_size + t for d in range(replicas)] for t in range(tp_size)]
+    return tp_groups, dp_groups
+    ### END SOLUTION
 
 
 class F(torch.autograd.Function):

@@ -424,7 +424,7 @@ ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "
 # ------------------------------------------------------------------ 10 (tensor parallelism: its own block)
 TASK_10 = {"10.public_f_g_2_ranks", "10.public_column_row_2_ranks", "10.layers_4_ranks_float64",
            "10.bert_layer_2_ranks_float64", "10.bert_layer_4_ranks_float64", "10.collectives_2_ranks",
-           "10.heads_not_divisible", "10.tp_size_1", "10.tp_x_dp_4_ranks_tiny_bert"}
+           "10.heads_not_divisible", "10.tp_size_1", "10.mesh_ranks", "10.tp_x_dp_4_ranks_tiny_bert"}
 ALL_OF["10"] = TASK_10
 ZOO.update({
     "10_row_parallel_without_all_reduce": ("tensor_parallel", "10", """
@@ -434,8 +434,9 @@ ZOO.update({
 
         RowParallelLinear.forward = _no_reduce
         """,
-        # f, g alone, the error and TP size 1 (nothing to sum) are right
-        TASK_10 - {"10.public_f_g_2_ranks", "10.heads_not_divisible", "10.tp_size_1"}, "summed over ranks"),
+        # f, g alone, the error, TP size 1 (nothing to sum) and the mesh are right
+        TASK_10 - {"10.public_f_g_2_ranks", "10.heads_not_divisible", "10.tp_size_1", "10.mesh_ranks"},
+        "summed over ranks"),
     "10_f_all_reduces_in_forward": ("tensor_parallel", "10", """
         class _SummingF(torch.autograd.Function):  # all_reduces forward (and backward): the input counts T times
             @staticmethod
@@ -451,8 +452,8 @@ ZOO.update({
         def f(x, group=None):
             return _SummingF.apply(x, group)
         """,
-        # g alone, the error and TP size 1 (a group of one sums nothing) are right
-        TASK_10 - {"10.heads_not_divisible", "10.tp_size_1"}, "f's forward is the identity"),
+        # g alone, the error, TP size 1 (a group of one sums nothing) and the mesh are right
+        TASK_10 - {"10.heads_not_divisible", "10.tp_size_1", "10.mesh_ranks"}, "f's forward is the identity"),
     "10_ignores_the_group": ("tensor_parallel", "10", """
         _parallelize = parallelize_bert_layer
 
@@ -471,7 +472,35 @@ ZOO.update({
         # f, g alone and the collectives are right; at TP size 1 the bias is added once; the error comes first. The
         # tiny BERT's biases start at 0 and move little in 3 SGD steps: TP x DP may stay within its tolerance
         TASK_10 - {"10.public_f_g_2_ranks", "10.collectives_2_ranks", "10.heads_not_divisible", "10.tp_size_1",
-                   "10.tp_x_dp_4_ranks_tiny_bert"}, "the bias is added once"),
+                   "10.mesh_ranks", "10.tp_x_dp_4_ranks_tiny_bert"}, "the bias is added once"),
+    "10_split_on_the_wrong_dimension": ("tensor_parallel", "10", """
+        _parallelize = parallelize_bert_layer
+
+        def parallelize_bert_layer(layer, group=None):  # Q, K, V cut along each head's features, not by whole heads
+            attn = layer.attention.self
+            full = {n: getattr(attn, n) for n in ("query", "key", "value")}
+            heads, d = attn.num_attention_heads, attn.attention_head_size
+            _parallelize(layer, group)
+            rank, size = tp_rank_and_size(group)
+            k = d // size
+            with torch.no_grad():
+                for n, lin in full.items():
+                    w = lin.weight.view(heads, d, -1)[:, rank * k:(rank + 1) * k].reshape(-1, lin.in_features)
+                    getattr(attn, n).weight.copy_(w)
+                    getattr(attn, n).bias.copy_(lin.bias.view(heads, d)[:, rank * k:(rank + 1) * k].reshape(-1))
+            return layer
+        """,
+        # the shapes are right and the layers alone, the calls, the error, TP size 1 (every feature of every head) and
+        # the mesh too: only a whole BERT layer sees its heads mixed up
+        {"10.bert_layer_2_ranks_float64", "10.bert_layer_4_ranks_float64", "10.tp_x_dp_4_ranks_tiny_bert"},
+        "split by heads"),
+    "10_dp_averages_across_the_tp_group": ("tensor_parallel", "10", """
+        def mesh_ranks(world_size, tp_size):  # the DP groups built like the TP groups
+            tp = [[d * tp_size + t for t in range(tp_size)] for d in range(world_size // tp_size)]
+            return tp, [list(g) for g in tp]
+        """,
+        # only the mesh and the TP x DP run use it
+        {"10.mesh_ranks", "10.tp_x_dp_4_ranks_tiny_bert"}, "across the TP group"),
 })
 MAY_ALSO_LOSE["10_row_bias_on_every_rank"] = {"10.tp_x_dp_4_ranks_tiny_bert"}
 

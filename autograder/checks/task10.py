@@ -15,16 +15,18 @@ the judge recomputes everything with a single-process ``nn.Linear`` or ``BertLay
   f's in front of Q, K and V: each fails here);
 * ``heads_not_divisible``: 3 heads, then an MLP of 15, on 2 ranks: a one-line ValueError naming
   the number and the TP size, raised before the layer is changed;
+* ``mesh_ranks``: the student's 2-D mesh as lists of ranks for several world and TP sizes, against
+  rank = replica * T + tp_rank (a DP group that is a TP group averages across the TP group: named);
 * ``tp_size_1``: no process group: the layers hold the whole weights, nothing is sent, and three
   SGD steps of a parallelized BertLayer equal three steps of the plain one;
 * ``tp_x_dp_4_ranks_tiny_bert``: the kit's ``tiny`` BERT on 4 ranks as TP groups {0, 1} and {2, 3}
-  (``dist.new_group``), every encoder layer cut by ``parallelize_bert_layer`` on its TP group; each
+  (``dist.new_group`` over the student's ``mesh_ranks``), every encoder layer cut by ``parallelize_bert_layer`` on its TP group; each
   TP group trains on its two ranks' secret shares of every global batch (put together through the
   trusted ``all_gather_object``), the grader's own all_reduce averages the gradients over the DP
   groups {0, 2} and {1, 3}, SGD steps: the mean loss over ranks equals single-node training on the
   whole batch at every step, and every rank's model the single-node one on a probe batch
   (``references.judge_equivalence``, 1e-4). A layer that ignores ``group`` (and all_reduces over
-  every rank) fails it.
+  every rank) fails it, and so does a mesh whose DP groups are the TP groups.
 """
 
 from __future__ import annotations
@@ -162,17 +164,72 @@ def _(payloads, secrets):
                       "at TP size 1 every layer holds the whole weight and trains as the plain one")
 
 
+#: (world size, TP size) of the mesh check
+MESHES = ((4, 2), (4, 1), (4, 4), (8, 2), (8, 4), (6, 3), (6, 2), (1, 1))
+
+
+def expected_mesh(world: int, tp: int) -> tuple[list, list]:
+    """The grader's own mesh: rank = replica * T + tp_rank."""
+    return ([[d * tp + t for t in range(tp)] for d in range(world // tp)],
+            [[d * tp + t for d in range(world // tp)] for t in range(tp)])
+
+
+def _as_lists(groups):
+    return [[int(r) for r in g] for g in groups]
+
+
+@define_check("10.mesh_ranks", task=TASK, world_size=1, needs="tensor_parallel",
+              title="mesh_ranks: TP groups of T neighbouring ranks, DP groups of one rank per TP group, for 8 world "
+                    "and TP sizes",
+              promise=("``mesh_ranks``: the TP groups are runs of T neighbouring ranks, the DP groups one rank of "
+                       "every TP", "TP size 1 and TP size = world included"))
+def mesh(ctx):
+    mod = shared.student(ctx)
+    out = {}
+    for world, tp in MESHES:
+        try:
+            tp_ranks, dp_ranks = mod.mesh_ranks(world, tp)
+            out[f"{world}x{tp}"] = {"tp": _as_lists(tp_ranks), "dp": _as_lists(dp_ranks)}
+        except Exception as exc:  # reported per case
+            out[f"{world}x{tp}"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    return out
+
+
+@mesh.judge
+def _(payloads, secrets):
+    got = payloads[0] or {}
+    for world, tp in MESHES:
+        p, (want_tp, want_dp) = got.get(f"{world}x{tp}") or {}, expected_mesh(world, tp)
+        call = f"mesh_ranks({world}, {tp})"
+        if "error" in p or "tp" not in p:
+            raise CheckFailure(f"{call} raised {p.get('error') or 'nothing usable'}")
+        if p["tp"] != want_tp:
+            raise CheckFailure(f"{call} returned the TP groups {p['tp']}, expected {want_tp}: a TP group is one "
+                               "replica's T neighbouring ranks (rank = replica * T + tp_rank)")
+        if p["dp"] != want_dp:
+            in_one = [g for g in p["dp"] if any(set(g) <= set(t) for t in want_tp) and len(g) > 1]
+            why = (" (these DP groups lie inside a TP group: Task 2b's average would run across the TP group, "
+                   "summing different shards of one weight, and no replica would learn from another's batch)"
+                   if in_one else "")
+            raise CheckFailure(f"{call} returned the DP groups {p['dp']}, expected {want_dp}{why}: a DP group holds "
+                               "the ranks with the same tp_rank, one of every TP group")
+
+
 TP = 2
 
 
-def _tp_x_dp_groups(world: int):
-    """(TP group, DP group) of this rank: rank = replica * TP + tp_rank; every rank creates every group."""
+def _tp_x_dp_groups(ctx, mod):
+    """(this rank's TP ranks, TP group, DP group) from the student's ``mesh_ranks``; every rank creates every
+    group, in the same order."""
     import torch.distributed as dist
 
-    tp = [dist.new_group([d * TP + t for t in range(TP)]) for d in range(world // TP)]
-    dp = [dist.new_group([d * TP + t for d in range(world // TP)]) for t in range(TP)]
-    rank = dist.get_rank()
-    return tp[rank // TP], dp[rank % TP]
+    tp_ranks, dp_ranks = (_as_lists(g) for g in mod.mesh_ranks(ctx.world_size, TP))
+    tp = [(r, dist.new_group(r)) for r in tp_ranks]
+    dp = [(r, dist.new_group(r)) for r in dp_ranks]
+    mine = [(r, g) for r, g in tp if ctx.rank in r][:1] + [(r, g) for r, g in dp if ctx.rank in r][:1]
+    if len(mine) != 2:
+        ctx.fail(f"mesh_ranks({ctx.world_size}, {TP}) puts rank {ctx.rank} in no TP group or no DP group")
+    return mine[0][0], mine[0][1], mine[1][1]
 
 
 @define_check("10.tp_x_dp_4_ranks_tiny_bert", task=TASK, world_size=4, needs="tensor_parallel",
@@ -180,22 +237,22 @@ def _tp_x_dp_groups(world: int):
                     "single-node training (within 1e-4)",
               promise=("TP x DP on 4 ranks (TP groups {0, 1} and {2, 3}, each training its own share of the batch, the "
                        "gradients averaged over the DP groups): the ``tiny`` BERT gives the same losses as single-node "
-                       "training",))
+                       "training", "``mesh_ranks``: the TP groups are runs of T neighbouring ranks"))
 def tp_x_dp(ctx):
     import torch.distributed as dist
 
     world = ctx.world_size
     shares = [ctx.all_gather_object(references.rank_batch(ctx.secret, step, world)) for step in range(references.STEPS)]
-    tp_group, dp_group = _tp_x_dp_groups(world)
-    mine = range(ctx.rank // TP * TP, ctx.rank // TP * TP + TP)  # the ranks of this rank's TP group
+    mod = shared.student(ctx)
+    mine, tp_group, dp_group = _tp_x_dp_groups(ctx, mod)  # mine: the ranks of this rank's TP group
+    dp_size = dist.get_world_size(dp_group)
 
-    def average(model):  # the grader's own mean over the DP group
+    def average(model):  # the grader's own mean over the student's DP group
         for p in model.parameters():
             if p.grad is not None:
                 dist.all_reduce(p.grad, group=dp_group)
-                p.grad.div_(world // TP)
+                p.grad.div_(dp_size)
 
-    mod = shared.student(ctx)
     model = references.tiny_model()
     for layer in model.bert.encoder.layer:
         mod.parallelize_bert_layer(layer, tp_group)

@@ -165,7 +165,8 @@ _ROWS = (
     # Task 10 is advanced, extra credit like Tasks 7 and 9. Every collective of the student's code is an all_reduce
     # over the TP group (f's backward, g's forward); TP x DP averages over the replicas with Task 2b's function.
     Task("10", "tensor parallelism (Megatron's f and g)", "tensor_parallel",
-         ("parallelize_bert_layer", "F", "G", "ColumnParallelLinear", "RowParallelLinear"), "10_tensor_parallel",
+         ("parallelize_bert_layer", "F", "G", "ColumnParallelLinear", "RowParallelLinear", "mesh_ranks"),
+         "10_tensor_parallel",
          color="#ff7f0e", sync="tensor_parallel", collectives=frozenset({"all_reduce"}),
          must_call=frozenset({"all_reduce"}), extra_credit=True, needs_tasks=("1", "2", "2b")),
 )

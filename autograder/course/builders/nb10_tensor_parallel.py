@@ -23,9 +23,9 @@ A column-parallel Linear holds rows of the weight (a slice of the output feature
 row-parallel one columns (a slice of the input features): column then row, with an element-wise
 function between them, is a whole MLP that sends **one all_reduce forward** (g) and **one
 backward** (f). Attention splits the same way by heads.
-""", "`student_src/tensor_parallel.py` → `F`, `G`, `ColumnParallelLinear`, `RowParallelLinear` and "
-         "`parallelize_bert_layer` (`TODO(task 10)`; the docstring draws the shards and lists the cases the checks "
-         "test).", params="TP_SIZE = 2     # ranks per tensor-parallel group (tiny has 2 heads: at most 2); "
+""", "`student_src/tensor_parallel.py` → `F`, `G`, `ColumnParallelLinear`, `RowParallelLinear`, "
+         "`parallelize_bert_layer` and `mesh_ranks` (`TODO(task 10)`; the docstring draws the shards and the 2-D mesh "
+         "and lists the cases the checks test).", params="TP_SIZE = 2     # ranks per tensor-parallel group (tiny has 2 heads: at most 2); "
                           "WORLD_SIZE / TP_SIZE data-parallel replicas")
     check_cells(nb, "10", "f and g must send exactly what the table above says, and each shard's output and "
                 "gradient must be the matching slice of a single-process Linear's.")
@@ -38,6 +38,10 @@ parallelism (Task 2b) all-reduces the *gradients* once per step: every parameter
 batch. Before you read on, write down for the `tiny` model (hidden 64, 2 layers, batch 64 of 128
 tokens) and for MiniLM (hidden 384, 6 layers) the bytes a rank sends per step in each case.
 Which grows with the batch, which with the model?
+
+Then place it: 4 GPUs on 2 nodes, a fast link inside a node (NVLink, hundreds of GB/s) and 1 Gbit/s
+between the nodes. Would you put each TP group of 2 inside a node and the data-parallel replicas
+across nodes, or the other way round? Write down your choice and why before Q2 and Q3.
 """)
     nb.md(RUN_INTRO + "\nTask 10 runs `WORLD_SIZE` ranks as `TP_SIZE` ranks per tensor-parallel group times "
           "`WORLD_SIZE / TP_SIZE` data-parallel replicas (rank = replica × TP_SIZE + tp_rank): each replica trains its "
@@ -57,13 +61,14 @@ Which grows with the batch, which with the model?
                 "all_reduce there would multiply the input by T.")
     nb.question("**Q2.** Compare the bytes per step of TP (2 + 2 all_reduces per layer of b·s·h elements) with "
                 "DDP's (one all_reduce of every gradient) for tiny and MiniLM at batch 64 × 128 tokens. When is TP's "
-                "traffic the smaller one?",
+                "traffic the smaller one? (`--measure_traffic` measures it: `metrics.json`'s `traffic` holds the "
+                "model's bytes of one activation all_reduce beside the bytes on the wire.)",
                 "TP: 4 all_reduces per layer × layers × b·s·h × 4 bytes (tiny: 4 × 2 × 64·128·64 × 4 B = 16.8 MB; "
                 "MiniLM: 4 × 6 × 64·128·384 × 4 B = 302 MB), each sent at 2(T-1)/T of its size. DDP: the gradients "
-                "once (tiny 8.2 M parameters = 33 MB, MiniLM 22.7 M = 91 MB). TP's bytes grow with the batch and the "
+                "once (tiny 2.06 M parameters = 8.2 MB, MiniLM 22.7 M = 91 MB). TP's bytes grow with the batch and the "
                 "sequence, DDP's with the parameters: TP wins for huge layers and small micro-batches.")
-    nb.question("**Q3.** Why does tensor parallelism live inside a node (NVLink) in practice, and data parallelism "
-                "across nodes?",
+    nb.question("**Q3.** Was your placement right? Why does tensor parallelism live inside a node (NVLink) in "
+                "practice, and data parallelism across nodes?",
                 "TP's all_reduces sit on the critical path of every layer, forward and backward: nothing can overlap "
                 "them (the next layer needs the sum), and they carry activations, many MB per layer. Only a fast, "
                 "low-latency link (NVLink, hundreds of GB/s) keeps them small next to the compute. DDP's one gradient "

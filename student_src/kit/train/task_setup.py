@@ -164,7 +164,8 @@ def _tensor_parallel_setup(cfg: TrainConfig, model, ctx, task, parallelize_layer
     parameters); the loader shards the batch over the replicas; with several replicas every gradient
     is averaged over the DP group by the ``"function"`` task of ``needs_tasks`` (Task 2b); then the clip
     by the global norm. The whole model, refilled from the shards, is evaluated."""
-    mesh = tp_helpers.layout(ctx.world_size, cfg.tp_size or ctx.world_size, ctx.rank)
+    mesh = tp_helpers.layout(ctx.world_size, cfg.tp_size or ctx.world_size, ctx.rank,
+                             student_api.function(task.id, "mesh_ranks"))
     (_, tp_group), (_, dp_group) = mesh["tp"], mesh["dp"]
     average = None
     if mesh["replicas"] > 1:

@@ -27,15 +27,16 @@ import torch.distributed as dist
 from student_src.kit.errors import KitError
 
 
-def layout(world_size: int, tp_size: int, rank: int) -> dict:
+def layout(world_size: int, tp_size: int, rank: int, mesh_ranks=None) -> dict:
     """``{"tp": (ranks, group), "dp": (ranks, group), "tp_rank", "replica", "replicas"}`` of ``rank``;
     a group of the whole world is None (the default group); a TP group of one rank is a group of its
-    own (``dist.get_world_size(group)`` 1: nothing is sent)."""
+    own (``dist.get_world_size(group)`` 1: nothing is sent). ``mesh_ranks``: the student's
+    (``tensor_parallel.mesh_ranks``), whose lists of ranks are checked (``check_mesh``)."""
     if tp_size < 1 or world_size % tp_size:
         raise KitError(f"--tp_size {tp_size} does not divide --world_size {world_size}: the ranks are TP x DP")
     replicas = world_size // tp_size
-    tp_ranks = [[d * tp_size + t for t in range(tp_size)] for d in range(replicas)]
-    dp_ranks = [[d * tp_size + t for d in range(replicas)] for t in range(tp_size)]
+    tp_ranks, dp_ranks = (mesh_ranks or expected_mesh)(world_size, tp_size)
+    check_mesh(tp_ranks, dp_ranks, world_size, tp_size)
 
     def groups(all_ranks):
         if len(all_ranks[0]) == world_size or not (dist.is_available() and dist.is_initialized()):
@@ -45,6 +46,24 @@ def layout(world_size: int, tp_size: int, rank: int) -> dict:
     tp, dp = groups(tp_ranks), groups(dp_ranks)
     replica, tp_rank = rank // tp_size, rank % tp_size
     return {"tp": tp[replica], "dp": dp[tp_rank], "tp_rank": tp_rank, "replica": replica, "replicas": replicas}
+
+
+def expected_mesh(world_size: int, tp_size: int) -> tuple[list, list]:
+    """The kit's own mesh: rank = replica * T + tp_rank (what the student's ``mesh_ranks`` returns)."""
+    replicas = world_size // tp_size
+    return ([[d * tp_size + t for t in range(tp_size)] for d in range(replicas)],
+            [[d * tp_size + t for d in range(replicas)] for t in range(tp_size)])
+
+
+def check_mesh(tp_ranks, dp_ranks, world_size: int, tp_size: int) -> None:
+    """One line when the student's mesh is not rank = replica * T + tp_rank (the loader, the clip and the
+    evaluation count on it): names the first wrong group."""
+    want_tp, want_dp = expected_mesh(world_size, tp_size)
+    for what, got, want in (("TP", tp_ranks, want_tp), ("DP", dp_ranks, want_dp)):
+        got = [list(map(int, g)) for g in got] if isinstance(got, (list, tuple)) else got
+        if got != want:
+            raise KitError(f"mesh_ranks({world_size}, {tp_size}) returned the {what} groups {got}, expected {want} "
+                           "(rank = replica * T + tp_rank; a DP group holds one rank of every TP group)")
 
 
 def encoder_layers(model) -> list:
@@ -111,3 +130,4 @@ def gather_into(full_model, tp_model, cut: dict, group) -> None:
                 full[name].copy_(torch.cat(parts, dim=cut[name]))
             else:
                 full[name].copy_(p.detach())
+
