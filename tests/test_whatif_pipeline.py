@@ -72,3 +72,21 @@ def test_a_profile_of_tiny_cut_by_build_stage():
     assert sum(prof.grad_bytes) == 8230664                       # every trainable parameter, once
     with pytest.raises(KitError, match="encoder layers"):
         profile_stages("tiny", 3, rows=2, seq_len=16)
+
+
+def test_the_command_line_says_when_a_pipeline_beats_ddp(tmp_path, capsys):
+    """README: `python -m student_src.kit.whatif --metrics RUN --pipeline 2`: for tiny (8.23 MB of
+    gradient, 2 x 64 x (4 x 64 + 8) bytes of activation per micro-batch) the pipeline wins on
+    1 Gbit and DDP on 100 Gbit."""
+    import json
+
+    from student_src.kit.whatif.scaling import main
+
+    metrics = {"task": "1", "world_size": 1, "model": {"name": "tiny"}, "per_worker_batch_size": 16,
+               "config": {"max_seq_length": 64}, "compute": {"forward_s": 0.006, "backward_s": 0.004, "optimizer_s": 0.001}}
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    assert main(["--metrics", str(tmp_path), "--nodes", "2", "--rates", "1gbit,100gbit", "--tasks", "2b",
+                 "--pipeline", "2", "--micro_batches", "4", "--cpu_gbps", "10"]) == 0
+    table = capsys.readouterr().out.split("Task 9:")[1]
+    fastest = [(line.split()[0], line.split()[2]) for line in table.splitlines() if line.rstrip().endswith("<-")]
+    assert fastest == [("1", "PP"), ("100", "DP")], table

@@ -246,6 +246,58 @@ def fsdp_calls(sharded: list[tuple[int, bool]], replicated_nbytes: list[int], cl
     return calls
 
 
+def pipeline_calls(stages: int, replicas: int, micro_batches: int, forward_nbytes: list[int],
+                   backward_nbytes: list[int], stage_grad_nbytes: list[list[int]], clip: bool = True) -> list[tuple]:
+    """What one step of a pipeline (Task 9, ``student_src/pipeline.py``) sends on ``stages`` x
+    ``replicas`` ranks (rank = replica * stages + stage), as ``(op, nbytes, ranks)``:
+
+    * per replica, per boundary s -> s+1, per micro-batch: ``("send", nbytes, (src, dst))`` for each
+      tensor that crosses it forward (``forward_nbytes``: BERT's hidden states and attention mask)
+      and back for each of ``backward_nbytes`` (the gradients of the floating-point ones only): per
+      boundary m x (sum of both) bytes a step (``pipeline_boundary_bytes``);
+    * with stages, per replica: the clip's all_reduce of one float32 over the pipeline (``clip``) and
+      the loss broadcast from the last stage (one float32; ``ranks`` lists the root first);
+    * with replicas, per stage: each of its gradients (``stage_grad_nbytes[stage]``) all_reduced
+      over its replicas (Task 2b's ``allreduce_average``: one all_reduce per gradient)."""
+    calls: list[tuple] = []
+    for d in range(replicas):
+        ranks = [d * stages + s for s in range(stages)]
+        for src, dst in zip(ranks, ranks[1:]):
+            calls += [("send", nbytes, (src, dst)) for _ in range(micro_batches) for nbytes in forward_nbytes]
+            calls += [("send", nbytes, (dst, src)) for _ in range(micro_batches) for nbytes in backward_nbytes]
+        if stages > 1:
+            calls += [("all_reduce", 4, tuple(ranks))] if clip else []
+            calls.append(("broadcast", 4, (ranks[-1], *ranks[:-1])))
+    for s in range(stages if replicas > 1 else 0):
+        group = tuple(d * stages + s for d in range(replicas))
+        calls += [("all_reduce", nbytes, group) for nbytes in stage_grad_nbytes[s]]
+    return calls
+
+
+def pipeline_boundary_bytes(micro_batches: int, forward_nbytes: list[int], backward_nbytes: list[int]) -> dict:
+    """Payload bytes one step sends across ONE stage boundary: forward (activations) and backward
+    (their gradients), m micro-batches each."""
+    return {"forward": micro_batches * sum(forward_nbytes), "backward": micro_batches * sum(backward_nbytes)}
+
+
+def ranked_calls_traffic(calls: list[tuple], world_size: int) -> Traffic:
+    """Payload per rank of calls on named ranks, ``(op, nbytes, ranks)`` (``pipeline_calls``): a
+    ``"send"`` from ``ranks[0]`` to ``ranks[1]`` is one message; a collective on a group of ranks is
+    that collective's model on the group (its first rank the root of a broadcast)."""
+    t = Traffic.zero(world_size)
+    for op, nbytes, ranks in calls:
+        if op == "send":
+            t.message(ranks[0], ranks[1], nbytes)
+            continue
+        part = collective_traffic(op, nbytes, len(ranks))
+        for i, r in enumerate(ranks):
+            t.sent[r] += part.sent[i]
+            t.recv[r] += part.recv[i]
+            t.msgs_sent[r] += part.msgs_sent[i]
+            t.msgs_recv[r] += part.msgs_recv[i]
+    return t
+
+
 def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
                  bucket_nbytes: Optional[list[int]] = None,
                  logging: Optional[tuple[str, int]] = LOGGING_COLLECTIVE,
@@ -261,6 +313,10 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
       all_gather in forward, another in backward where backward reads the weight, a
       reduce_scatter of its gradient; an all_reduce of the replicated gradients and of the norm;
       (the task table's ``traffic`` column says which; a task not in it is modelled as 2b)
+    * a task without a ``traffic`` pattern whose run names its step's ``calls`` as ``(op, nbytes,
+      ranks)`` (``ranked_calls_traffic``): 9, a pipeline (``pipeline_calls``): point-to-point
+      activations and their gradients between neighbouring stages, the clip's and the loss's
+      scalars, and with replicas each stage's gradients all_reduced over them;
     * plus the collective the trainer does for logging (``logging = (op, nbytes)``; the kit's
       trainer all-gathers (loss, seconds) as float64: ``("all_gather", 16)``; a float32 loss
       all_reduce would be ``("all_reduce", 4)``).
@@ -279,6 +335,8 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
     elif pattern == "fsdp":
         for op, s in calls or []:
             t = t + collective_traffic(op, s, n)
+    elif pattern is None and calls:  # a setup's own sends and collectives on named ranks (a pipeline's)
+        t = t + ranked_calls_traffic(calls, n)
     elif pattern == "ring_broadcast":
         for s, owner in zip(tensor_nbytes, zero1_owners(tensor_nbytes, n)):
             t = t + allreduce_traffic(s, n) + broadcast_traffic(s, n, root=owner)

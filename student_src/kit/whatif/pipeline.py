@@ -33,7 +33,7 @@ from student_src.kit import student_api, tasks
 from student_src.kit.core.models import load_model
 from student_src.kit.errors import KitError
 from student_src.kit.train.pipeline_helpers import num_layers
-from student_src.kit.whatif.scaling import LinkModel
+from student_src.kit.whatif.link import LinkModel
 
 
 @dataclass(frozen=True)
@@ -161,3 +161,32 @@ def pp_or_dp(profile_by_stages: dict, dp_step_s: Sequence[float], nodes: int, mi
             rows.append({"layout": f"PP {p} x DP {nodes // p}", **it})
     best = min(rows, key=lambda r: r["total_s"])
     return {"rows": rows, "best": best["layout"]}
+
+
+def compare_table(model_name: str, seq_len: int, global_batch: int, stage_counts, micro_batches: int, nodes,
+                  links: dict, dp_rows: list[dict], dp_task: str) -> str:
+    """The command line's ``--pipeline``: for every link and node count, pure data parallelism
+    (``dp_rows``: ``scaling.predict``'s rows of ``dp_task``) beside every pipeline depth that
+    divides the nodes, each stage profiled here at its micro-batch, and which is fastest."""
+    profiles: dict = {}
+    lines = [f"{'Gbit/s':>6} {'N':>3}  {'layout':<16} {'s/iter':>8} {'bubble':>7}  fastest"]
+    for gbit, link in links.items():
+        for n in nodes:
+            dp = [r for r in dp_rows if r["task"] == dp_task and r["nodes"] == n and r["gbit"] == gbit]
+            if not dp:
+                continue
+            by_stages = {}
+            for p in stage_counts:
+                replicas = n // p if n % p == 0 else 0
+                rows = global_batch // max(1, replicas * micro_batches)
+                if p > 1 and replicas and rows >= 1:
+                    key = (p, rows)
+                    if key not in profiles:
+                        profiles[key] = profile_stages(model_name, p, rows, seq_len)
+                    by_stages[p] = profiles[key]
+            result = pp_or_dp(by_stages, dp[0]["total_s"], n, micro_batches, link)
+            for r in result["rows"]:
+                bubble = f"{r['bubble']:7.0%}" if "bubble" in r else " " * 7
+                best = "<-" if r["layout"] == result["best"] else ""
+                lines.append(f"{gbit:>6g} {n:>3}  {r['layout']:<16} {r['total_s']:>8.4f} {bubble}  {best}")
+    return "\n".join(lines)

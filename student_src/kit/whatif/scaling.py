@@ -46,60 +46,22 @@ from typing import Optional, Sequence
 from student_src.kit import tasks as task_table
 from student_src.kit.core.models import load_model
 from student_src.kit.errors import KitError
-from student_src.kit.measure.traffic_model import collective_traffic, fsdp_calls
+from student_src.kit.measure.traffic_model import fsdp_calls
 from student_src.kit.whatif.host import HostModel, measure_host, sync_cpu_bytes  # noqa: F401 (part of this module's API)
+from student_src.kit.whatif.link import GLOO_EFFICIENCY, LinkModel
 from student_src.kit.whatif.memory import run as memory_main
+from student_src.kit.whatif.pipeline import compare_table
 
 #: the tasks whose gradients travel (the task table's ``traffic`` column says how)
 TASKS = tuple(task_table.ids(lambda t: t.traffic is not None))
 #: torch DDP's bucket sizes: a small first bucket (``dist._DEFAULT_FIRST_BUCKET_BYTES``), then bucket_cap_mb
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
-#: fraction of the ring bound gloo reached on the emulated 1 Gbit links (benchmarks/traffic/README.md §4: 70-85 %)
-GLOO_EFFICIENCY = 0.8
 #: how a run's step splits when it recorded only its total (the usual backward = 2 x forward)
 DEFAULT_SPLIT = {"forward": 0.3, "backward": 0.6, "optimizer": 0.1}
 COMPRESSION_FACTOR = {None: 1.0, "none": 1.0, "fp16": 0.5, "bf16": 0.5}
 #: the task table's ``traffic`` patterns whose optimizer updates only this rank's 1/N of the weights
 SHARDED_OPTIMIZER = ("ring_broadcast", "fsdp")
-
-
-@dataclass(frozen=True)
-class LinkModel:
-    """One link per node to a switch: ``latency_s`` per message, ``bandwidth_bps`` bits/s, of
-    which collectives reach ``efficiency`` (gloo's copies and sums on the CPU cost the rest)."""
-    bandwidth_bps: float
-    latency_s: float = 1e-4
-    efficiency: float = GLOO_EFFICIENCY
-
-    def __post_init__(self):
-        if not self.bandwidth_bps > 0 or self.latency_s < 0 or not 0 < self.efficiency <= 1:
-            raise KitError(f"a link needs bandwidth > 0, latency >= 0 and 0 < efficiency <= 1, got {self}")
-
-    @property
-    def bytes_per_s(self) -> float:
-        return self.bandwidth_bps / 8 * self.efficiency
-
-    def allreduce_s(self, nbytes: float, n: int) -> float:
-        """Ring all_reduce (reduce-scatter + all-gather): 2(N-1) messages of S/N each."""
-        return 0.0 if n <= 1 else 2 * (n - 1) * self.latency_s + 2 * (n - 1) / n * nbytes / self.bytes_per_s
-
-    def collective_s(self, op: str, nbytes: float, n: int) -> float:
-        """Any collective the traffic model knows (``traffic_model.collective_traffic``): the
-        busiest rank's messages times the latency plus its bytes over the link. An all_reduce (and
-        gloo's reduce_scatter, which is one) is ``allreduce_s``: 2(N-1) rounds, the count ``a``
-        is fitted with (gloo cuts each round in two segments, sent back to back)."""
-        if n <= 1 or nbytes <= 0:
-            return 0.0
-        if op in ("all_reduce", "reduce_scatter_single"):
-            return self.allreduce_s(nbytes, n)
-        t = collective_traffic(op, int(nbytes), n)
-        return max(m * self.latency_s + b / self.bytes_per_s for m, b in zip(t.msgs_sent, t.sent))
-
-    def gather_scatter_s(self, nbytes: float, n: int) -> float:
-        """Gather to rank 0 then scatter from it: rank 0's link carries (N-1) S each way, in turn
-        (gloo posts the N-1 transfers of each at once, so each pays one latency, not N-1)."""
-        return 0.0 if n <= 1 else 2 * (self.latency_s + (n - 1) * nbytes / self.bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -356,6 +318,8 @@ def main(argv=None) -> int:
                    "(default: measured here, as 2a's rank 0 stacks and averages)")
     p.add_argument("--plot", help="write the speed-up and efficiency curves to this PNG")
     p.add_argument("--json", nargs="?", const="-", help="write the rows to this JSON file (no file: print them as JSON)")
+    p.add_argument("--pipeline", help="also Task 9: pipeline depths to compare with pure data parallelism (DDP), e.g. 2,4")
+    p.add_argument("--micro_batches", type=int, default=8, help="the pipeline's micro-batches (default %(default)s)")
     memory = p.add_argument_group("memory per rank (--memory; whatif_memory.py, memory_model.py)")
     memory.add_argument("--memory", action="store_true", help="predict the bytes per rank of DDP, ZeRO-1, ZeRO-2 and FSDP")
     memory.add_argument("--model", help="a kit model (tiny, minilm) or any model name: exact, per tensor")
@@ -377,11 +341,16 @@ def main(argv=None) -> int:
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         host = HostModel(args.cpu_gbps * 1e9) if args.cpu_gbps else measure_host(max(sizes))
         fsdp = fsdp_layout(metrics["model"]["name"]) if any(task_table.get(t).traffic == "fsdp" for t in tasks if t in TASKS) else None
-        rows = []
+        rows, links = [], {}
+        ddp = task_table.ids(lambda t: t.sync == "ddp")[0]
         for rate in args.rates.split(","):
-            link = LinkModel(parse_rate(rate), parse_latency(args.latency), args.efficiency)
-            rows += predict(compute, sizes, link, tasks, _nodes(args.nodes), args.global_batch_size,
+            link = links[parse_rate(rate) / 1e9] = LinkModel(parse_rate(rate), parse_latency(args.latency), args.efficiency)
+            rows += predict(compute, sizes, link, [*tasks, *([ddp] if args.pipeline and ddp not in tasks else [])],
+                            _nodes(args.nodes), args.global_batch_size,
                             None if args.compression == "none" else args.compression, args.bucket_cap_mb, host, fsdp)
+        pipeline = (compare_table(metrics["model"]["name"], metrics["config"]["max_seq_length"],
+                                  args.global_batch_size or compute.batch_size, [int(x) for x in args.pipeline.split(",")],
+                                  args.micro_batches, _nodes(args.nodes), links, rows, ddp) if args.pipeline else "")
     except KitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -389,6 +358,10 @@ def main(argv=None) -> int:
           f"{compute.backward_s:.4f} s, optimizer {compute.optimizer_s:.4f} s; {len(sizes)} gradient tensors, "
           f"{sum(sizes) / 1e6:.2f} MB; the CPU moves {host.bytes_per_s / 1e9:.1f} GB/s for the sync")
     print(format_table(rows))
+    if pipeline:
+        print(f"\nTask 9: a pipeline of p stages x N/p replicas, {args.micro_batches} micro-batches, against DDP on N nodes "
+              "(each stage timed here, on one thread):")
+        print(pipeline)
     if args.json == "-":
         print(json.dumps(rows, indent=1))
     elif args.json:
