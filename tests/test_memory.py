@@ -85,9 +85,9 @@ def test_bad_input_says_what_to_give():
             call()
 
 
-#: sync kinds whose per-rank memory the model does not predict yet (issues 32 and 33 leave the
-#: pipeline's activations and tensor parallelism's 1/T shards for later): their rows say memory=None
-NOT_MODELLED_YET = {"pipeline", "tensor_parallel"}
+#: sync kinds whose per-rank memory the model does not predict yet (issue 32 leaves the pipeline's
+#: stages and activations for later; issue 33's tensor parallelism is modelled): their rows say memory=None
+NOT_MODELLED_YET = {"pipeline"}
 
 
 def test_every_training_task_declares_what_a_rank_holds():

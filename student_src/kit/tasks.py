@@ -89,9 +89,10 @@ class Task:
                                      # per sharded parameter, traffic_model.fsdp_calls); None: no gradient traffic
     memory: str | None = None        # what a rank holds (memory_model.py): "replicated" (every rank the whole
                                      # model, gradients and optimizer state), "zero1" (optimizer state sharded),
-                                     # "zero2" (and gradients), "fsdp" (and parameters); ":flat" or ":greedy" after
-                                     # it says how shards are cut (default greedy whole tensors for ZeRO, flat per
-                                     # unit for FSDP); None: not a training task
+                                     # "zero2" (and gradients), "fsdp" (and parameters), "tensor_parallel" (1/T of
+                                     # every cut weight, the rest whole); ":flat" or ":greedy" after it says how
+                                     # shards are cut (default greedy whole tensors for ZeRO, flat per unit for
+                                     # FSDP); None: not a training task
     needs_tasks: tuple[str, ...] = ()  # the other tasks whose student code its run calls (train_step, the loader):
                                        # a notebook's run cell checks them, and its own, for TODOs before it starts
                                        # ranks (Task 0's init_distributed has a kit fallback: no run needs it); for a
@@ -168,7 +169,7 @@ _ROWS = (
          ("parallelize_bert_layer", "F", "G", "ColumnParallelLinear", "RowParallelLinear", "mesh_ranks"),
          "10_tensor_parallel",
          color="#ff7f0e", sync="tensor_parallel", collectives=frozenset({"all_reduce"}),
-         must_call=frozenset({"all_reduce"}), extra_credit=True, needs_tasks=("1", "2", "2b")),
+         must_call=frozenset({"all_reduce"}), extra_credit=True, memory="tensor_parallel", needs_tasks=("1", "2", "2b")),
 )
 
 #: every task by id, in the assignment's order

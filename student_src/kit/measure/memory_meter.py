@@ -196,9 +196,13 @@ class RunMemoryMeter:
             return None
         kind = optimizer_kind(self.optimizer)
         strategy, partition = memory_model.parse_spec(self.strategy)
-        rows = memory_model.for_model(strategy, self.ctx.world_size, self.layout, optimizer=kind, partition=partition)
+        extra = {}
+        if strategy == memory_model.TENSOR_PARALLEL:  # T from the cut model's mark (train/task_setup.py)
+            extra["tp_size"] = (getattr(self.model, "kit_tp", None) or {}).get("tp_size", self.ctx.world_size)
+        rows = memory_model.for_model(strategy, self.ctx.world_size, self.layout, optimizer=kind, partition=partition,
+                                      **extra)
         return {"strategy": strategy, "partition": partition or "default", "precision": "fp32", "optimizer": kind,
-                "per_rank": rows}
+                "per_rank": rows, **extra}
 
     def results(self) -> dict:
         if self._handle is not None:

@@ -41,6 +41,16 @@ the state is really cut, not Ψ/N:
 * ``partition="even"`` (the default when only Ψ is given): exactly Ψ/N per rank, the paper's
   arithmetic.
 
+Tensor parallelism (Task 10, ``"tensor_parallel"``) is not a ZeRO stage: each of T ranks of a TP
+group holds 1/T of every weight it cuts (Q, K, V and the MLP's first layer by rows, with their
+biases; the attention's output and the MLP's second layer by columns) and the rest whole (the
+embeddings, LayerNorms, the row-parallel biases, the pooler and the classifier), with their
+gradients and optimizer state alike: (P + G + K) (Ψ_cut / T + Ψ_replicated) per rank, whatever the
+number of data-parallel replicas. ``model_layout`` finds the cut tensors by BERT's names
+(``TP_COLUMN``, ``TP_ROW``); ``per_rank("tensor_parallel", world, cut=..., replicated=...,
+tp_size=T)``. The activations, which TP does not cut outside the attention and the MLP, are not
+counted (nor are they for the other strategies).
+
     from student_src.kit.measure.memory_model import per_rank, paper_example
     per_rank("zero1", 4, tensors=[p.numel() for p in model.parameters()])   # one dict per rank
     python -m student_src.kit.whatif --memory --model minilm --world_sizes 1,2,4,8
@@ -67,6 +77,11 @@ PAPER_NAMES = {"ddp": "baseline", "zero1": "P_os", "zero2": "P_os+g", "fsdp": "P
 #: optimizer states per parameter, each the size of the parameter (in fp32)
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd_momentum": 1, "sgd": 0}
 PARTITIONS = ("even", "flat", "greedy")
+#: tensor parallelism (module docstring): not one of the ZeRO stages of ``STRATEGIES``
+TENSOR_PARALLEL = "tensor_parallel"
+#: the modules of a BERT encoder layer that TP cuts by rows (weight and bias) and by columns (weight only)
+TP_COLUMN = ("attention.self.query", "attention.self.key", "attention.self.value", "intermediate.dense")
+TP_ROW = ("attention.output.dense", "output.dense")
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,8 @@ def strategy_name(strategy: str) -> str:
     """``"replicated"``, ``"zero3"``, ``"P_os"`` ... -> one of ``STRATEGIES``."""
     key = str(strategy).strip().lower()
     key = ALIASES.get(key, key)
+    if key in (TENSOR_PARALLEL, "tp"):
+        return TENSOR_PARALLEL
     if key not in STRATEGIES:
         raise KitError(f"unknown memory strategy {strategy!r}; choose one of {', '.join(STRATEGIES)} "
                        f"(or {', '.join(ALIASES)})")
@@ -162,14 +179,16 @@ def _as_units(tensors, units, replicated) -> tuple[list[list[int]], list[int]]:
 def per_rank(strategy: str, world_size: int, params: Optional[float] = None, *, tensors: Optional[Sequence[int]] = None,
              groups: Optional[Sequence[Sequence[int]]] = None, units: Optional[Sequence[Sequence[int]]] = None,
              replicated: Optional[Sequence[int]] = None, precision="fp32", optimizer: str = "adamw",
-             partition: Optional[str] = None, units_in_flight: int = 1) -> list[dict]:
+             partition: Optional[str] = None, units_in_flight: int = 1, cut: Optional[Sequence[int]] = None,
+             tp_size: int = 1) -> list[dict]:
     """Predicted bytes on each rank: ``[{"rank", "params", "grads", "optimizer", "states",
     "working_set", "peak"}]`` (``states`` = params + grads + optimizer, what the paper counts).
 
     Give the model as ``params`` (Ψ, the paper's arithmetic) or, to be exact for a real model,
     as ``tensors`` (every trainable tensor's numel), ``groups`` (the optimizer's parameter groups,
     each a list of numels: ZeRO's greedy partition keeps them) or, for FSDP, ``units`` (the
-    sharded units, each a list of numels) plus ``replicated`` (the tensors it does not shard).
+    sharded units, each a list of numels) plus ``replicated`` (the tensors it does not shard);
+    for tensor parallelism, ``cut`` (the tensors cut across ``tp_size`` ranks) plus ``replicated``.
     ``partition`` defaults to "even" for Ψ, "greedy" for ZeRO-1/2 and "flat" for FSDP."""
     kind = strategy_name(strategy)
     if not isinstance(world_size, int) or world_size < 1:
@@ -179,6 +198,8 @@ def per_rank(strategy: str, world_size: int, params: Optional[float] = None, *, 
     prec = get_precision(precision)
     P, G, K = prec.param_bytes, prec.grad_bytes, prec.optimizer_bytes(optimizer)
     n = world_size
+    if kind == TENSOR_PARALLEL:
+        return _tensor_parallel_rows(n, tp_size, params, cut, replicated, P, G, K)
     if params is None and tensors is None and groups is None and units is None:
         raise KitError("give the model's size: params (Ψ), tensors, groups or units")
     exact = params is None
@@ -223,6 +244,19 @@ def per_rank(strategy: str, world_size: int, params: Optional[float] = None, *, 
     return rows
 
 
+def _tensor_parallel_rows(n: int, tp_size: int, params, cut, replicated, P: int, G: int, K: int) -> list[dict]:
+    """Every rank of TP ``tp_size`` x DP: 1/T of the cut tensors (or of Ψ) plus the replicated ones."""
+    if not isinstance(tp_size, int) or tp_size < 1 or n % tp_size:
+        raise KitError(f"the TP size must be a positive divisor of the world size {n}, got {tp_size!r}")
+    if params is None and cut is None:
+        raise KitError("give the model's size for tensor parallelism: params (Ψ) or cut (and replicated)")
+    held = params / tp_size if cut is None else sum(cut) / tp_size + sum(replicated or [])
+    row = {"params": P * held, "grads": G * held, "optimizer": K * held, "working_set": 0}
+    row["states"] = row["params"] + row["grads"] + row["optimizer"]
+    row["peak"] = row["states"]
+    return [{"rank": r, **row} for r in range(n)]
+
+
 def paper_figures(params: float, world_size: int) -> dict:
     """Bytes per rank of the paper's Figure 1 (mixed-precision Adam, K = 12) for each strategy."""
     return {PAPER_NAMES[s]: per_rank(s, world_size, params, precision="mixed", optimizer="adam")[0]["states"]
@@ -260,11 +294,28 @@ def model_layout(model, fsdp_policy=None) -> dict:
                 units.append([p.numel() for p in unit])
                 in_unit.update(id(p) for p in unit)
     replicated = [p.numel() for p in model.parameters() if p.requires_grad and id(p) not in in_unit]
-    return {"tensors": tensors, "groups": [g for g in (decay, no_decay) if g], "units": units, "replicated": replicated}
+    tp_cut, tp_replicated = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (tp_cut if is_tp_cut(name) else tp_replicated).append(p.numel())
+    return {"tensors": tensors, "groups": [g for g in (decay, no_decay) if g], "units": units, "replicated": replicated,
+            "tp_cut": tp_cut, "tp_replicated": tp_replicated}
+
+
+def is_tp_cut(name: str) -> bool:
+    """Tensor parallelism cuts this parameter of a BERT-family model (``TP_COLUMN``'s weights and biases,
+    ``TP_ROW``'s weights, inside ``encoder.layer.<i>``)."""
+    if ".layer." not in f".{name}" or "encoder" not in name:
+        return False
+    owner, _, kind = name.split(".layer.", 1)[-1].partition(".")[2].rpartition(".")
+    return owner in TP_COLUMN or (owner in TP_ROW and kind == "weight")
 
 
 def for_model(strategy: str, world_size: int, layout: dict, **kwargs) -> list[dict]:
     """``per_rank`` for a layout from ``model_layout`` (FSDP uses its units, ZeRO its groups)."""
     if strategy_name(strategy) == "fsdp":
         return per_rank(strategy, world_size, units=layout["units"], replicated=layout["replicated"], **kwargs)
+    if strategy_name(strategy) == TENSOR_PARALLEL:
+        kwargs.pop("partition", None)
+        return per_rank(strategy, world_size, cut=layout["tp_cut"], replicated=layout["tp_replicated"], **kwargs)
     return per_rank(strategy, world_size, groups=layout["groups"], **kwargs)

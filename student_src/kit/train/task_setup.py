@@ -176,6 +176,7 @@ def _tensor_parallel_setup(cfg: TrainConfig, model, ctx, task, parallelize_layer
         fn = student_api.function(averaging[0].id)
         average = lambda m: fn(m, group=dp_group)  # noqa: E731
     tp_model = tp_helpers.parallelize(model, parallelize_layer, tp_group)
+    tp_model.kit_tp = {"tp_rank": mesh["tp_rank"], "tp_size": len(mesh["tp"][0]), "replicas": mesh["replicas"]}  # resume
     cut = tp_helpers.cut_dims(model, tp_model)
 
     def sync(m):
