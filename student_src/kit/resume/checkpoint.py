@@ -76,7 +76,8 @@ for the keys of the parameters it owns now, wherever they were saved.
 Sharded parameters (Task 7: the student's ``FSDP``): the model and AdamW's moments are saved
 whole, gathered from the shards, and each rank keeps its piece on resume (``fsdp_state.py``).
 A pipeline's stages (Task 9): each rank saves only its stage's parameters and AdamW state, and
-resumes only on the layout it saved (``pipeline_state.py``).
+resumes only on the layout it saved (``pipeline_state.py``). Tensor parallelism (Task 10) likewise:
+each TP rank saves its shards and AdamW state under its own prefix (``tp_state.py``).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ import torch
 
 from student_src.kit import student_api
 from student_src.kit.errors import KitError
-from student_src.kit.resume import async_save, faults, manifest, pipeline_state, preflight, schedule
+from student_src.kit.resume import async_save, faults, manifest, pipeline_state, preflight, schedule, tp_state
 from student_src.kit.resume.dcp_io import barrier as _barrier, dcp_call as _dcp, distributed as _distributed  # noqa: E501
 from student_src.kit.resume.dcp_io import from_rank0 as _from_rank0, load_dcp as _load_dcp, write_text as _write_text
 from student_src.kit.resume.locate import (FORMAT, LATEST, META, STEP_DIR, checkpoint_dir, complete,  # noqa: F401
@@ -114,8 +115,8 @@ def _student_pair(run):
     ``torch.optim`` optimizer without a sharded contract), else None."""
     if not isinstance(run.optimizer, torch.optim.Optimizer) or any(callable(getattr(run.optimizer, n, None)) for n in ("sharded_state_dict", "full_state_dict")):
         return None
-    if is_fsdp_run(run) or pipeline_state.is_pipeline(run.cfg):  # shards, stages: only the kit's own save fits them
-        return None
+    if is_fsdp_run(run) or pipeline_state.is_pipeline(run.cfg) or tp_state.is_tensor_parallel(run.cfg):
+        return None  # shards, stages, TP shards: only the kit's own save fits them
     return student_api.optional(lambda: (student_api.named("capture_training_state"),
                                          student_api.named("restore_training_state")))
 
@@ -272,6 +273,7 @@ def check_identity(path: Path, meta: dict, run) -> None:
         raise KitError(f"{path} is another run's checkpoint (saved with {saved}; this run has {now}); "
                        "resume with the same flags, or use another --checkpoint_dir / drop --resume")
     pipeline_state.check_layout(path, meta, run.cfg, run.ctx.world_size)  # Task 9: the layout it saved on
+    tp_state.check_layout(path, meta, run.cfg, run.ctx.world_size)  # Task 10: the same
     schedule.check(path, meta, run)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from student_src.kit.core.models import minilm_path, tiny_config
 from student_src.kit.errors import KitError
-from student_src.kit.resume import locate, pipeline_state
+from student_src.kit.resume import locate, pipeline_state, tp_state
 
 #: bytes a checkpoint holds per parameter: fp32 weights and AdamW's two fp32 moments
 BYTES_PER_PARAMETER = 12
@@ -38,6 +38,7 @@ def check(cfg, verify: bool = True) -> None:
             found = locate.find(cfg.resume, cfg, notes=[])  # each problem in one line (skipped damage: said at resume)
             if found is not None:  # a pipeline's checkpoint resumes only on its layout (Task 9)
                 pipeline_state.check_before_start(found, locate.read_meta(found), cfg)
+                tp_state.check_before_start(found, locate.read_meta(found), cfg)  # and a TP run's (Task 10)
         elif cfg.resume != "auto" and not Path(cfg.resume).is_dir():
             locate.find(cfg.resume, cfg)  # its one-line error for a path that is not there
     if cfg.save_every:
