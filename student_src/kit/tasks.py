@@ -169,7 +169,8 @@ _ROWS = (
          ("parallelize_bert_layer", "F", "G", "ColumnParallelLinear", "RowParallelLinear", "mesh_ranks"),
          "10_tensor_parallel",
          color="#ff7f0e", sync="tensor_parallel", collectives=frozenset({"all_reduce"}),
-         must_call=frozenset({"all_reduce"}), extra_credit=True, memory="tensor_parallel", needs_tasks=("1", "2", "2b")),
+         must_call=frozenset({"all_reduce"}), extra_credit=True, export=True, memory="tensor_parallel",
+         needs_tasks=("1", "2", "2b")),
 )
 
 #: every task by id, in the assignment's order
