@@ -78,7 +78,12 @@ by the gradient norm over all stages, steps each stage's optimizer and broadcast
 stage's loss. With ``--pipeline_stages P`` below the world size the ranks are P stages x world/P
 data-parallel replicas (rank = replica * P + stage): ``ranks`` and ``group`` then name this
 replica's pipeline, and your Task 2b ``allreduce_average`` averages each stage's gradients over
-its replicas. With ``--dropout 0`` its losses equal Task 1's step by step.
+its replicas. With ``--dropout 0`` its losses equal Task 1's step by step. ``--save_every N`` /
+``--resume`` checkpoint each stage's own part (same stages and replicas to resume);
+``--measure_traffic`` compares the bytes on the wire with what your sends should move (per
+boundary and step: m micro-batches' activations forward, their gradients back); metrics.json's
+``memory.activations`` counts the activations each stage held at its peak against m (AFAB) or
+p - stage (1F1B) micro-batches.
 
 Cases the checks test
 ---------------------

@@ -113,10 +113,13 @@ def test_pipeline_flags_are_checked_before_any_rank_starts(tmp_path):
                        (["--task", "9", "--micro_batches", "5"], "do not divide the batch of 64"),
                        (["--task", "9", "--world_size", "4", "--pipeline_stages", "2", "--global_batch_size", "12",
                          "--micro_batches", "4"], "2 replica"),
-                       (["--task", "9", "--measure_traffic"], "not there yet for pipelines")):
+                       (["--task", "9", "--timeline", "2"], "not there yet for pipelines"),
+                       (["--task", "9", "--torch_pipelining", "--measure_traffic"], "measure without --torch_pipelining")):
         with pytest.raises(KitError, match=says):
             parse_config(argv)
     cfg = parse_config(["--task", "9", "--world_size", "3", "--global_batch_size", "16", "--schedule", "afab"])
+    for allowed in (["--measure_traffic"], ["--save_every", "2", "--output_dir", str(tmp_path / "o")]):
+        parse_config(["--task", "9", "--world_size", "2", "--global_batch_size", "16", *allowed])  # not refused
     assert (cfg.micro_batches, cfg.schedule, cfg.pipeline_stages) == (4, "afab", None)
     train = tmp_path / "train.tsv"
     train.write_text("index\tsentence1\tsentence2\tlabel\n" + "".join(f"{i}\ta\tb\tentailment\n" for i in range(20)))

@@ -29,7 +29,8 @@ def test_every_row_names_what_exists(task):
     if task.sync is not None:
         assert task.sync in tasks.SYNC_KINDS
     assert task.traffic in traffic_model.PATTERNS
-    # a pipeline (Task 9) is distributed but syncs no gradients: its stages send activations (no traffic model yet);
+    # a pipeline (Task 9) is distributed but syncs no gradients: its stages send activations (its setup names the
+    # step's sends for the traffic model, traffic_model.pipeline_calls, not a gradient pattern);
     # tensor parallelism (Task 10) sends activations too (its traffic model, and TP x DP's, are not there yet)
     syncs = task.distributed and task.sync not in ("pipeline", "tensor_parallel")
     assert (task.traffic is None) == (not syncs), "a task that syncs gradients needs a traffic pattern"

@@ -334,3 +334,52 @@ def test_local_ranks_measured_matches_expected(task, n):
             assert 0.98 <= r["ratio"] <= 1.05, r
         else:       # shared loopback: other programs can only add bytes
             assert r["ratio"] >= 0.98, r
+
+
+# ------------------------------------------------------------------------------- Task 9: a pipeline's sends
+def test_pipeline_calls_per_boundary_and_with_replicas():
+    """Per boundary per step: m x (hidden + mask) forward, m x hidden back; the clip's and the
+    loss's scalars in each pipeline; with replicas each stage's gradients all_reduced over them."""
+    hidden, mask, m = 4 * 32 * 64 * 4, 4 * 32 * 8, 4
+    calls = model.pipeline_calls(2, 1, m, [hidden, mask], [hidden], [[100, 20], [30]])
+    t = model.ranked_calls_traffic(calls, 2)
+    assert model.pipeline_boundary_bytes(m, [hidden, mask], [hidden]) == {"forward": m * (hidden + mask),
+                                                                          "backward": m * hidden}
+    clip, loss = model.allreduce_traffic(4, 2), model.broadcast_traffic(4, 2, root=1)
+    assert t.sent[0] == m * (hidden + mask) + clip.sent[0] + loss.sent[0]
+    assert t.sent[1] == m * hidden + clip.sent[1] + loss.sent[1]
+    assert t.msgs_sent[0] == 2 * m + clip.msgs_sent[0] and t.msgs_sent[1] == m + clip.msgs_sent[1] + loss.msgs_sent[1]
+    # 2 stages x 2 replicas: ranks 0-1 and 2-3 pipelines, {0, 2} and {1, 3} average their stage's gradients
+    four = model.ranked_calls_traffic(model.pipeline_calls(2, 2, m, [hidden, mask], [hidden], [[100, 20], [30]]), 4)
+    dp0 = model.allreduce_traffic(100, 2) + model.allreduce_traffic(20, 2)
+    assert four.sent[2] == t.sent[0] + dp0.sent[1] and four.sent[3] == t.sent[1] + model.allreduce_traffic(30, 2).sent[1]
+    # one stage (Task 2b with micro-batches): no sends, no clip or loss in a pipeline
+    one = model.pipeline_calls(1, 2, m, [hidden, mask], [hidden], [[100]])
+    assert one == [("all_reduce", 100, (0, 1))]
+    # step_traffic takes them for a task without a gradient pattern, with the logging all_gather
+    step = model.step_traffic("9", 2, [], calls=calls)
+    assert step.total_payload == t.total_payload + 2 * 16
+
+
+@pytest.mark.skipif(not (sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() == 0
+                         and shutil.which("ip")), reason="cluster isolate needs root, Linux and ip")
+@pytest.mark.parametrize("world,stages", [(2, 2), (4, 2)])
+def test_pipeline_measure_traffic_matches_the_model(small_rte, tmp_path, world, stages):
+    """Task 9 with --measure_traffic on a private loopback: the bytes measured within 2% of the
+    model (point-to-point activations and gradients, the clip's and the loss's scalars, with 2
+    replicas each stage's gradients all_reduced), the payload per boundary reported."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "student_src.kit.cluster", "isolate", "--timeout", "400", "--",
+                           sys.executable, "-m", "student_src.run_glue", "--task", "9", "--world_size", str(world),
+                           "--pipeline_stages", str(stages), "--micro_batches", "4", "--spawn",
+                           "--model_name_or_path", "tiny", "--data_dir", str(small_rte), "--max_seq_length", "32",
+                           "--global_batch_size", "16", "--max_steps", "4", "--do_train", "--num_threads", "1",
+                           "--no_progress", "--measure_traffic", "--output_dir", str(out)],
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
+                          text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    traffic = json.loads((out / "metrics.json").read_text())["traffic"]
+    assert 0.98 <= traffic["measured_bytes"] / traffic["expected_bytes"] <= 1.02, traffic
+    rows, seq, hidden = 16 // (world // stages) // 4, 32, 64
+    assert traffic["pipeline"] == {"boundaries": 1, "payload_per_boundary_per_step": {
+        "forward": 4 * (rows * seq * hidden * 4 + rows * seq * 8), "backward": 4 * rows * seq * hidden * 4}}

@@ -42,7 +42,10 @@ student package.
                   first ``"function"`` task of ``needs_tasks`` (2b) averages each stage's gradients on
                   its replica group; the kit clips by the global norm over the stages, steps the
                   stage's AdamW, broadcasts the last stage's loss, and gathers the stages' weights on
-                  every rank before evaluating.
+                  every rank before evaluating. Its ``memory`` is ``"pipeline"``: a rank holds its stage's
+                  parameters, gradients and AdamW state, and the activations of the micro-batches its
+                  schedule keeps (``memory_model.pipeline_held``). It has no gradient ``traffic``
+                  pattern: its setup names the step's sends (``traffic_model.pipeline_calls``).
 * ``"tensor_parallel"``  the task's first function is ``parallelize_bert_layer``: the ranks are
                   ``--tp_size`` T ranks per TP group x world/T replicas (rank = replica * T + tp_rank);
                   a copy of the model, each encoder layer rewritten by it on the TP group, trains on
@@ -162,7 +165,7 @@ _ROWS = (
     Task("9", "pipeline parallelism (GPipe, 1F1B)", "pipeline",
          ("pipeline_step", "schedule_order", "stage_sizes", "build_stage"), "9_pipeline", color="#bcbd22",
          sync="pipeline", collectives=frozenset({"send", "recv", "isend", "irecv", "barrier"}), extra_credit=True,
-         needs_tasks=("2b",)),
+         memory="pipeline", needs_tasks=("2b",)),
     # Task 10 is advanced, extra credit like Tasks 7 and 9. Every collective of the student's code is an all_reduce
     # over the TP group (f's backward, g's forward); TP x DP averages over the replicas with Task 2b's function.
     Task("10", "tensor parallelism (Megatron's f and g)", "tensor_parallel",

@@ -309,8 +309,11 @@ def _validate_pipeline(cfg: TrainConfig, task) -> None:
         replicas = cfg.world_size // cfg.pipeline_stages
     if cfg.torch_pipelining and cfg.pipeline_stages == 1:
         raise KitError("--torch_pipelining needs at least 2 stages (--pipeline_stages)")
-    if cfg.measure_traffic or cfg.timeline or cfg.torch_sharding:
-        raise KitError(f"--task {task.id} trains a pipeline without --measure_traffic, --timeline or --torch_sharding "
+    if cfg.torch_pipelining and cfg.measure_traffic:
+        raise KitError("--measure_traffic's model follows your pipeline_step (torch's schedules also send shapes and "
+                       "other messages): measure without --torch_pipelining")
+    if cfg.timeline or cfg.torch_sharding:
+        raise KitError(f"--task {task.id} trains a pipeline without --timeline or --torch_sharding "
                        "(not there yet for pipelines)")
     g = cfg.global_batch_size or (cfg.per_device_train_batch_size or 64)
     if g % (cfg.micro_batches * replicas):

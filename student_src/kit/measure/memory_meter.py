@@ -179,8 +179,11 @@ class RunMemoryMeter:
         self.when = None
         self._handle = None
 
-    def watch(self, model, optimizer) -> None:
+    def watch(self, model, optimizer, stages: Optional[dict] = None, activations=None) -> None:
+        """``stages`` (a pipeline, Task 9): ``{"layouts": [model_layout of each stage], "of_rank": [its
+        stage per rank]}``; ``activations``: its ``measure.activations.ActivationMeter``."""
         self.model, self.optimizer = model, optimizer
+        self.stages, self.activations = stages, activations
         for opt in optimizers_in(optimizer):
             if hasattr(opt, "register_step_post_hook"):
                 self._handle = opt.register_step_post_hook(self._after_step)
@@ -221,10 +224,36 @@ class RunMemoryMeter:
             everyone = [torch.zeros_like(local) for _ in range(self.ctx.world_size)]
             dist.all_gather(everyone, local)
             per_rank = [dict(zip(keys, (int(v) for v in t.tolist()))) for t in everyone]
-        out = {"per_rank": per_rank, "when": self.when, "predicted": self.predicted()}
+        stages = getattr(self, "stages", None)
+        out = {"per_rank": per_rank, "when": self.when,
+               "predicted": self._stages_predicted(stages) if stages is not None else self.predicted()}
         if out["predicted"] is not None:
             out["rel_error"] = [
                 (m["params"] + m["grads"] + m["optimizer"]) / p["states"] - 1 if p["states"] else 0.0
                 for m, p in zip(per_rank, out["predicted"]["per_rank"])]
             out["max_rel_error"] = max(abs(e) for e in out["rel_error"])
+        activations = getattr(self, "activations", None)
+        if activations is not None and activations.result is not None:  # the same on every rank: it gathers
+            out["activations"] = self._activations(activations.result)
         return out
+
+    def _stages_predicted(self, stages: dict) -> dict:
+        """A pipeline's prediction: each rank its stage's parameters, gradients and optimizer state."""
+        kind = optimizer_kind(self.optimizer)
+        rows = memory_model.pipeline_rows(stages["layouts"], stages["of_rank"], optimizer=kind)
+        return {"strategy": "pipeline", "partition": "stages", "precision": "fp32", "optimizer": kind, "per_rank": rows}
+
+    def _activations(self, mine: dict) -> dict:
+        """Every rank's activations (``measure/activations.py``), gathered, with the prediction's error."""
+        keys = ("stage", "micro_batches", "peak_bytes", "per_micro_batch_bytes", "held", "predicted_bytes", "left_bytes")
+        rows = [{k: mine[k] for k in keys}]
+        if torch.distributed.is_initialized() and self.ctx.world_size > 1:
+            import torch.distributed as dist
+
+            local = torch.tensor([mine[k] for k in keys], dtype=torch.int64, device=self.ctx.device)
+            everyone = [torch.zeros_like(local) for _ in range(self.ctx.world_size)]
+            dist.all_gather(everyone, local)
+            rows = [dict(zip(keys, (int(v) for v in t.tolist()))) for t in everyone]
+        errors = [r["peak_bytes"] / r["predicted_bytes"] - 1 if r["predicted_bytes"] else 0.0 for r in rows]
+        return {"schedule": mine["schedule"], "per_rank": rows, "rel_error": errors,
+                "max_rel_error": max(abs(e) for e in errors)}

@@ -29,7 +29,7 @@ import psutil
 from student_src.kit.errors import KitError
 from student_src.kit.ranks.network_interface import check_interface, interface_towards, is_virtual, loopback_interface
 from student_src.kit.measure.traffic_model import (LOGGING_COLLECTIVE, WireModel, barrier_traffic, header_fraction_for_mtu,
-                                           step_traffic, tensors_of_one_step, textbook_bytes)
+                                           step_traffic, tensors_of_one_step, textbook_bytes, traffic_pattern)
 
 
 def read_bytes(interface: str) -> tuple[int, int]:
@@ -275,7 +275,8 @@ class RunTrafficMeter:
         all steps are accepted too (recognised by their total). Without them the gradient is
         modelled as one tensor of ``grad_nbytes_per_step``, which slightly underestimates the
         per-message overhead. ``bucket_nbytes``: DDP's bucket sizes (Task 3). ``calls``: the
-        collectives of one step as ``(op, nbytes)`` (Task 7, ``traffic_model.fsdp_calls``).
+        collectives of one step as ``(op, nbytes)`` (Task 7, ``traffic_model.fsdp_calls``), or a
+        pipeline's sends and collectives as ``(op, nbytes, ranks)`` (Task 9, ``traffic_model.pipeline_calls``).
         """
         sent, recv = self.meter.stop()
         elapsed = time.monotonic() - self._t0 if self._t0 else 0.0
@@ -306,6 +307,8 @@ class RunTrafficMeter:
             payload = run.sent[self.rank] + run.recv[self.rank]
             measured = sent + recv
         textbook_step = sum(textbook_bytes(self.task, s, n) for s in tensors) if n > 1 else 0
+        if calls and traffic_pattern(self.task) is None:  # a pipeline's sends: a step's payload per rank, on average
+            textbook_step = round(per_step.total_payload / n)
         return {
             "interface": self.interface,
             "scope": scope,

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from student_src.kit.errors import KitError
+from student_src.kit.measure import traffic_model
 
 
 def split_micro_batches(batch: dict, m: int) -> list[dict]:
@@ -124,7 +125,7 @@ def clip_global_norm(params, max_norm: float, group=None, reduce: bool = True) -
 
 
 def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: int, schedule: str, ranks=None,
-                    group=None, replica: int = 0, replicas: int = 1, average=None, runner=None):
+                    group=None, replica: int = 0, replicas: int = 1, average=None, runner=None, activations=None):
     """A ``train_step(model, batch, optimizer, scheduler, sync_gradients, max_grad_norm)`` for the
     kit's loop, around the student's ``pipeline_step``: this replica's share of the batch (rows
     ``replica`` of ``replicas`` equal parts) cut into micro-batches, the schedule among ``ranks``
@@ -133,7 +134,10 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
     clip by the global norm over the pipeline's stages, the stage's optimizer and scheduler, and the
     last stage's loss broadcast in the pipeline, so that every rank returns its replica's loss.
     ``runner(model, batch)``, when given, runs the schedule in place of ``pipeline_step``
-    (``--torch_pipelining``: ``torch_pipelining.py``)."""
+    (``--torch_pipelining``: ``torch_pipelining.py``). ``activations`` (a ``measure.activations.ActivationMeter``)
+    counts what autograd keeps for backward during the first step of ``pipeline_step``."""
+    import contextlib
+
     import torch.distributed as dist
 
     ranks = list(ranks) if ranks is not None else list(range(num_stages))
@@ -145,8 +149,10 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
         if runner is not None:
             loss = runner(model, batch)
         else:
-            loss = pipeline_step(model, split_micro_batches(batch, micro_batches), stage, num_stages, schedule,
-                                 ranks=ranks, group=group)
+            first = activations is not None and activations.result is None  # the first step: its activations counted
+            with activations.counting(model, batch.values()) if first else contextlib.nullcontext():
+                loss = pipeline_step(model, split_micro_batches(batch, micro_batches), stage, num_stages, schedule,
+                                     ranks=ranks, group=group)
         if average is not None:
             average(model)
         if max_grad_norm and max_grad_norm > 0:
@@ -161,6 +167,23 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
         return out
 
     return train_step
+
+
+def traffic_of(stage_modules, replicas: int, micro_batches: int, rows: int, seq_len: int, clip: bool):
+    """``() -> (calls, extra)`` for ``--measure_traffic``: the sends and collectives of one step
+    (``traffic_model.pipeline_calls``) of these stages x ``replicas``, each micro-batch ``rows`` x
+    ``seq_len`` tokens; ``extra``: the payload per boundary per step, for metrics.json."""
+    def of():
+        ids = torch.zeros(rows, seq_len, dtype=torch.long)
+        specs = stage_modules[0].boundary_specs({"input_ids": ids, "attention_mask": ids})
+        forward = [torch.Size(shape).numel() * dtype.itemsize for shape, dtype in specs]
+        backward = [n for n, (_, dtype) in zip(forward, specs) if dtype.is_floating_point]
+        grads = [[p.numel() * p.element_size() for p in mod.parameters() if p.requires_grad] for mod in stage_modules]
+        calls = traffic_model.pipeline_calls(len(stage_modules), replicas, micro_batches, forward, backward, grads, clip)
+        boundary = traffic_model.pipeline_boundary_bytes(micro_batches, forward, backward)
+        return calls, {"pipeline": {"boundaries": len(stage_modules) - 1, "payload_per_boundary_per_step": boundary}}
+
+    return of
 
 
 def process_groups(world_size: int, stages: int) -> tuple[list, list]:

@@ -33,8 +33,10 @@ import torch.distributed as dist
 
 from student_src.kit import student_api, tasks
 from student_src.kit.compression import register_ddp_compression
-from student_src.kit.core.config import TrainConfig
+from student_src.kit.core.config import TrainConfig, per_worker_batch_size
 from student_src.kit.errors import KitError
+from student_src.kit.measure.activations import ActivationMeter
+from student_src.kit.measure.memory_model import model_layout
 from student_src.kit.train import pipeline_helpers, tp_helpers
 from student_src.kit.train.fsdp2 import wrap_fsdp2
 from student_src.kit.train.optim import make_optimizer
@@ -52,6 +54,8 @@ class TaskSetup:
     train_step: Callable | None = None    # in place of the student's Task 1 train_step (a pipeline's)
     before_eval: Callable | None = None   # called on every rank before evaluating (a pipeline gathers its stages)
     data: tuple[int, int] | None = None   # (rank, world size) the loader shards by, when not the process group's (TP x DP)
+    traffic: Callable | None = None       # () -> (one step's calls for traffic_model.step_traffic, extra block entries)
+    memory: dict | None = None            # the memory meter's watch() keywords (a pipeline: its stages, activations)
 
 
 def _function_sync(fn):
@@ -150,11 +154,17 @@ def _pipeline_setup(cfg: TrainConfig, model, ctx, task, pipeline_step) -> TaskSe
         from student_src.kit.train.torch_pipelining import make_runner  # imports torch.distributed.pipelining: only here
 
         runner = make_runner(stage, stage_id, p, cfg.micro_batches, cfg.schedule, ctx.device, group=group)
+    activations = None if runner is not None else ActivationMeter(cfg.schedule, stage_id, p, cfg.micro_batches)
     step = pipeline_helpers.make_train_step(pipeline_step, stage_id, p, cfg.micro_batches, cfg.schedule, ranks=ranks,
                                             group=group, replica=replica, replicas=replicas, average=average,
-                                            runner=runner)
+                                            runner=runner, activations=activations)
+    memory = {"stages": {"layouts": [model_layout(s) for s in stages], "of_rank": [r % p for r in range(ctx.world_size)]},
+              "activations": activations}
+    rows = per_worker_batch_size(cfg, 1)[0] // (replicas * cfg.micro_batches)  # one micro-batch (config: equal ones)
+    traffic = pipeline_helpers.traffic_of(stages, replicas, cfg.micro_batches, rows, cfg.max_seq_length,
+                                          clip=bool(cfg.max_grad_norm and cfg.max_grad_norm > 0))
     return TaskSetup(stage, None, None, make_optimizer(stage, cfg), train_step=step,
-                     before_eval=lambda: pipeline_helpers.assemble(model, owner))
+                     before_eval=lambda: pipeline_helpers.assemble(model, owner), traffic=traffic, memory=memory)
 
 
 def _tensor_parallel_setup(cfg: TrainConfig, model, ctx, task, parallelize_layer) -> TaskSetup:

@@ -149,6 +149,8 @@ class Run:
     preempted: bool = False          # stopped that way, before total_steps
     checkpoint_blocked_s: list | None = None  # seconds each checkpoint save held the training up
     before_eval: Callable | None = None  # setup_task's (a pipeline gathers its stages' weights on every rank)
+    traffic: Callable | None = None      # setup_task's: one step's calls for the traffic model (a pipeline's sends)
+    memory: dict | None = None           # setup_task's: the memory meter's watch() keywords (a pipeline's stages)
 
     def grad_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.base_model.parameters() if p.requires_grad)
@@ -186,7 +188,7 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
     if cfg.do_train:
         memory = RunMemoryMeter(task.memory, model, ctx)  # sized before a task wraps or shards the model
         run = _prepare(cfg, ctx, model, train_ds, dev_ds, log, history)
-        memory.watch(run.model, run.optimizer)  # measures right after the first optimizer step
+        memory.watch(run.model, run.optimizer, **(run.memory or {}))  # measures right after the first optimizer step
         _run_epochs(run)
         parts.update(batch=run.batch, **_communication(run))
         if run.recorder is not None:  # --timeline N
@@ -243,7 +245,7 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history) -> Run:
                sync_gradients=setup.sync_gradients, comm_log=setup.comm_log, loader=loader,
                optimizer=setup.optimizer, scheduler=scheduler, dev_ds=dev_ds, total_steps=total_steps,
                epochs=math.ceil(total_steps / steps_per_epoch), batch=batch, log=log, history=history, meter=meter,
-               recorder=recorder, before_eval=setup.before_eval)
+               recorder=recorder, before_eval=setup.before_eval, traffic=setup.traffic, memory=setup.memory)
 
 
 def _traffic_meter(cfg, ctx):
@@ -358,7 +360,11 @@ def _communication(run: Run) -> dict:
     calls = _fsdp_calls(run) if traffic_pattern(run.cfg.task) == "fsdp" else None
     if calls is not None:  # the textbook figure per parameter: its full bytes, once
         records = [{"nbytes": nbytes} for op, nbytes in calls if op == "reduce_scatter_single"]
-    return {"comm": comm, "traffic": run.meter.finish(steps_here, wire_bytes, comm_records=records, calls=calls)}
+    extra = {}
+    if run.traffic is not None:  # the setup knows its step's sends and collectives (a pipeline: pipeline_helpers)
+        calls, extra = run.traffic()
+    return {"comm": comm, "traffic": {**run.meter.finish(steps_here, wire_bytes, comm_records=records, calls=calls),
+                                      **extra}}
 
 
 def _fsdp_calls(run: Run) -> list:
