@@ -138,3 +138,4 @@ def test_tensor_parallel_flag_is_checked_up_front():
             parse_config(argv)
     assert parse_config(["--task", "10", "--world_size", "4"]).tp_size is None
     assert parse_config(["--task", "10", "--world_size", "4", "--tp_size", "2"]).tp_size == 2
+    assert parse_config(["--task", "10", "--world_size", "4", "--tp_size", "2", "--measure_traffic"]).measure_traffic

@@ -4,11 +4,44 @@ check of the student's 2-D mesh."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from student_src.kit.errors import KitError
 from student_src.kit.measure import memory_model as mm
+from student_src.kit.measure import traffic_model as model
 from student_src.kit.train import tp_helpers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------- the traffic model
+def test_tp_calls_four_activation_all_reduces_per_layer_and_the_dp_gradients():
+    """Per TP group and layer 2 all_reduces forward and 2 backward of b x s x h x 4 bytes, the clip's
+    float32; with replicas every gradient of a rank's model all_reduced over its DP group."""
+    act, grads = 8 * 32 * 64 * 4, [1000, 40, 4]
+    pure = model.tp_calls(2, 2, 2, act, grads)
+    assert pure == [("all_reduce", act, (0, 1))] * 8 + [("all_reduce", 4, (0, 1))]
+    t = model.ranked_calls_traffic(pure, 2)
+    assert t.total_payload == 8 * model.allreduce_traffic(act, 2).total_payload + model.allreduce_traffic(4, 2).total_payload
+    # TP 2 x DP 2: TP groups (0, 1) and (2, 3), DP groups (0, 2) and (1, 3)
+    calls = model.tp_calls(4, 2, 2, act, grads, clip=False)
+    assert calls.count(("all_reduce", act, (0, 1))) == calls.count(("all_reduce", act, (2, 3))) == 8
+    assert [c for c in calls if c[2] == (1, 3)] == [("all_reduce", s, (1, 3)) for s in grads]
+    four = model.ranked_calls_traffic(calls, 4)
+    dp = sum((model.allreduce_traffic(s, 2) for s in grads), model.Traffic.zero(2))
+    assert four.sent[2] == 8 * model.allreduce_traffic(act, 2).sent[0] + dp.sent[1]
+    # T = 1 is Task 2b (no activation crosses a rank); T = world sends no gradient
+    assert model.tp_calls(2, 1, 2, act, grads) == [("all_reduce", s, (0, 1)) for s in grads]
+    assert all(c[1] in (act, 4) for c in model.tp_calls(4, 4, 2, act, grads))
+    # a step with the trainer's logging all_gather over every rank
+    assert model.step_traffic("10", 2, [], calls=pure).total_payload == t.total_payload + 2 * 16
 
 
 # ------------------------------------------------------------------------------- the memory model
@@ -64,3 +97,30 @@ def test_the_kit_checks_the_students_mesh_in_one_line():
     assert tp_helpers.expected_mesh(4, 2) == ([[0, 1], [2, 3]], [[0, 2], [1, 3]])
     with pytest.raises(KitError, match=r"DP groups \[\[0, 1\], \[2, 3\]\], expected \[\[0, 2\], \[1, 3\]\]"):
         tp_helpers.check_mesh([[0, 1], [2, 3]], [[0, 1], [2, 3]], 4, 2)
+
+
+# ------------------------------------------------------------------------------- a real run
+@pytest.mark.skipif(not (sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() == 0
+                         and shutil.which("ip")), reason="cluster isolate needs root, Linux and ip")
+def test_tp_x_dp_measured_traffic_and_memory_match_the_models(small_rte, tmp_path):
+    """TP 2 x DP 2 on 4 ranks with --measure_traffic on a private loopback: the bytes measured within 2%
+    of the model (4 activation all_reduces per layer on each TP group, the clip's, every gradient of a
+    rank's model on its DP group); every rank's parameters, gradients and AdamW state within 5% of 1/T of
+    the cut weights plus the replicated ones."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "student_src.kit.cluster", "isolate", "--timeout", "400", "--",
+                           sys.executable, "-m", "student_src.run_glue", "--task", "10", "--world_size", "4",
+                           "--tp_size", "2", "--spawn", "--model_name_or_path", "tiny", "--data_dir", str(small_rte),
+                           "--max_seq_length", "32", "--global_batch_size", "16", "--max_steps", "4", "--do_train",
+                           "--num_threads", "1", "--no_progress", "--measure_traffic", "--output_dir", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    traffic = metrics["traffic"]
+    assert 0.98 <= traffic["measured_bytes"] / traffic["expected_bytes"] <= 1.02, traffic
+    rows, seq, hidden = 16 // 2, 32, 64
+    assert traffic["tensor_parallel"]["activation_all_reduce_bytes"] == rows * seq * hidden * 4
+    assert traffic["tensor_parallel"]["layers"] == 2 and traffic["tensor_parallel"]["replicas"] == 2
+    memory = metrics["memory"]
+    assert memory["predicted"]["strategy"] == "tensor_parallel" and memory["predicted"]["tp_size"] == 2
+    assert memory["max_rel_error"] < 0.05, memory

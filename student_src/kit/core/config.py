@@ -333,9 +333,9 @@ def _validate_tensor_parallel(cfg: TrainConfig, task) -> None:
     if cfg.tp_size is not None and cfg.world_size is not None and cfg.world_size % cfg.tp_size:
         raise KitError(f"--tp_size {cfg.tp_size} does not divide --world_size {cfg.world_size}: the ranks are TP groups "
                        "x data-parallel replicas")
-    if cfg.measure_traffic or cfg.timeline or cfg.torch_sharding:
-        raise KitError(f"--task {task.id} trains without --measure_traffic, --timeline or --torch_sharding (not there "
-                       "yet for tensor parallelism)")
+    if cfg.timeline or cfg.torch_sharding:
+        raise KitError(f"--task {task.id} trains without --timeline or --torch_sharding (not there yet for tensor "
+                       "parallelism)")
 
 
 def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:

@@ -391,3 +391,31 @@ def tensors_of_one_step(records, grad_nbytes_per_step: int, iterations: int) -> 
     if iterations > 1 and grad_nbytes_per_step and total == iterations * grad_nbytes_per_step:
         return sizes[: len(sizes) // iterations]
     return sizes
+
+
+def tp_calls(world_size: int, tp_size: int, layers: int, activation_nbytes: int, grad_nbytes: list[int],
+             clip: bool = True) -> list[tuple]:
+    """What one step of tensor parallelism (Task 10, ``student_src/tensor_parallel.py``) sends on
+    ``world_size`` ranks as ``tp_size`` T ranks per TP group x D = world / T replicas (rank =
+    replica * T + tp_rank), as ``(op, nbytes, ranks)``:
+
+    * per TP group, per encoder layer: 2 all_reduces of activations forward (the g after the
+      attention's output and after the MLP) and 2 backward (the f before Q, K, V and before the
+      MLP), each of ``activation_nbytes`` (a replica's b rows x s tokens x hidden x 4 bytes): every
+      layer, whatever its parameters;
+    * per TP group, the clip's all_reduce of one float32 (the shards' squares; ``clip``);
+    * with replicas, per DP group, each gradient of a rank's model all_reduced once (Task 2b's
+      ``allreduce_average``): ``grad_nbytes``, the shards (1/T of each cut weight) and the
+      replicated parameters.
+
+    With T = 1 nothing crosses a TP group (DDP by Task 2b); with D = 1 nothing is averaged."""
+    replicas = world_size // tp_size
+    calls: list[tuple] = []
+    for d in range(replicas if tp_size > 1 else 0):
+        ranks = tuple(d * tp_size + t for t in range(tp_size))
+        calls += [("all_reduce", int(activation_nbytes), ranks)] * (4 * layers)
+        calls += [("all_reduce", 4, ranks)] if clip else []
+    for t in range(tp_size if replicas > 1 else 0):
+        group = tuple(d * tp_size + t for d in range(replicas))
+        calls += [("all_reduce", int(nbytes), group) for nbytes in grad_nbytes]
+    return calls

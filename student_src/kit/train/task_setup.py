@@ -194,9 +194,12 @@ def _tensor_parallel_setup(cfg: TrainConfig, model, ctx, task, parallelize_layer
             average(m)
         tp_helpers.global_clip(m, cut, tp_group, cfg.max_grad_norm)
 
+    rows = per_worker_batch_size(cfg, mesh["replicas"])[0]  # a replica's batch: every rank of its TP group sees it
+    traffic = tp_helpers.traffic_of(tp_model, ctx.world_size, len(mesh["tp"][0]), rows, cfg.max_seq_length,
+                                    clip=bool(cfg.max_grad_norm and cfg.max_grad_norm > 0))
     return TaskSetup(tp_model, sync, None, make_optimizer(tp_model, cfg),
                      before_eval=lambda: tp_helpers.gather_into(model, tp_model, cut, tp_group),
-                     data=(mesh["replica"], mesh["replicas"]))
+                     data=(mesh["replica"], mesh["replicas"]), traffic=traffic)
 
 
 def broadcast_parameters(model, ctx) -> None:

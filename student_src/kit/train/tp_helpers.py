@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from student_src.kit.errors import KitError
+from student_src.kit.measure import traffic_model
 
 
 def layout(world_size: int, tp_size: int, rank: int, mesh_ranks=None) -> dict:
@@ -131,3 +132,25 @@ def gather_into(full_model, tp_model, cut: dict, group) -> None:
             else:
                 full[name].copy_(p.detach())
 
+
+def traffic_of(tp_model, world_size: int, tp_size: int, rows: int, seq_len: int, clip: bool):
+    """``() -> (calls, extra)`` for ``--measure_traffic``: the collectives of one step
+    (``traffic_model.tp_calls``) of ``tp_model`` on ``world_size`` ranks as TP ``tp_size`` x DP, each
+    replica's batch ``rows`` x ``seq_len`` tokens; ``extra``: the bytes of one activation all_reduce
+    and of the DP gradients, for metrics.json."""
+    def of():
+        hidden = getattr(getattr(tp_model, "config", None), "hidden_size", None)
+        if hidden is None:
+            raise KitError(f"--measure_traffic models TP from the model's config.hidden_size: {type(tp_model).__name__} "
+                           "has none")
+        layers = len(encoder_layers(tp_model))
+        activation = rows * seq_len * hidden * next(tp_model.parameters()).element_size()
+        grads = [p.numel() * p.element_size() for p in tp_model.parameters() if p.requires_grad]
+        calls = traffic_model.tp_calls(world_size, tp_size, layers, activation, grads, clip)
+        replicas = world_size // tp_size
+        extra = {"tensor_parallel": {"tp_size": tp_size, "replicas": replicas, "layers": layers,
+                                     "activation_all_reduce_bytes": activation, "all_reduces_per_layer_per_step": 4,
+                                     "dp_gradient_bytes_per_step": sum(grads) if replicas > 1 else 0}}
+        return calls, extra
+
+    return of
