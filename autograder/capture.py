@@ -77,8 +77,24 @@ _DUMP_RE = re.compile(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most 
 _FRAME_RE = re.compile(r'  File "([^"]+)", line (\d+) in (\S+)')
 
 
+#: the spy's name for a blocking send/recv (``spy._p2p_label``): what it waits for
+_P2P_RE = re.compile(r"^(send|recv)_of_micro_batch_(\d+)_(activations|gradient)_(from|to)_rank_(\d+)$")
+
+
+def _p2p(frames) -> str:
+    """`` (in dist.recv of micro-batch 2's activations from rank 0)`` where a frame is the spy's
+    send/recv under its telling name, else ""."""
+    for _, _, fn in frames:
+        hit = _P2P_RE.match(fn)
+        if hit:
+            op, mb, kind, way, peer = hit.groups()
+            return f" (in dist.{op} of micro-batch {mb}'s {kind} {way} rank {peer})"
+    return ""
+
+
 def where_from_dump(text: str) -> str | None:
-    """The innermost student frame of the last faulthandler dump in ``text``."""
+    """The innermost student frame of the last faulthandler dump in ``text`` (and, in a pipeline's
+    send/recv, its peer and micro-batch)."""
     dumps = list(re.finditer(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):\n((?:  File .*\n?)*)", text))
     if not dumps:
         return None
@@ -86,7 +102,7 @@ def where_from_dump(text: str) -> str | None:
     for path, line, fn in frames:  # most recent first
         p = path.replace(os.sep, "/")
         if "/student_src/" in p and "/student_src/kit/" not in p:
-            return f"student_src/{p.split('/student_src/', 1)[1]}:{line} in {fn}"
+            return f"student_src/{p.split('/student_src/', 1)[1]}:{line} in {fn}{_p2p(frames)}"
     if frames:
         path, line, fn = frames[0]
         return f"{os.path.basename(path)}:{line} in {fn}"

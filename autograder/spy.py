@@ -14,11 +14,21 @@ operations; a call through any of them is recorded under the name the task table
 
 Each record says whether the call was asynchronous (``async_op``) and, when the check set
 ``spy.phase`` (Task 5 sets ``"backward"`` around ``loss.backward()``), in which phase it ran.
+
+Point to point: a send/recv record names its ``peer``. Where a check set ``spy.per_micro_batch``
+(a pipeline, Task 9), a blocking ``send`` / ``recv`` runs inside a function whose name says what it
+waits for, e.g.
+``recv_of_micro_batch_2_activations_from_rank_0``: a stack dump of a deadlocked rank then names its
+peer and the micro-batch (``capture.where_from_dump``). A message from an earlier rank is a
+micro-batch's activations, from a later one its gradient (stages in rank order); the k-th message
+of a kind with a peer belongs to micro-batch k // ``spy.per_micro_batch[kind]`` (micro-batches
+cross a boundary in order, default one tensor each way; BERT's stages send two forward).
 """
 
 from __future__ import annotations
 
 import functools
+import types
 
 COLLECTIVES = [
     "all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "gather", "scatter",
@@ -32,6 +42,38 @@ COLLECTIVES = [
 #: the name a call is recorded under, where torch has several for one collective (module docstring)
 CANONICAL = {"all_gather_single": "all_gather_into_tensor", "_all_gather_base": "all_gather_into_tensor",
              "reduce_scatter_single": "reduce_scatter_tensor", "_reduce_scatter_base": "reduce_scatter_tensor"}
+
+
+_P2P_IN, _P2P_OUT = ("recv", "irecv"), ("send", "isend")
+_TRAMPOLINES: dict = {}
+
+
+def _through(fn, *args, **kwargs):
+    return fn(*args, **kwargs)
+
+
+def _trampoline(label: str):
+    """``_through`` under the name ``label`` (what a stack dump shows while the call waits)."""
+    fn = _TRAMPOLINES.get(label)
+    if fn is None:
+        code = _through.__code__.replace(co_name=label, co_qualname=label)
+        fn = _TRAMPOLINES[label] = types.FunctionType(code, _through.__globals__, label)
+    return fn
+
+
+def _p2p_label(spy, name: str, peer: int) -> str | None:
+    """What a blocking send/recv with ``peer`` waits for (module docstring), before it is recorded."""
+    import torch.distributed as dist
+
+    me = dist.get_rank() if dist.is_initialized() else None
+    if me is None or peer == me:
+        return None
+    incoming = name in _P2P_IN
+    kind = "activations" if (peer < me) == incoming else "gradient"
+    same = _P2P_IN if incoming else _P2P_OUT
+    k = sum(1 for n, info in spy.calls if n in same and info.get("peer") == peer)
+    micro_batch = k // max(1, int(spy.per_micro_batch.get(kind, 1)))
+    return f"{name}_of_micro_batch_{micro_batch}_{kind}_{'from' if incoming else 'to'}_rank_{peer}"
 
 
 def _describe(args, kwargs) -> dict:
@@ -62,6 +104,7 @@ class CollectiveSpy:
     def __init__(self):
         self.calls: list[tuple[str, dict]] = []
         self.phase: str | None = None  # recorded with each call while set
+        self.per_micro_batch: dict | None = None  # a pipeline's check: tensors per micro-batch each way (docstring)
         self._saved: list[tuple[object, str, object]] = []
         self._depth = 0
 
@@ -79,14 +122,21 @@ class CollectiveSpy:
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            label = None
             if spy._depth == 0:
                 info = _describe(args, kwargs)
                 if spy.phase is not None:
                     info["phase"] = spy.phase
+                if name in _P2P_IN + _P2P_OUT:
+                    peer = kwargs.get("src" if name in _P2P_IN else "dst", args[1] if len(args) > 1 else None)
+                    if isinstance(peer, int):
+                        info["peer"] = peer
+                        if name in ("send", "recv") and spy.per_micro_batch is not None:
+                            label = _p2p_label(spy, name, peer)
                 spy.calls.append((CANONICAL.get(name, name), info))
             spy._depth += 1
             try:
-                return fn(*args, **kwargs)
+                return _trampoline(label)(fn, *args, **kwargs) if label else fn(*args, **kwargs)
             finally:
                 spy._depth -= 1
 

@@ -67,7 +67,10 @@ Deadlocks: with gloo a blocking ``dist.send`` waits until the peer posts the mat
 1F1B stage s may send micro-batch i+1's activations while stage s+1 sends micro-batch i's
 gradient back: two blocking sends facing each other never finish. Send with ``dist.isend``
 (keep the returned work and its tensor; ``wait()`` on every one before ``pipeline_step``
-returns) and receive with ``dist.recv``: a schedule in this order then never deadlocks.
+returns) and receive with ``dist.recv``: a schedule in this order then never deadlocks. One that
+does is stopped by the checks within seconds; the message names each waiting rank, its peer and
+the micro-batch it waits for ("rank 0 was waiting at ... (in dist.recv of micro-batch 0's gradient
+from rank 1)").
 
 How the kit trains with it
 --------------------------

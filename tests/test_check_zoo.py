@@ -601,6 +601,58 @@ ZOO.update({
         """,
         # the earlier stages never learn; one stage, the calls and the layer counts are right
         TASK_9 - {"9.world_size_1", "9.point_to_point_only", "9.stage_sizes"}, "requires_grad_()"),
+    "9_receives_the_gradient_too_early": ("pipeline", "9", """
+        def pipeline_step(stage_module, micro_batches, stage, num_stages, schedule="1f1b", optimizer=None,
+                          ranks=None, group=None):
+            m, first, last = len(micro_batches), stage == 0, stage == num_stages - 1
+            ranks = list(ranks) if ranks is not None else list(range(num_stages))
+            stash, pending, total = {}, [], None
+            for kind, i in schedule_order(schedule, stage, num_stages, m):
+                mb = micro_batches[i]
+                if kind == "F":
+                    inputs = ()
+                    if not first:
+                        inputs = tuple(torch.empty(s, dtype=d) for s, d in stage_module.boundary_specs(mb))
+                        for t in inputs:
+                            dist.recv(t, src=ranks[stage - 1], group=group)
+                            t.requires_grad_(t.is_floating_point())
+                    out = stage_module(inputs, mb)
+                    grads = []
+                    if last:
+                        out = out / m
+                        total = out.detach() if total is None else total + out.detach()
+                    else:
+                        for t in out:
+                            t = t.detach().contiguous()
+                            pending.append((dist.isend(t, dst=ranks[stage + 1], group=group), t))
+                        # the wrong order: the gradient of micro-batch i is awaited right after its activations
+                        # went out, before this stage's next forwards: the next stage waits for those first
+                        grads = [torch.empty_like(t) for t in out if t.is_floating_point()]
+                        for g in grads:
+                            dist.recv(g, src=ranks[stage + 1], group=group)
+                    stash[i] = (inputs, out, grads)
+                else:
+                    inputs, out, grads = stash.pop(i)
+                    if last:
+                        out.backward()
+                    else:
+                        torch.autograd.backward([t for t in out if t.is_floating_point()], grads)
+                    if not first:
+                        for t in inputs:
+                            if t.is_floating_point():
+                                g = (t.grad if t.grad is not None else torch.zeros_like(t)).contiguous()
+                                pending.append((dist.isend(g, dst=ranks[stage - 1], group=group), g))
+            for work, _ in pending:
+                work.wait()
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad()
+            return total
+        """,
+        # AFAB, and 1F1B on 4 stages, deadlock (stopped, the message naming each waiting rank's peer and
+        # micro-batch); 1F1B on 2 stages happens to receive each gradient in time
+        {"9.public_afab_2_stages", "9.one_f_one_b_4_stages", "9.afab_4_stages_float64", "9.schedule_1f1b",
+         "9.point_to_point_only"}, "(in dist.recv of micro-batch 0's gradient from rank 1)"),
 })
 
 
@@ -626,6 +678,41 @@ def test_zoo_submission_loses_exactly_its_tests(name, tmp_path):
     # the message names the real cause (checked on the tests the mistake is about)
     named = [i for i in expected if phrase in out[i]]
     assert named, {i: out[i][:400] for i in expected}
+
+
+def test_a_pipeline_that_deadlocks_is_stopped_within_a_minute_naming_rank_peer_and_micro_batch(tmp_path):
+    """Issue 32: the public 2-stage AFAB check of a pipeline_step whose recv order deadlocks ends in under
+    60 s with a message that names each waiting rank, its peer and the micro-batch it waits for."""
+    import time
+
+    module, _, code, _, _ = ZOO["9_receives_the_gradient_too_early"]
+    start = time.monotonic()
+    res = grade(submission(tmp_path / "s", module, code), tasks={"9"}, public_only=True)
+    elapsed = time.monotonic() - start
+    (test,) = [t for t in res.tests if t.id == "9.public_afab_2_stages"]
+    assert not test.passed and elapsed < 60, (elapsed, test.output[:600])
+    assert "deadlock" in test.output, test.output[:600]
+    assert "rank 0 was waiting at student_src/pipeline.py" in test.output, test.output[:600]
+    assert "(in dist.recv of micro-batch 0's gradient from rank 1)" in test.output, test.output[:600]
+    assert "(in dist.recv of micro-batch 1's activations from rank 0)" in test.output, test.output[:600]
+
+
+def test_a_stack_dump_in_a_pipelines_send_or_recv_names_its_peer_and_micro_batch():
+    """The spy runs a pipeline check's blocking send/recv under a name that says what it waits for
+    (autograder/spy.py); the deadlock message reads it from the rank's stack dump."""
+    from autograder.capture import where_from_dump
+
+    dump = ("Current thread 0x00007f00 (most recent call first):\n"
+            '  File "/x/torch/distributed/distributed_c10d.py", line 2500 in recv\n'
+            '  File "/x/autograder/spy.py", line 80 in recv_of_micro_batch_3_gradient_from_rank_2\n'
+            '  File "/x/autograder/spy.py", line 120 in wrapper\n'
+            '  File "/ws/student_src/pipeline.py", line 201 in pipeline_step\n')
+    assert where_from_dump(dump) == ("student_src/pipeline.py:201 in pipeline_step "
+                                     "(in dist.recv of micro-batch 3's gradient from rank 2)")
+    sending = dump.replace("recv_of_micro_batch_3_gradient_from_rank_2", "send_of_micro_batch_0_activations_to_rank_1")
+    assert where_from_dump(sending).endswith("(in dist.send of micro-batch 0's activations to rank 1)")
+    plain = dump.replace("recv_of_micro_batch_3_gradient_from_rank_2", "_through")
+    assert where_from_dump(plain) == "student_src/pipeline.py:201 in pipeline_step"
 
 
 def test_public_checks_catch_the_issue_12_train_step(tmp_path):
