@@ -165,7 +165,7 @@ _ROWS = (
     Task("9", "pipeline parallelism (GPipe, 1F1B)", "pipeline",
          ("pipeline_step", "schedule_order", "stage_sizes", "build_stage"), "9_pipeline", color="#bcbd22",
          sync="pipeline", collectives=frozenset({"send", "recv", "isend", "irecv", "barrier"}), extra_credit=True,
-         memory="pipeline", needs_tasks=("2b",)),
+         export=True, memory="pipeline", needs_tasks=("2b",)),
     # Task 10 is advanced, extra credit like Tasks 7 and 9. Every collective of the student's code is an all_reduce
     # over the TP group (f's backward, g's forward); TP x DP averages over the replicas with Task 2b's function.
     Task("10", "tensor parallelism (Megatron's f and g)", "tensor_parallel",
