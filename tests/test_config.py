@@ -130,7 +130,8 @@ def test_pipeline_flags_are_checked_before_any_rank_starts(tmp_path):
 def test_tensor_parallel_flag_is_checked_up_front():
     """Task 10's --tp_size: only with a tensor-parallel task, dividing the ranks, without the flags
     tensor parallelism does not support yet; the default (None) puts every rank in one TP group."""
-    for argv, says in ((["--task", "2b", "--tp_size", "2"], "is for tensor parallelism: use it with --task 10"),
+    for argv, says in ((["--task", "2b", "--tp_size", "2"], "are for tensor parallelism: use them with --task 10"),
+                       (["--task", "10", "--torch_tp", "--measure_traffic"], "run --measure_traffic/--save_every"),
                        (["--task", "10", "--world_size", "4", "--tp_size", "3"], "does not divide --world_size 4"),
                        (["--task", "10", "--tp_size", "0"], "at least 1"),
                        (["--task", "10", "--timeline", "2"], "not there yet for tensor parallelism")):

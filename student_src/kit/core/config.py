@@ -75,6 +75,7 @@ class TrainConfig:
     torch_pipelining: bool = False  # torch.distributed.pipelining's schedules in place of the student's pipeline_step
     # Task 10: tensor parallelism (student_src/tensor_parallel.py; kit/train/tp_helpers.py)
     tp_size: int | None = None  # None: every rank in one TP group; fewer: TP groups x data-parallel replicas
+    torch_tp: bool = False  # torch's parallelize_module (ColwiseParallel/RowwiseParallel) in place of the student's
     # checkpoints (student_src/kit/resume/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -159,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "your pipeline_step (as Task 3's DDP is to 2b)")
     g.add_argument("--tp_size", type=int, help="Task 10: ranks per tensor-parallel group (default: all); with fewer, the "
                    "ranks are TP groups x data-parallel replicas (4 ranks, --tp_size 2: 2 replicas)")
+    g.add_argument("--torch_tp", action="store_true", default=None,
+                   help="Task 10: torch's parallelize_module (ColwiseParallel/RowwiseParallel on a DeviceMesh) in place of "
+                        "your parallelize_bert_layer (as Task 3's DDP is to 2b)")
 
     g = p.add_argument_group("checkpoints (student_src/kit/resume/checkpoint.py)")
     g.add_argument("--save_every", type=int, help="save a checkpoint every N steps and at the end (0, the default: no checkpoints)")
@@ -324,8 +328,8 @@ def _validate_pipeline(cfg: TrainConfig, task) -> None:
 def _validate_tensor_parallel(cfg: TrainConfig, task) -> None:
     """Task 10's flag: only with a tensor-parallel task; a TP size that divides the ranks."""
     if task.sync != "tensor_parallel":
-        if cfg.tp_size is not None:
-            raise KitError(f"--tp_size is for tensor parallelism: use it with --task "
+        if cfg.tp_size is not None or cfg.torch_tp:
+            raise KitError(f"--tp_size/--torch_tp are for tensor parallelism: use them with --task "
                            f"{tasks.spoken(tasks.ids(lambda t: t.sync == 'tensor_parallel'))}")
         return
     if cfg.tp_size is not None and cfg.tp_size < 1:
@@ -336,6 +340,9 @@ def _validate_tensor_parallel(cfg: TrainConfig, task) -> None:
     if cfg.timeline or cfg.torch_sharding:
         raise KitError(f"--task {task.id} trains without --timeline or --torch_sharding (not there yet for tensor "
                        "parallelism)")
+    if cfg.torch_tp and (cfg.measure_traffic or cfg.save_every or cfg.resume):
+        raise KitError("--torch_tp is the reference for the losses only: torch all-reduces Q, K and V's input gradients "
+                       "apart and saves DTensors, so run --measure_traffic/--save_every/--resume without it")
 
 
 def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:

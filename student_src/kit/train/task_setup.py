@@ -175,19 +175,28 @@ def _tensor_parallel_setup(cfg: TrainConfig, model, ctx, task, parallelize_layer
     is averaged over the DP group by the ``"function"`` task of ``needs_tasks`` (Task 2b); then the clip
     by the global norm. The whole model, refilled from the shards, is evaluated."""
     mesh = tp_helpers.layout(ctx.world_size, cfg.tp_size or ctx.world_size, ctx.rank,
-                             student_api.function(task.id, "mesh_ranks"))
+                             None if cfg.torch_tp else student_api.function(task.id, "mesh_ranks"))
     (_, tp_group), (_, dp_group) = mesh["tp"], mesh["dp"]
     average = None
-    if mesh["replicas"] > 1:
+    if mesh["replicas"] > 1 and not cfg.torch_tp:
         averaging = [t for t in map(tasks.get, task.needs_tasks) if t.sync == "function"]
         if not averaging:
             raise KitError(f"Task {task.id}: TP x DP names the task whose function averages its gradients in "
                            "needs_tasks (see student_src/kit/tasks.py)")
         fn = student_api.function(averaging[0].id)
         average = lambda m: fn(m, group=dp_group)  # noqa: E731
-    tp_model = tp_helpers.parallelize(model, parallelize_layer, tp_group)
+    step = optimizer = None
+    if cfg.torch_tp:  # torch's parallelize_module in place of the student's layer, with the kit's step
+        from student_src.kit.train import torch_tp  # imports torch.distributed.tensor: only here
+
+        tp_model, cut = torch_tp.parallelize(model, ctx.world_size, len(mesh["tp"][0]))
+        if mesh["replicas"] > 1:
+            average = lambda m: torch_tp.average(m, dp_group, mesh["replicas"])  # noqa: E731
+        optimizer = torch_tp.make_optimizer(tp_model, cfg)
+    else:
+        tp_model = tp_helpers.parallelize(model, parallelize_layer, tp_group)
+        cut = tp_helpers.cut_dims(model, tp_model)
     tp_model.kit_tp = {"tp_rank": mesh["tp_rank"], "tp_size": len(mesh["tp"][0]), "replicas": mesh["replicas"]}  # resume
-    cut = tp_helpers.cut_dims(model, tp_model)
 
     def sync(m):
         if average is not None:
@@ -197,7 +206,9 @@ def _tensor_parallel_setup(cfg: TrainConfig, model, ctx, task, parallelize_layer
     rows = per_worker_batch_size(cfg, mesh["replicas"])[0]  # a replica's batch: every rank of its TP group sees it
     traffic = tp_helpers.traffic_of(tp_model, ctx.world_size, len(mesh["tp"][0]), rows, cfg.max_seq_length,
                                     clip=bool(cfg.max_grad_norm and cfg.max_grad_norm > 0))
-    return TaskSetup(tp_model, sync, None, make_optimizer(tp_model, cfg),
+    if cfg.torch_tp:
+        step = torch_tp.make_train_step(sync)
+    return TaskSetup(tp_model, sync, None, optimizer or make_optimizer(tp_model, cfg), train_step=step,
                      before_eval=lambda: tp_helpers.gather_into(model, tp_model, cut, tp_group),
                      data=(mesh["replica"], mesh["replicas"]), traffic=traffic)
 

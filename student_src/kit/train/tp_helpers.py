@@ -67,6 +67,11 @@ def check_mesh(tp_ranks, dp_ranks, world_size: int, tp_size: int) -> None:
                            "(rank = replica * T + tp_rank; a DP group holds one rank of every TP group)")
 
 
+def _local(t):
+    """A DTensor's local shard (``--torch_tp``), a plain tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def encoder_layers(model) -> list:
     """The encoder layers of a BERT-family model (``model.bert.encoder.layer``, or its base model's)."""
     base = getattr(model, "base_model", model)
@@ -106,6 +111,7 @@ def global_clip(model, cut: dict, group, max_norm: float) -> None:
     grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
     if not grads:
         return
+    grads = [(n, _local(g)) for n, g in grads]  # --torch_tp: a DTensor's shard (torch_tp.py)
     sq = {True: torch.zeros((), dtype=torch.float32), False: torch.zeros((), dtype=torch.float32)}
     for n, g in grads:
         sq[n in cut] = sq[n in cut] + torch.linalg.vector_norm(g.detach().float()) ** 2
@@ -125,7 +131,9 @@ def gather_into(full_model, tp_model, cut: dict, group) -> None:
     size = dist.get_world_size(group) if dist.is_initialized() else 1
     with torch.no_grad():
         for name, p in tp_model.named_parameters():
-            if name in cut and size > 1:
+            if hasattr(p, "full_tensor"):  # --torch_tp: a DTensor gathers itself (a collective on its mesh)
+                full[name].copy_(p.full_tensor().detach())
+            elif name in cut and size > 1:
                 parts = [torch.empty_like(p) for _ in range(size)]
                 dist.all_gather(parts, p.detach().contiguous(), group=group)
                 full[name].copy_(torch.cat(parts, dim=cut[name]))
