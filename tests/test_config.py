@@ -140,3 +140,7 @@ def test_tensor_parallel_flag_is_checked_up_front():
     assert parse_config(["--task", "10", "--world_size", "4"]).tp_size is None
     assert parse_config(["--task", "10", "--world_size", "4", "--tp_size", "2"]).tp_size == 2
     assert parse_config(["--task", "10", "--world_size", "4", "--tp_size", "2", "--measure_traffic"]).measure_traffic
+    # the batch is split over the replicas, not the ranks: 3 ranks in one TP group take a batch of 16
+    assert parse_config(["--task", "10", "--world_size", "3", "--tp_size", "3", "--global_batch_size", "16"]).tp_size == 3
+    with pytest.raises(KitError, match="not divisible by the 2 data-parallel replicas"):  # 15 rows do not split in 2
+        parse_config(["--task", "10", "--world_size", "4", "--tp_size", "2", "--global_batch_size", "15"])

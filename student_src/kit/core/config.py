@@ -286,7 +286,18 @@ def validate(cfg: TrainConfig) -> None:
     if world is None and "RANK" in os.environ and os.environ.get("WORLD_SIZE", "").isdigit():
         world = int(os.environ["WORLD_SIZE"])  # torchrun
     if cfg.do_train and world and task.sync != "pipeline":  # a pipeline's stages all load the whole batch
-        per_worker_batch_size(cfg, world)  # a global batch the workers cannot split is refused here
+        per_worker_batch_size(cfg, data_ranks(cfg, world))  # a global batch the workers cannot split is refused here
+
+
+def data_ranks(cfg: TrainConfig, world: int) -> int:
+    """How many ways the global batch is split on ``world`` ranks: one per rank, one per TP group (Task 10:
+    the ranks of a TP group see the same rows), one for a pipeline (every stage loads the whole batch)."""
+    sync = tasks.get(cfg.task).sync
+    if sync == "pipeline":
+        return 1
+    if sync == "tensor_parallel":
+        return world // (cfg.tp_size or world) if (cfg.tp_size or world) <= world else 1
+    return world
 
 
 def _validate_pipeline(cfg: TrainConfig, task) -> None:
@@ -340,6 +351,12 @@ def _validate_tensor_parallel(cfg: TrainConfig, task) -> None:
     if cfg.timeline or cfg.torch_sharding:
         raise KitError(f"--task {task.id} trains without --timeline or --torch_sharding (not there yet for tensor "
                        "parallelism)")
+    world = cfg.world_size or (int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None)
+    g = cfg.global_batch_size or 64
+    if world and cfg.do_train and cfg.per_device_train_batch_size is None and g % data_ranks(cfg, world):
+        raise KitError(f"--global_batch_size {g} is not divisible by the {data_ranks(cfg, world)} data-parallel "
+                       f"replicas (--world_size {world} / --tp_size {cfg.tp_size or world}): the ranks of a TP group "
+                       "share their replica's rows; pick a multiple or pass --per_device_train_batch_size")
     if cfg.torch_tp and (cfg.measure_traffic or cfg.save_every or cfg.resume):
         raise KitError("--torch_tp is the reference for the losses only: torch all-reduces Q, K and V's input gradients "
                        "apart and saves DTensors, so run --measure_traffic/--save_every/--resume without it")

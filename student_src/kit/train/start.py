@@ -8,7 +8,7 @@ from pathlib import Path
 
 from student_src.kit import tasks
 from student_src.kit.core import progress
-from student_src.kit.core.config import TrainConfig, per_worker_batch_size
+from student_src.kit.core.config import TrainConfig, data_ranks, per_worker_batch_size
 from student_src.kit.core.data import split_path
 from student_src.kit.core.models import check_model_available
 from student_src.kit.errors import KitError
@@ -48,9 +48,7 @@ def check_data(cfg: TrainConfig) -> None:
         split_path(cfg.data_dir, "dev")
     if cfg.do_train:
         path = split_path(cfg.data_dir, "train")
-        world = cfg.world_size or int(os.environ.get("WORLD_SIZE", "1") or 1)
-        if tasks.get(cfg.task).sync == "pipeline":  # every stage loads the whole batch
-            world = 1
+        world = data_ranks(cfg, cfg.world_size or int(os.environ.get("WORLD_SIZE", "1") or 1))  # a pipeline: 1, TP: replicas
         per_worker, _ = per_worker_batch_size(cfg, world)
         with open(path, "rb") as f:
             examples = sum(1 for line in f if line.strip()) - 1  # minus the header
