@@ -128,8 +128,8 @@ def mesh_ranks(world_size: int, tp_size: int) -> tuple[list[list[int]], list[lis
     into a process group (``dist.new_group``) and gives Task 2b's ``allreduce_average`` this rank's DP group.
     ``mesh_ranks(4, 2)`` is ``([[0, 1], [2, 3]], [[0, 2], [1, 3]])``. The kit checks first that T divides
     the world size."""
-    replicas = world_size // tp_size
     ### BEGIN SOLUTION
+    replicas = world_size // tp_size
     tp_groups = [[d * tp_size + t for t in range(tp_size)] for d in range(replicas)]
     dp_groups = [[d * tp_size + t for d in range(replicas)] for t in range(tp_size)]
     return tp_groups, dp_groups
