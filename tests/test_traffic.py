@@ -358,7 +358,7 @@ def test_pipeline_calls_per_boundary_and_with_replicas():
     assert one == [("all_reduce", 100, (0, 1))]
     # step_traffic takes them for a task without a gradient pattern, with the logging all_gather
     step = model.step_traffic("9", 2, [], calls=calls)
-    assert step.total_payload == t.total_payload + 2 * 16
+    assert step.total_payload == t.total_payload + 2 * model.LOGGING_COLLECTIVE[1]  # 2 ranks' all_gather for the log
 
 
 @pytest.mark.skipif(not (sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() == 0
