@@ -83,8 +83,8 @@ def test_step_traffic_per_task():
     assert b.total_payload == d.total_payload == 6 * 4400
     assert d.total_msgs < b.total_msgs                       # one bucket, fewer messages
     with_log = model.step_traffic("2b", 4, sizes)
-    assert with_log.total_payload == b.total_payload + 4 * 3 * 16
-    assert model.step_traffic("1", 4, sizes).total_payload == 4 * 3 * 16   # logging only
+    assert with_log.total_payload == b.total_payload + 4 * 3 * 24
+    assert model.step_traffic("1", 4, sizes).total_payload == 4 * 3 * 24   # logging only
 
 
 def test_wire_model_scopes_agree():
@@ -126,7 +126,7 @@ def test_ring_allreduce_even_split_and_whole_bytes():
 
 def test_step_traffic_of_two_ranks_and_the_wire_split_of_an_odd_overhead():
     two = model.step_traffic("2b", 2, [4000])
-    assert two == model.allreduce_traffic(4000, 2) + model.allgather_traffic(16, 2) and two.sent == [4016, 4016]
+    assert two == model.allreduce_traffic(4000, 2) + model.allgather_traffic(24, 2) and two.sent == [4024, 4024]
     t = model.Traffic.zero(2)
     t.message(0, 1, 0)
     assert model.WireModel(per_message=5, header_fraction=0.0).node(t, 0) == {"sent": 2.5, "recv": 2.5, "total": 5.0}
@@ -263,7 +263,7 @@ def test_run_meter_single_process_block():
                                              {"op": "all_reduce", "nbytes": 400}])
     for key in ("interface", "iterations", "expected_bytes", "measured_bytes", "per_rank", "per_epoch", "ratio"):
         assert key in block
-    assert block["expected_payload_bytes"] == 10 * (6 * 1000 + 4 * 3 * 16)
+    assert block["expected_payload_bytes"] == 10 * (6 * 1000 + 4 * 3 * 24)
     assert set(block["per_rank"]) == {"0", "1", "2", "3"}
     json.dumps(block)
 
@@ -298,7 +298,7 @@ def test_meter_block_reports_the_textbook_figure():
                                              {"op": "all_reduce", "nbytes": 400}])
     assert block["textbook_sent_per_rank_per_iter"] == 900 + 600
     ring = model.allreduce_traffic(600, 4) + model.allreduce_traffic(400, 4)
-    assert sum(block["per_rank"][str(r)]["payload_sent"] for r in range(4)) == 10 * (ring.total_payload + 4 * 3 * 16)
+    assert sum(block["per_rank"][str(r)]["payload_sent"] for r in range(4)) == 10 * (ring.total_payload + 4 * 3 * 24)
     a = meter.RunTrafficMeter("2a", 2, 0)
     a.start()
     assert a.finish(5, 1000)["textbook_sent_per_rank_per_iter"] == 1000

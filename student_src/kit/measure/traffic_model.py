@@ -189,7 +189,7 @@ def collective_traffic(op: str, nbytes: int, world_size: int) -> Traffic:
 #: the task table's ``traffic`` values this model knows (``step_traffic``; None: no gradient traffic)
 PATTERNS = (None, "gather_scatter", "ring", "ring_buckets", "ring_broadcast", "fsdp")
 
-LOGGING_COLLECTIVE = ("all_gather", 16)
+LOGGING_COLLECTIVE = ("all_gather", 24)
 """What the kit's trainer sends per step for logging: an all_gather of (loss, seconds) float64."""
 
 
@@ -318,7 +318,7 @@ def step_traffic(task: str, world_size: int, tensor_nbytes: list[int],
       activations and their gradients between neighbouring stages, the clip's and the loss's
       scalars, and with replicas each stage's gradients all_reduced over them;
     * plus the collective the trainer does for logging (``logging = (op, nbytes)``; the kit's
-      trainer all-gathers (loss, seconds) as float64: ``("all_gather", 16)``; a float32 loss
+      trainer all-gathers (loss, seconds, SIGTERM flag) as float64: ``("all_gather", 24)``; a float32 loss
       all_reduce would be ``("all_reduce", 4)``).
     """
     n = world_size
