@@ -396,4 +396,4 @@ def test_a_pipeline_checkpoint_on_another_layout_is_refused_in_one_line(pipeline
             run(parse_config(argv))
         message = str(err.value)
         assert "saved by a pipeline of 2 stage(s) x 2 replica(s)" in message and len(message.splitlines()) == 1, message
-        assert f"this run is {stages} stage(s) x {world // stages} replica(s)" in message, message
+        assert f"this run is a pipeline of {stages} stage(s) x {world // stages} replica(s)" in message, message

@@ -23,12 +23,10 @@ The number of micro-batches and the schedule may change: they do not change what
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from student_src.kit import tasks
-from student_src.kit.errors import KitError
+from student_src.kit.resume.layout import SavedLayout
 
 #: kit.json's key for the layout a pipeline checkpoint was saved on
 KEY = "pipeline_layout"
@@ -39,39 +37,11 @@ def is_pipeline(cfg) -> bool:
     return tasks.get(cfg.task).sync == "pipeline"
 
 
-def layout(cfg, world_size: int | None) -> dict | None:
-    """``{"stages": P, "replicas": W / P}`` of a pipeline run on ``world_size`` ranks (None where
-    not a pipeline, or the world size is not known yet)."""
-    if not is_pipeline(cfg) or not world_size:
-        return None
-    stages = cfg.pipeline_stages or world_size
-    return {"stages": stages, "replicas": world_size // stages}
-
-
-def identity(run) -> dict:
-    """What ``kit.json`` records of the layout (nothing for other tasks)."""
-    mine = layout(run.cfg, run.ctx.world_size)
-    return {KEY: mine} if mine is not None else {}
-
-
-def _spoken(lay: dict) -> str:
-    return f"{lay['stages']} stage(s) x {lay['replicas']} replica(s)"
-
-
-def check_layout(path, meta: dict, cfg, world_size: int | None) -> None:
-    """Refuse, in one line, a pipeline checkpoint resumed on another layout (or another world size)."""
-    mine, saved = layout(cfg, world_size), meta.get(KEY)
-    if mine is None or saved is None or saved == mine:
-        return
-    raise KitError(f"{path} was saved by a pipeline of {_spoken(saved)} ({saved['stages'] * saved['replicas']} ranks); "
-                   f"this run is {_spoken(mine)}: each stage saved only its own part, so resume with --pipeline_stages "
-                   f"{saved['stages']} --world_size {saved['stages'] * saved['replicas']}, or start fresh")
-
-
-def check_before_start(path, meta: dict, cfg) -> None:
-    """``check_layout`` before any rank starts, where the world size is known (``--world_size``, torchrun)."""
-    world = cfg.world_size or (int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None)
-    check_layout(path, meta, cfg, world)
+#: what a pipeline checkpoint's kit.json records of its layout, and the refusal of another
+LAYOUT = SavedLayout(key=KEY, size="stages", flag="--pipeline_stages", applies=lambda cfg: is_pipeline(cfg),
+                     noun=lambda lay: f"a pipeline of {lay['stages']} stage(s) x {lay['replicas']} replica(s)",
+                     saved="each stage saved only its own part")
+layout, identity, check_layout, check_before_start = LAYOUT.of, LAYOUT.identity, LAYOUT.check, LAYOUT.check_before_start
 
 
 def _own_names(run) -> list[str]:

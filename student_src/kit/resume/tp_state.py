@@ -23,12 +23,10 @@ any rank starts where the world size is known (``preflight.py``), else on load.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from student_src.kit import tasks
-from student_src.kit.errors import KitError
+from student_src.kit.resume.layout import SavedLayout
 
 #: kit.json's key for the layout a tensor-parallel checkpoint was saved on
 KEY = "tp_layout"
@@ -46,39 +44,11 @@ def is_tp_model(model) -> bool:
     return isinstance(getattr(model, MARK, None), dict)
 
 
-def layout(cfg, world_size: int | None) -> dict | None:
-    """``{"tp_size": T, "replicas": W / T}`` of a TP run on ``world_size`` ranks (None where not TP, or
-    the world size is not known yet)."""
-    if not is_tensor_parallel(cfg) or not world_size:
-        return None
-    tp = cfg.tp_size or world_size
-    return {"tp_size": tp, "replicas": world_size // tp}
-
-
-def identity(run) -> dict:
-    """What ``kit.json`` records of the layout (nothing for other tasks)."""
-    mine = layout(run.cfg, run.ctx.world_size)
-    return {KEY: mine} if mine is not None else {}
-
-
-def _spoken(lay: dict) -> str:
-    return f"TP {lay['tp_size']} x {lay['replicas']} replica(s)"
-
-
-def check_layout(path, meta: dict, cfg, world_size: int | None) -> None:
-    """Refuse, in one line, a TP checkpoint resumed on another layout (or another world size)."""
-    mine, saved = layout(cfg, world_size), meta.get(KEY)
-    if mine is None or saved is None or saved == mine:
-        return
-    raise KitError(f"{path} was saved by {_spoken(saved)} ({saved['tp_size'] * saved['replicas']} ranks); this run is "
-                   f"{_spoken(mine)}: each TP rank saved only its own shards, so resume with --tp_size "
-                   f"{saved['tp_size']} --world_size {saved['tp_size'] * saved['replicas']}, or start fresh")
-
-
-def check_before_start(path, meta: dict, cfg) -> None:
-    """``check_layout`` before any rank starts, where the world size is known (``--world_size``, torchrun)."""
-    world = cfg.world_size or (int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None)
-    check_layout(path, meta, cfg, world)
+#: what a TP checkpoint's kit.json records of its layout, and the refusal of another
+LAYOUT = SavedLayout(key=KEY, size="tp_size", flag="--tp_size", applies=lambda cfg: is_tensor_parallel(cfg),
+                     noun=lambda lay: f"TP {lay['tp_size']} x {lay['replicas']} replica(s)",
+                     saved="each TP rank saved only its own shards")
+layout, identity, check_layout, check_before_start = LAYOUT.of, LAYOUT.identity, LAYOUT.check, LAYOUT.check_before_start
 
 
 def _prefix(model) -> str:
