@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import points as _points
+from .task_table import tasks as task_table
 
 MAX_TEST_OUTPUT = 8000
 #: the table's width in columns (JupyterLab wraps wider output; so do 100-column terminals)
@@ -84,7 +85,7 @@ def _score_line(tests) -> str:
     line = f"score {_fmt(sum(t.score for t in req))} / {_fmt(sum(t.max_score for t in req))}"
     extra = [t for t in tests if t.extra_credit]
     if extra:
-        tasks = sorted({t.task for t in extra})
+        tasks = sorted({t.task for t in extra}, key=task_table.order)  # 5, 6, ... 10: the assignment's order
         line += (f" + extra credit {_fmt(sum(t.score for t in extra))} / {_fmt(sum(t.max_score for t in extra))}"
                  f" (Task {', '.join(tasks)})")
     return line
@@ -171,7 +172,7 @@ class Results:
         line = f"all {len(counts)} checks passed" if counts else "no check ran"
         if optional:
             line += (f"; {len(optional)} optional extra-credit check(s) (Task "
-                     f"{', '.join(sorted({t.task for t in optional}))}) still fail")
+                     f"{', '.join(sorted({t.task for t in optional}, key=task_table.order))}) still fail")
         return True, line
 
     def _notes(self) -> list[str]:

@@ -205,7 +205,8 @@ class Submission:
         if not self.sources:
             return (f"no student code found in {self.given.name}: expected a student_src/ folder with "
                     f"{', '.join(sorted(STUDENT_FILES))} (or the zip that `python -m student_src.export` writes)")
-        return "graded: " + ", ".join(f"{s.shown()}" for s in sorted(self.sources, key=lambda s: s.label))
+        in_order = sorted(self.sources, key=lambda s: (task_table.order(s.label.removeprefix("task")), s.label))
+        return "graded: " + ", ".join(f"{s.shown()}" for s in in_order)  # task1, task2a, ..., task9, task10
 
     def workspace(self, source: Source | None) -> Path:
         """``ws-<label>/`` with ``student_src`` = the source's files over the trusted kit."""
