@@ -39,6 +39,7 @@ import zipfile
 import pytest
 
 from student_walk_steps import ROOT, NOTEBOOKS, run as _run
+from student_src.kit import tasks
 
 SKIP = os.environ.get("KIT_SKIP_STUDENT_WALK") == "1"
 pytestmark = (pytest.mark.skipif(True, reason="KIT_SKIP_STUDENT_WALK=1") if SKIP
@@ -56,7 +57,8 @@ def assert_the_untouched_release_table(before: dict, table: str) -> None:
     each check the TODO to fill in, no line over 100 columns, and a last line saying how many
     checks failed (make test exited non-zero: ``student_walk_steps.py``)."""
     extra = before["extra_data"]
-    extra_tasks = sorted({t["number"].split(".")[0] for t in before["tests"] if "extra_credit" in t.get("tags", [])})
+    extra_tasks = sorted({t["number"].split(".")[0] for t in before["tests"] if "extra_credit" in t.get("tags", [])},
+                         key=tasks.order)  # the assignment's order: 5, 6, ..., 10
     score = (f"score 0 / {extra['required_max_score']:g} + extra credit 0 / {extra['extra_credit_max_score']:g} "
              f"(Task {', '.join(extra_tasks)})")
     assert score in " ".join(table.split()), table[-3000:]

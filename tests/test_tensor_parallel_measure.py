@@ -41,7 +41,7 @@ def test_tp_calls_four_activation_all_reduces_per_layer_and_the_dp_gradients():
     assert model.tp_calls(2, 1, 2, act, grads) == [("all_reduce", s, (0, 1)) for s in grads]
     assert all(c[1] in (act, 4) for c in model.tp_calls(4, 4, 2, act, grads))
     # a step with the trainer's logging all_gather over every rank
-    assert model.step_traffic("10", 2, [], calls=pure).total_payload == t.total_payload + 2 * 16
+    assert model.step_traffic("10", 2, [], calls=pure).total_payload == t.total_payload + 2 * model.LOGGING_COLLECTIVE[1]
 
 
 # ------------------------------------------------------------------------------- the memory model
