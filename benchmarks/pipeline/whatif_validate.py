@@ -10,7 +10,7 @@ iteration, trains ``run_glue --task 9`` for a few steps and compares with its me
 iteration. Every rank runs one torch thread (``--num_threads 1``), as the profile does, and N
 ranks on C cores get C / N of a core each. Beside each N it also predicts and measures pure data parallelism (Task 3: DDP) on the
 same nodes, so the table says which layout wins and whether the model said so. The load average
-is recorded with every run. Writes whatif_validation.{md,json} next to this file.
+is recorded with every run. Writes whatif_validation_<model>.{md,json} next to this file.
 """
 from __future__ import annotations
 
@@ -137,10 +137,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     rows = run(args)
     command = "sudo .venv/bin/python benchmarks/pipeline/whatif_validate.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    (HERE / "whatif_validation.json").write_text(json.dumps({"command": command.strip(), "overhead_s": args.overhead_s,
+    (HERE / f"whatif_validation_{args.model}.json").write_text(json.dumps({"command": command.strip(), "overhead_s": args.overhead_s,
                                                              "rows": rows}, indent=1))
     text = markdown(rows, command.strip(), args)
-    (HERE / "whatif_validation.md").write_text(text)
+    (HERE / f"whatif_validation_{args.model}.md").write_text(text)
     print(text)
     return 0
 
