@@ -32,48 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from bubble import EqualStage  # noqa: E402
+from student_src.kit.measure.activations import SavedBytes  # noqa: E402  (the kit's counter, as run_glue uses it)
 from student_src.kit.ranks.launch import launch  # noqa: E402
-
-
-class SavedBytes:
-    """Bytes of the tensors autograd holds for backward, now and at the peak (each storage once)."""
-
-    def __init__(self, params):
-        self.skip = {p.untyped_storage().data_ptr() for p in params}
-        self.live: dict = {}
-        self.now = self.peak = 0
-
-    def pack(self, t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in self.skip:
-            return t
-        if ptr not in self.live:
-            self.live[ptr] = [0, t.untyped_storage().nbytes()]
-            self.now += self.live[ptr][1]
-            self.peak = max(self.peak, self.now)
-        self.live[ptr][0] += 1
-        return _Held(self, ptr, t)
-
-    @staticmethod
-    def unpack(held):
-        return held.tensor if isinstance(held, _Held) else held
-
-    def release(self, ptr):
-        entry = self.live[ptr]
-        entry[0] -= 1
-        if entry[0] == 0:
-            self.now -= entry[1]
-            del self.live[ptr]
-
-
-class _Held:
-    """What autograd keeps in place of a saved tensor; its end is the tensor's release."""
-
-    def __init__(self, meter, ptr, tensor):
-        self.meter, self.ptr, self.tensor = meter, ptr, tensor
-
-    def __del__(self):
-        self.meter.release(self.ptr)
 
 
 class _count_sends:
