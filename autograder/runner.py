@@ -22,8 +22,9 @@ from .pool import PoolError, SandboxGroup, Settings
 from .results import Results, TestResult
 from .submission import Submission, SubmissionError, kit_has
 
-#: tasks with a loss-equivalence check on the tiny BERT (the task table's ``single_node_equivalence``)
-NEEDS_TRANSFORMERS = set(task_table.ids(lambda t: t.single_node_equivalence))
+#: tasks whose checks build a BERT (the task table's ``single_node_equivalence`` and ``checks_build_bert``):
+#: the sandbox's server imports transformers once for them, before it forks any rank
+NEEDS_TRANSFORMERS = set(task_table.ids(lambda t: t.single_node_equivalence or t.checks_build_bert))
 TODO_HINT = "a TODO in student_src still raises NotImplementedError"
 
 

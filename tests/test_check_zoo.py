@@ -749,6 +749,26 @@ def test_every_check_has_a_judge():
     assert not missing, missing
 
 
+def test_every_task_whose_checks_build_a_bert_has_transformers_imported_before_the_ranks_fork():
+    """The sandbox's server imports transformers once (``_preload.py``) for the tasks in
+    ``runner.NEEDS_TRANSFORMERS``; a check that builds a BERT for a task outside it still passes, but
+    each of its ranks imports transformers itself (Task 10 graded in 16 s instead of 6). Every check
+    module that reaches transformers (directly, or through ``references``' functions that build the
+    grader's tiny BERT) says so in the task table, and no task says so without a reason."""
+    import importlib
+    import inspect
+
+    from autograder.runner import NEEDS_TRANSFORMERS
+
+    assert not registry.discover()
+    builds = set()
+    for check in registry.all_checks():
+        source = inspect.getsource(importlib.import_module(check.module))
+        if any(name in source for name in ("transformers", "tiny_model", "distributed_run", "single_node(")):
+            builds.add(check.task)
+    assert builds == NEEDS_TRANSFORMERS, builds ^ NEEDS_TRANSFORMERS
+
+
 def test_every_check_has_points_in_the_table():
     """New checks get their points in points.toml (not only the fallback in the decorator)."""
     table = tomllib.loads((ROOT / "autograder" / "points.toml").read_text())["points"]

@@ -85,6 +85,9 @@ class Task:
     export: bool = False             # a task<id>/ folder in `python -m student_src.export`
     graded_from: tuple[str, ...] = ()  # submission folders it is graded from, best first (then the top level)
     single_node_equivalence: bool = False  # grading compares its losses with a single-node run (tiny BERT)
+    checks_build_bert: bool = False  # its other checks build BERT layers too: the grader's sandbox imports
+                                     # transformers once, before it forks ranks, for this task as for the above
+                                     # (without it each rank of such a check imports it: seconds a check)
     traffic: str | None = None       # how a step's gradients travel (traffic_model.py): "gather_scatter"
                                      # through rank 0, "ring" (an all_reduce per tensor), "ring_buckets"
                                      # (one per bucket), "ring_broadcast" (ring all_reduces, then every parameter
@@ -165,7 +168,7 @@ _ROWS = (
     Task("9", "pipeline parallelism (GPipe, 1F1B)", "pipeline",
          ("pipeline_step", "schedule_order", "stage_sizes", "build_stage"), "9_pipeline", color="#bcbd22",
          sync="pipeline", collectives=frozenset({"send", "recv", "isend", "irecv", "barrier"}), extra_credit=True,
-         export=True, memory="pipeline", needs_tasks=("2b",)),
+         export=True, memory="pipeline", needs_tasks=("2b",), checks_build_bert=True),
     # Task 10 is advanced, extra credit like Tasks 7 and 9. Every collective of the student's code is an all_reduce
     # over the TP group (f's backward, g's forward); TP x DP averages over the replicas with Task 2b's function.
     Task("10", "tensor parallelism (Megatron's f and g)", "tensor_parallel",
@@ -173,7 +176,7 @@ _ROWS = (
          "10_tensor_parallel",
          color="#ff7f0e", sync="tensor_parallel", collectives=frozenset({"all_reduce"}),
          must_call=frozenset({"all_reduce"}), extra_credit=True, export=True, memory="tensor_parallel",
-         needs_tasks=("1", "2", "2b")),
+         needs_tasks=("1", "2", "2b"), checks_build_bert=True),
 )
 
 #: every task by id, in the assignment's order
