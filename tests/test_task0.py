@@ -146,9 +146,9 @@ def test_wrong_port_without_timeout_is_explained(tmp_path):
             dist.init_process_group(backend or "gloo", init_method=f"tcp://{master_ip}:{master_port}",
                                     rank=rank, world_size=world_size)
         """)
-    # wall_factor 1.5: the blocked ranks use little CPU, so the wall-clock limit (8 s of CPU x the
-    # factor) ends the check; 1.5 instead of the default 4 only shortens this test's wait
-    tests = run(sub, only={"0.init_wrong_port_fails"}, wall_factor=1.5)
+    # the blocked ranks use little CPU, so the wall-clock limit ends the check; a limit of 4 s
+    # instead of the default floor of 30 only shortens this test's wait (the message is the same)
+    tests = run(sub, only={"0.init_wrong_port_fails"}, wall_factor=0.5, wall_floor=4.0)
     t = tests["0.init_wrong_port_fails"]
     assert not t.passed
     assert "timeout=datetime.timedelta(seconds=timeout_s)" in t.output, t.output
