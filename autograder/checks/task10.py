@@ -295,3 +295,71 @@ def _(payloads, secrets):
                 raise CheckFailure(f"rank {r}: after {references.STEPS} steps {name} ({owner}, TP rank {t}) is {err} "
                                    "against the matching slice of single-node training: is every collective on the "
                                    "TP group (group=), the partial outputs summed (g), each input gradient summed (f)?")
+
+
+# ---------------------------------------------------------------- sequence parallelism (the advanced part)
+_SP_LAYER = ("a BERT layer with ``sequence_parallel=True`` at 2 and 4 TP ranks in float64",
+             "``sync_sequence_parallel_grads``, equals the matching slice of the single-process gradient")
+
+
+def _sp_bert_check(world: int):
+    @define_check(f"10.sp_bert_layer_{world}_ranks_float64", task=TASK, world_size=world, needs="tensor_parallel",
+                  title=f"a BERT layer with sequence parallelism at {world} TP ranks in float64: output chunk, input "
+                        "gradient chunk and every shard's gradient (after the SP grad sync) equal to single-process",
+                  promise=_SP_LAYER)
+    def sp_bert_layer(ctx):
+        return shared.run_pieces(ctx, dtype=torch.float64, pieces=("sp_layer",))
+
+    @sp_bert_layer.judge
+    def _(payloads, secrets):
+        shared.judge_pieces(payloads, secrets, dtype=torch.float64, pieces=("sp_layer",))
+
+    return sp_bert_layer
+
+
+sp_bert_layer_2 = _sp_bert_check(2)
+sp_bert_layer_4 = _sp_bert_check(4)
+
+
+@define_check("10.sp_collectives_2_ranks", task=TASK, world_size=2, needs="tensor_parallel",
+              title="sequence parallelism's collectives: gather_sequence and reduce_scatter_sequence one each way, an SP "
+                    "layer two all_gathers and two reduce_scatters each way and no all_reduce, its grad sync all_reduces",
+              promise=("the collectives of an SP layer: two all_gathers and two reduce_scatters forward, the same "
+                       "backward,", "no all_reduce"))
+def sp_collectives(ctx):
+    return shared.run_pieces(ctx, pieces=("seq_gather", "seq_scatter", "sp_layer"))
+
+
+@sp_collectives.judge
+def _(payloads, secrets):
+    shared.judge_sp_calls(payloads)
+
+
+SP_ODD = 5  # tokens: 2 TP ranks do not divide it
+
+
+@define_check("10.sp_sequence_not_divisible", task=TASK, world_size=2, needs="tensor_parallel",
+              title=f"reduce_scatter_sequence over a sequence of {SP_ODD} tokens on 2 TP ranks: a one-line ValueError "
+                    "naming the sequence length and the TP size, nothing sent",
+              promise=("a sequence length that T does not divide: ``reduce_scatter_sequence`` raises a one-line "
+                       "``ValueError``",))
+def sp_sequence_not_divisible(ctx):
+    with ctx.spy() as spy:
+        mod = shared.sp_student(ctx)
+        try:
+            mod.reduce_scatter_sequence(torch.zeros(2, SP_ODD, 4), None)
+        except Exception as exc:
+            out = {"type": type(exc).__name__, "message": str(exc)}
+        else:
+            out = {"type": None, "message": ""}
+    return {**out, "unchanged": True, "calls": spy.names()}
+
+
+@sp_sequence_not_divisible.judge
+def _(payloads, secrets):
+    world = len(payloads)
+    for r, p in enumerate(payloads):
+        shared.one_line_error(r, p or {}, (SP_ODD, world), f"a sequence of {SP_ODD} tokens", fn="reduce_scatter_sequence")
+        if p.get("calls"):
+            raise CheckFailure(f"rank {r}: reduce_scatter_sequence called {', '.join(p['calls'])} before raising: check "
+                               "that T divides the sequence length first")

@@ -12,6 +12,10 @@ secrets with a plain ``nn.Linear`` (or ``BertLayer``) and compares.
 
 The hidden checks (``autograder/checks/task10.py``) reuse this module's rank side and judges at
 4 ranks, in float64, on a whole BERT encoder layer, and at TP size 1.
+
+Sequence parallelism (the advanced part): ``public_sp_pair_2_ranks`` runs the student's
+``gather_sequence`` and ``reduce_scatter_sequence`` on 2 ranks, each rank's chunk (or partial sum)
+and upstream gradient drawn from its own secret, against the single-process concatenation / sum.
 """
 
 from __future__ import annotations
@@ -106,6 +110,46 @@ def cols(t, rank, world):
 
 
 # ---------------------------------------------------------------- rank side
+#: sequence parallelism: a batch of 2 x 4 tokens (T in {2, 4} divides 4), width 6; the BERT layer's 2 x 8 tokens
+SP_SHAPE, SP_WIDTH = (2, 4), 6
+SP_BERT_TOKENS = (2, 8)
+#: the parameters an SP layer uses on its chunk only (their gradients summed over the TP group by the student's sync)
+SP_MARKED = ("attention.output.LayerNorm", "output.LayerNorm", "attention.output.dense.bias", "output.dense.bias")
+#: the collectives of each SP piece per phase, as families (``family``), in any order
+SP_CALLS = {"seq_gather": {"forward": {"all_gather": 1}, "backward": {"reduce_scatter": 1}},
+            "seq_scatter": {"forward": {"reduce_scatter": 1}, "backward": {"all_gather": 1}},
+            "sp_layer": {"forward": {"all_gather": 2, "reduce_scatter": 2},
+                         "backward": {"all_gather": 2, "reduce_scatter": 2}}}
+SP_WHY = {"seq_gather": "gather_sequence all_gathers the chunks forward and reduce_scatters the gradient backward",
+          "seq_scatter": "reduce_scatter_sequence reduce_scatters forward and all_gathers the gradient backward",
+          "sp_layer": "an SP layer gathers the sequence before Q, K, V (once) and before the MLP, and reduce_scatters "
+                      "after each row-parallel layer: two all_gathers and two reduce_scatters each way, no all_reduce "
+                      "(the LayerNorms' gradients are summed afterwards, by sync_sequence_parallel_grads)"}
+
+
+def family(name: str) -> str:
+    """A collective's family: torch's list and tensor forms of all_gather / reduce_scatter are one each."""
+    if name in ("all_gather", "all_gather_into_tensor"):
+        return "all_gather"
+    if name in ("reduce_scatter", "reduce_scatter_tensor"):
+        return "reduce_scatter"
+    return name
+
+
+def seq_chunk(t, rank, world):
+    """Rank ``rank``'s chunk of ``t`` along the sequence (dim 1)."""
+    k = t.shape[1] // world
+    return t[:, rank * k:(rank + 1) * k]
+
+
+def sp_student(ctx):
+    mod = student(ctx)
+    for name in ("gather_sequence", "reduce_scatter_sequence", "sync_sequence_parallel_grads"):
+        if not hasattr(mod, name):
+            ctx.fail(f"student_src/tensor_parallel.py has no {name} (sequence parallelism); keep the template's names")
+    return mod
+
+
 def student(ctx):
     mod = ctx.student("tensor_parallel")
     for name in ("f", "g", "ColumnParallelLinear", "RowParallelLinear", "parallelize_bert_layer"):
@@ -128,7 +172,10 @@ def _grads(module) -> dict:
 #: the shared inputs of each piece: label -> shape
 SHARED = {"f": {"f.x": (*SHAPE, IN)}, "g": {}, "column": {"col.x": (*SHAPE, IN), "col.dy": (*SHAPE, OUT)},
           "row": {"row.x": (*SHAPE, OUT), "row.dy": (*SHAPE, IN)},
-          "layer": {"bert.x": (*BERT_TOKENS, BERT["hidden_size"]), "bert.dy": (*BERT_TOKENS, BERT["hidden_size"])}}
+          "layer": {"bert.x": (*BERT_TOKENS, BERT["hidden_size"]), "bert.dy": (*BERT_TOKENS, BERT["hidden_size"])},
+          "seq_gather": {}, "seq_scatter": {},
+          "sp_layer": {"spbert.x": (*SP_BERT_TOKENS, BERT["hidden_size"]),
+                       "spbert.dy": (*SP_BERT_TOKENS, BERT["hidden_size"])}}
 
 
 def _inputs(ctx, dtype, pieces) -> dict:
@@ -138,8 +185,9 @@ def _inputs(ctx, dtype, pieces) -> dict:
 def run_pieces(ctx, dtype=torch.float32, pieces=("f", "g", "column", "row")) -> dict:
     """Rank side: each piece forward (with ``spy.phase = "forward"``) then backward."""
     out, data = {}, _inputs(ctx, dtype, pieces)  # before the spy: the shared inputs' all_gather is the grader's
+    sp = any(piece.startswith(("seq_", "sp_")) for piece in pieces)
     with ctx.spy() as spy:
-        mod = student(ctx)
+        mod = sp_student(ctx) if sp else student(ctx)
         for piece in pieces:
             spy.calls.clear()
             spy.phase = "forward"
@@ -171,6 +219,29 @@ def run_pieces(ctx, dtype=torch.float32, pieces=("f", "g", "column", "row")) -> 
                 y = layer(x)
                 spy.phase = "backward"
                 y.backward(data["row.dy"])
+                res = {"y": y.detach().clone(), "x_grad": x.grad, "params": dict(layer.state_dict()),
+                       "grads": _grads(layer)}
+            elif piece == "seq_gather":  # this rank's chunk in, the whole sequence out
+                x = draw(ctx.secret, "sg.x", (SP_SHAPE[0], SP_SHAPE[1] // ctx.world_size, SP_WIDTH), dtype)
+                x.requires_grad_()
+                y = mod.gather_sequence(x, None)
+                spy.phase = "backward"
+                y.backward(draw(ctx.secret, "sg.dy", (*SP_SHAPE, SP_WIDTH), dtype))
+                res = {"y": y.detach().clone(), "x_after": x.detach().clone(), "x_grad": x.grad}
+            elif piece == "seq_scatter":  # this rank's partial sum in, its chunk of the sum out
+                x = draw(ctx.secret, "ss.x", (*SP_SHAPE, SP_WIDTH), dtype).requires_grad_()
+                y = mod.reduce_scatter_sequence(x, None)
+                spy.phase = "backward"
+                y.backward(draw(ctx.secret, "ss.dy", (SP_SHAPE[0], SP_SHAPE[1] // ctx.world_size, SP_WIDTH), dtype))
+                res = {"y": y.detach().clone(), "x_after": x.detach().clone(), "x_grad": x.grad}
+            elif piece == "sp_layer":  # a BERT layer with sequence parallelism: this rank's chunk in and out
+                layer = mod.parallelize_bert_layer(full_bert_layer(dtype), None, sequence_parallel=True)
+                x = seq_chunk(data["spbert.x"], ctx.rank, ctx.world_size).clone().requires_grad_()
+                y = layer_output(layer, x)
+                spy.phase = "backward"
+                y.backward(seq_chunk(data["spbert.dy"], ctx.rank, ctx.world_size))
+                spy.phase = "sync"
+                mod.sync_sequence_parallel_grads(layer, None)
                 res = {"y": y.detach().clone(), "x_grad": x.grad, "params": dict(layer.state_dict()),
                        "grads": _grads(layer)}
             else:  # a whole BERT encoder layer
@@ -300,7 +371,87 @@ def _judge_layer(r, world, got, secrets, dtype):
                f"{owner} is {how}; its gradient is the matching slice of the single-process gradient")
 
 
-JUDGES = {"f": _judge_f, "g": _judge_g, "column": _judge_column, "row": _judge_row, "layer": _judge_layer}
+def _judge_seq_gather(r, world, got, secrets, dtype):
+    k = SP_SHAPE[1] // world
+    chunks = [draw(s, "sg.x", (SP_SHAPE[0], k, SP_WIDTH), dtype) for s in secrets]
+    _close(r, "gather_sequence(x)", got.get("y"), torch.cat(chunks, dim=1), dtype,
+           "the forward joins every rank's chunk along the sequence (dim 1), in rank order (all_gather)")
+    _close(r, "gather_sequence's input after the call", got.get("x_after"), chunks[r], dtype,
+           "gather_sequence must not change its input")
+    want = seq_chunk(summed([draw(s, "sg.dy", (*SP_SHAPE, SP_WIDTH), dtype) for s in secrets]), r, world)
+    _close(r, "gather_sequence's input gradient", got.get("x_grad"), want, dtype,
+           "the backward keeps this rank's chunk of the SUM over the TP group of the gradients (reduce_scatter)")
+
+
+def _judge_seq_scatter(r, world, got, secrets, dtype):
+    full = summed([draw(s, "ss.x", (*SP_SHAPE, SP_WIDTH), dtype) for s in secrets])
+    _close(r, "reduce_scatter_sequence(x)", got.get("y"), seq_chunk(full, r, world), dtype,
+           "the forward returns this rank's chunk (dim 1) of the SUM over the TP group (reduce_scatter)")
+    _close(r, "reduce_scatter_sequence's input after the call", got.get("x_after"),
+           draw(secrets[r], "ss.x", (*SP_SHAPE, SP_WIDTH), dtype), dtype, "reduce_scatter_sequence must not change its input")
+    k = SP_SHAPE[1] // world
+    want = torch.cat([draw(s, "ss.dy", (SP_SHAPE[0], k, SP_WIDTH), dtype) for s in secrets], dim=1)
+    _close(r, "reduce_scatter_sequence's input gradient", got.get("x_grad"), want, dtype,
+           "the backward joins every rank's chunk of the gradient along the sequence (all_gather)")
+
+
+def sp_bert_reference(secrets, dtype):
+    full = full_bert_layer(dtype)
+    x = shared_from(secrets, "spbert.x", (*SP_BERT_TOKENS, BERT["hidden_size"]), dtype).requires_grad_()
+    y = layer_output(full, x)
+    y.backward(shared_from(secrets, "spbert.dy", (*SP_BERT_TOKENS, BERT["hidden_size"]), dtype))
+    return y.detach(), x.grad, full
+
+
+def _judge_sp_layer(r, world, got, secrets, dtype):
+    y, x_grad, full = sp_bert_reference(secrets, dtype)
+    _close(r, "the SP BERT layer's output chunk", got.get("y"), seq_chunk(y, r, world), dtype,
+           "gather the sequence before Q, K, V and before the MLP, reduce_scatter after each row-parallel layer, "
+           "then the bias, residual and LayerNorm on the chunk")
+    _close(r, "the SP BERT layer's input gradient chunk", got.get("x_grad"), seq_chunk(x_grad, r, world), dtype,
+           "gather_sequence's backward reduce_scatters (sums) the gradient; reduce_scatter_sequence's all_gathers it")
+    params, pgrads = got.get("params") or {}, got.get("grads") or {}
+    for name, p in full.named_parameters():
+        owner = name.rsplit(".", 1)[0]
+        cut = ((lambda t: rows(t, r, world)) if owner in COLUMN else
+               (lambda t: cols(t, r, world)) if owner in ROW and name.endswith("weight") else (lambda t: t))
+        marked = owner in SP_MARKED or name in SP_MARKED
+        how = ("column-parallel: its rows" if owner in COLUMN else
+               "row-parallel: its columns" if owner in ROW and name.endswith("weight") else
+               "used on the chunk only: its gradient is summed over the TP group by sync_sequence_parallel_grads "
+               "(marked p.sequence_parallel = True)" if marked else "replicated")
+        _close(r, f"{name}", params.get(name), cut(p.detach()), dtype, f"{owner} is {how}")
+        _close(r, f"{name}'s gradient (after sync_sequence_parallel_grads)", pgrads.get(name), cut(p.grad), dtype,
+               f"{owner} is {how}; its gradient is the matching slice of the single-process gradient")
+
+
+JUDGES = {"f": _judge_f, "g": _judge_g, "column": _judge_column, "row": _judge_row, "layer": _judge_layer,
+          "seq_gather": _judge_seq_gather, "seq_scatter": _judge_seq_scatter, "sp_layer": _judge_sp_layer}
+
+
+def judge_sp_calls(payloads, pieces=("seq_gather", "seq_scatter", "sp_layer")) -> None:
+    """Each SP piece calls its all_gathers / reduce_scatters (either torch form) in its phase, and nothing else;
+    an SP layer's grad sync calls all_reduces only."""
+    allowed = judging.ALLOWED_COLLECTIVES[TASK]
+    for r, p in enumerate(payloads):
+        for piece in pieces:
+            calls = ((p or {}).get(piece) or {}).get("calls") or {}
+            extra = sorted({n for names in calls.values() for n in names} - allowed)
+            if extra:
+                raise CheckFailure(f"rank {r}: {piece} called {', '.join(extra)}: {SP_WHY[piece]}")
+            for phase, want in SP_CALLS[piece].items():
+                got: dict = {}
+                for n in calls.get(phase, []):
+                    got[family(n)] = got.get(family(n), 0) + 1
+                if got != want:
+                    said = ", ".join(f"{v} {k}" for k, v in sorted(got.items())) or "nothing"
+                    wanted = ", ".join(f"{v} {k}" for k, v in sorted(want.items()))
+                    raise CheckFailure(f"rank {r}: {piece}'s {phase} called {said}, expected {wanted}: {SP_WHY[piece]}")
+            sync = [family(n) for n in calls.get("sync", [])]
+            if piece == "sp_layer" and (not sync or set(sync) != {"all_reduce"}):
+                raise CheckFailure(f"rank {r}: sync_sequence_parallel_grads called {', '.join(sync) or 'nothing'}: it "
+                                   "sums the gradients of the LayerNorms and row-parallel biases over the TP group with "
+                                   "all_reduce (one per marked parameter)")
 
 
 def judge_calls(payloads, pieces=("f", "g", "column", "row", "layer")) -> None:
@@ -320,10 +471,10 @@ def judge_calls(payloads, pieces=("f", "g", "column", "row", "layer")) -> None:
                                        f"{len(want)}: {WHY[piece]}")
 
 
-def one_line_error(r: int, got: dict, numbers: tuple[int, int], what: str) -> None:
-    """``got`` describes what ``parallelize_bert_layer`` raised: a ValueError, one line, naming both numbers."""
+def one_line_error(r: int, got: dict, numbers: tuple[int, int], what: str, fn: str = "parallelize_bert_layer") -> None:
+    """``got`` describes what ``fn`` raised: a ValueError, one line, naming both numbers."""
     if got.get("type") != "ValueError":
-        raise CheckFailure(f"rank {r}: with {what} parallelize_bert_layer raised {got.get('type') or 'nothing'}, "
+        raise CheckFailure(f"rank {r}: with {what} {fn} raised {got.get('type') or 'nothing'}, "
                            "expected a ValueError")
     msg = got.get("message") or ""
     if "\n" in msg.strip() or not all(re.search(rf"\b{n}\b", msg) for n in numbers):
@@ -362,3 +513,18 @@ def public_column_row(ctx):
 def _(payloads, secrets):
     judge_pieces(payloads, secrets, pieces=("column", "row"))
     judge_calls(payloads, pieces=("column", "row"))
+
+
+@define_check("10.public_sp_pair_2_ranks", task=TASK, world_size=2, needs="tensor_parallel", points=1,
+              title="sequence parallelism on 2 ranks: gather_sequence (all_gather forward, reduce_scatter backward) and "
+                    "reduce_scatter_sequence (reduce_scatter forward, all_gather backward) against single-process",
+              promise=("``gather_sequence`` / ``reduce_scatter_sequence`` on 2 ranks: the forward and the input gradient",
+                       "equal the single-process all_gather / reduce_scatter along the sequence"))
+def public_sp_pair(ctx):
+    return run_pieces(ctx, pieces=("seq_gather", "seq_scatter"))
+
+
+@public_sp_pair.judge
+def _(payloads, secrets):
+    judge_pieces(payloads, secrets, pieces=("seq_gather", "seq_scatter"))
+    judge_sp_calls(payloads, pieces=("seq_gather", "seq_scatter"))

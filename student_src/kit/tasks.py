@@ -171,10 +171,13 @@ _ROWS = (
          export=True, memory="pipeline", needs_tasks=("2b",), checks_build_bert=True),
     # Task 10 is advanced, extra credit like Tasks 7 and 9. Every collective of the student's code is an all_reduce
     # over the TP group (f's backward, g's forward); TP x DP averages over the replicas with Task 2b's function.
+    # Sequence parallelism (--sequence_parallel) adds all_gathers and reduce_scatters along the sequence (either form).
     Task("10", "tensor parallelism (Megatron's f and g)", "tensor_parallel",
          ("parallelize_bert_layer", "F", "G", "ColumnParallelLinear", "RowParallelLinear", "mesh_ranks"),
          "10_tensor_parallel",
-         color="#ff7f0e", sync="tensor_parallel", collectives=frozenset({"all_reduce"}),
+         color="#ff7f0e", sync="tensor_parallel",
+         collectives=frozenset({"all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                                "reduce_scatter_tensor"}),
          must_call=frozenset({"all_reduce"}), extra_credit=True, export=True, memory="tensor_parallel",
          needs_tasks=("1", "2", "2b"), checks_build_bert=True),
 )
