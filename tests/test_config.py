@@ -144,3 +144,17 @@ def test_tensor_parallel_flag_is_checked_up_front():
     assert parse_config(["--task", "10", "--world_size", "3", "--tp_size", "3", "--global_batch_size", "16"]).tp_size == 3
     with pytest.raises(KitError, match="not divisible by the 2 data-parallel replicas"):  # 15 rows do not split in 2
         parse_config(["--task", "10", "--world_size", "4", "--tp_size", "2", "--global_batch_size", "15"])
+
+
+def test_sequence_parallel_flag_is_checked_up_front():
+    """--sequence_parallel: only with a tensor-parallel task, not with --torch_tp, and a --max_seq_length
+    that the TP size divides (one line each)."""
+    for argv, says in ((["--task", "2b", "--sequence_parallel"], "are for tensor parallelism: use them with --task 10"),
+                       (["--task", "10", "--sequence_parallel", "--torch_tp"], "without --torch_tp"),
+                       (["--task", "10", "--world_size", "4", "--tp_size", "4", "--sequence_parallel",
+                         "--max_seq_length", "30"], "--max_seq_length 30 does not divide by the tensor-parallel size 4")):
+        with pytest.raises(KitError, match=says):
+            parse_config(argv)
+    assert parse_config(["--task", "10", "--world_size", "4", "--tp_size", "2", "--sequence_parallel",
+                         "--max_seq_length", "30"]).sequence_parallel
+    assert not parse_config(["--task", "10", "--world_size", "2"]).sequence_parallel

@@ -44,6 +44,25 @@ def test_tp_calls_four_activation_all_reduces_per_layer_and_the_dp_gradients():
     assert model.step_traffic("10", 2, [], calls=pure).total_payload == t.total_payload + 2 * model.LOGGING_COLLECTIVE[1]
 
 
+def test_tp_calls_with_sequence_parallelism_gathers_and_scatters_in_place_of_all_reduces():
+    """--sequence_parallel: per TP group and layer 4 all_gathers of a chunk (b x s/T x h x 4 bytes) and 4
+    reduce_scatters of the whole activation, 2 all_gathers at the encoder's edges, one all_reduce per
+    parameter used on a chunk only, the clip's; the DP groups as without it. On gloo a reduce_scatter is a
+    whole all_reduce: SP sends TP's bytes plus the all_gathers."""
+    act, grads, marked = 8 * 32 * 64 * 4, [1000, 40, 4], [256, 256]
+    sp = model.tp_calls(2, 2, 2, act, grads, sequence_parallel=True, sp_grad_nbytes=marked)
+    assert sp.count(("all_gather", act // 2, (0, 1))) == 4 * 2 + 2
+    assert sp.count(("reduce_scatter", act, (0, 1))) == 4 * 2
+    assert [c for c in sp if c[0] == "all_reduce"] == [("all_reduce", 256, (0, 1))] * 2 + [("all_reduce", 4, (0, 1))]
+    plain = model.ranked_calls_traffic(model.tp_calls(2, 2, 2, act, grads, clip=False), 2)
+    t = model.ranked_calls_traffic(sp, 2)
+    gathers = 10 * model.allgather_traffic(act // 2, 2).total_payload
+    assert t.total_payload == (plain.total_payload + gathers + sum(model.allreduce_traffic(n, 2).total_payload
+                                                                   for n in marked + [4]))
+    four = model.tp_calls(4, 2, 2, act, grads, clip=False, sequence_parallel=True, sp_grad_nbytes=marked)
+    assert [c for c in four if c[2] == (1, 3)] == [("all_reduce", n, (1, 3)) for n in grads]
+
+
 # ------------------------------------------------------------------------------- the memory model
 def _tiny():
     from student_src.kit.core.models import load_model
@@ -124,3 +143,26 @@ def test_tp_x_dp_measured_traffic_and_memory_match_the_models(small_rte, tmp_pat
     memory = metrics["memory"]
     assert memory["predicted"]["strategy"] == "tensor_parallel" and memory["predicted"]["tp_size"] == 2
     assert memory["max_rel_error"] < 0.05, memory
+
+
+@pytest.mark.skipif(not (sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() == 0
+                         and shutil.which("ip")), reason="cluster isolate needs root, Linux and ip")
+def test_sequence_parallel_measured_traffic_matches_the_model(small_rte, tmp_path):
+    """--sequence_parallel, TP 2 x DP 2 on 4 ranks with --measure_traffic on a private loopback: the bytes
+    measured within 2% of tp_calls' (all_gathers and reduce_scatters along the sequence, the SP grad
+    sync's all_reduces, the clip's, the DP gradients)."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "student_src.kit.cluster", "isolate", "--timeout", "400", "--",
+                           sys.executable, "-m", "student_src.run_glue", "--task", "10", "--world_size", "4",
+                           "--tp_size", "2", "--sequence_parallel", "--spawn", "--model_name_or_path", "tiny",
+                           "--data_dir", str(small_rte), "--max_seq_length", "32", "--global_batch_size", "16",
+                           "--max_steps", "2", "--do_train", "--num_threads", "1", "--no_progress",
+                           "--measure_traffic", "--output_dir", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    traffic = json.loads((out / "metrics.json").read_text())["traffic"]
+    assert 0.98 <= traffic["measured_bytes"] / traffic["expected_bytes"] <= 1.02, traffic
+    tp = traffic["tensor_parallel"]
+    assert tp["sequence_parallel"] and tp["all_gathers_per_layer_per_step"] == 4 and tp["layers"] == 2
+    # 2 layers x (2 LayerNorms x 2 + 2 row-parallel biases) of 64 float32
+    assert tp["sequence_parallel_gradient_bytes_per_step"] == 2 * 6 * 64 * 4

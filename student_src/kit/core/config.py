@@ -76,6 +76,7 @@ class TrainConfig:
     # Task 10: tensor parallelism (student_src/tensor_parallel.py; kit/train/tp_helpers.py)
     tp_size: int | None = None  # None: every rank in one TP group; fewer: TP groups x data-parallel replicas
     torch_tp: bool = False  # torch's parallelize_module (ColwiseParallel/RowwiseParallel) in place of the student's
+    sequence_parallel: bool = False  # Megatron-SP: LayerNorms, dropouts and residuals on 1/T of the sequence (student's)
     # checkpoints (student_src/kit/resume/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -163,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--torch_tp", action="store_true", default=None,
                    help="Task 10: torch's parallelize_module (ColwiseParallel/RowwiseParallel on a DeviceMesh) in place of "
                         "your parallelize_bert_layer (as Task 3's DDP is to 2b)")
+    g.add_argument("--sequence_parallel", action="store_true", default=None,
+                   help="Task 10: sequence parallelism (your parallelize_bert_layer(..., sequence_parallel=True)): between "
+                        "the blocks each rank holds 1/T of the sequence; --max_seq_length must divide by the TP size")
 
     g = p.add_argument_group("checkpoints (student_src/kit/resume/checkpoint.py)")
     g.add_argument("--save_every", type=int, help="save a checkpoint every N steps and at the end (0, the default: no checkpoints)")
@@ -339,8 +343,8 @@ def _validate_pipeline(cfg: TrainConfig, task) -> None:
 def _validate_tensor_parallel(cfg: TrainConfig, task) -> None:
     """Task 10's flag: only with a tensor-parallel task; a TP size that divides the ranks."""
     if task.sync != "tensor_parallel":
-        if cfg.tp_size is not None or cfg.torch_tp:
-            raise KitError(f"--tp_size/--torch_tp are for tensor parallelism: use them with --task "
+        if cfg.tp_size is not None or cfg.torch_tp or cfg.sequence_parallel:
+            raise KitError(f"--tp_size/--torch_tp/--sequence_parallel are for tensor parallelism: use them with --task "
                            f"{tasks.spoken(tasks.ids(lambda t: t.sync == 'tensor_parallel'))}")
         return
     if cfg.tp_size is not None and cfg.tp_size < 1:
@@ -357,6 +361,12 @@ def _validate_tensor_parallel(cfg: TrainConfig, task) -> None:
         raise KitError(f"--global_batch_size {g} is not divisible by the {data_ranks(cfg, world)} data-parallel "
                        f"replicas (--world_size {world} / --tp_size {cfg.tp_size or world}): the ranks of a TP group "
                        "share their replica's rows; pick a multiple or pass --per_device_train_batch_size")
+    if cfg.sequence_parallel and cfg.torch_tp:
+        raise KitError("--sequence_parallel cuts the sequence with your parallelize_bert_layer: run it without --torch_tp")
+    tp = cfg.tp_size or world
+    if cfg.sequence_parallel and tp and cfg.max_seq_length % tp:
+        raise KitError(f"--sequence_parallel: --max_seq_length {cfg.max_seq_length} does not divide by the "
+                       f"tensor-parallel size {tp} (every rank holds 1/T of the sequence): pick a multiple of {tp}")
     if cfg.torch_tp and (cfg.measure_traffic or cfg.save_every or cfg.resume):
         raise KitError("--torch_tp is the reference for the losses only: torch all-reduces Q, K and V's input gradients "
                        "apart and saves DTensors, so run --measure_traffic/--save_every/--resume without it")

@@ -177,10 +177,12 @@ def fsdp_gather_traffic(nbytes: int, world_size: int) -> Traffic:
 def collective_traffic(op: str, nbytes: int, world_size: int) -> Traffic:
     """Payload of one collective by name: all_reduce, all_gather (``nbytes``: one rank's piece),
     broadcast, gather_scatter, and FSDP's all_gather_single / reduce_scatter_single (``nbytes``:
-    the whole flat tensor)."""
+    the whole flat tensor); reduce_scatter (the list form, Task 10's sequence parallelism; ``nbytes``:
+    the whole tensor) as gloo carries it, like reduce_scatter_single."""
     models = {"all_reduce": allreduce_traffic, "all_gather": allgather_traffic,
               "broadcast": broadcast_traffic, "gather_scatter": gather_scatter_traffic,
-              "all_gather_single": fsdp_gather_traffic, "reduce_scatter_single": reduce_scatter_traffic}
+              "all_gather_single": fsdp_gather_traffic, "reduce_scatter_single": reduce_scatter_traffic,
+              "reduce_scatter": reduce_scatter_traffic}
     if op not in models:
         raise KitError(f"no traffic model for {op!r} (known: {', '.join(models)})")
     return models[op](nbytes, world_size)
@@ -394,7 +396,7 @@ def tensors_of_one_step(records, grad_nbytes_per_step: int, iterations: int) -> 
 
 
 def tp_calls(world_size: int, tp_size: int, layers: int, activation_nbytes: int, grad_nbytes: list[int],
-             clip: bool = True) -> list[tuple]:
+             clip: bool = True, sequence_parallel: bool = False, sp_grad_nbytes: list[int] = ()) -> list[tuple]:
     """What one step of tensor parallelism (Task 10, ``student_src/tensor_parallel.py``) sends on
     ``world_size`` ranks as ``tp_size`` T ranks per TP group x D = world / T replicas (rank =
     replica * T + tp_rank), as ``(op, nbytes, ranks)``:
@@ -408,12 +410,28 @@ def tp_calls(world_size: int, tp_size: int, layers: int, activation_nbytes: int,
       ``allreduce_average``): ``grad_nbytes``, the shards (1/T of each cut weight) and the
       replicated parameters.
 
+    With ``sequence_parallel`` (Megatron-SP) each activation all_reduce becomes its two halves, per TP
+    group and layer: forward 2 all_gathers of this rank's chunk (``activation_nbytes / T`` each: before
+    Q, K, V and before the MLP) and 2 reduce_scatters of the whole ``activation_nbytes`` (after the two
+    row-parallel layers), backward the same (the conjugates); at the encoder's edges 2 all_gathers of a
+    chunk (the pooler's input forward, the embeddings' gradient backward); then the student's grad sync,
+    one all_reduce per parameter used on a chunk only (``sp_grad_nbytes``: the LayerNorms, the
+    row-parallel biases). On a ring an all_reduce is a reduce_scatter plus an all_gather, so the bytes
+    per layer would be TP's; gloo carries a reduce_scatter as a whole all_reduce
+    (``reduce_scatter_traffic``), so on gloo SP sends TP's bytes plus the all_gathers.
+
     With T = 1 nothing crosses a TP group (DDP by Task 2b); with D = 1 nothing is averaged."""
     replicas = world_size // tp_size
     calls: list[tuple] = []
     for d in range(replicas if tp_size > 1 else 0):
         ranks = tuple(d * tp_size + t for t in range(tp_size))
-        calls += [("all_reduce", int(activation_nbytes), ranks)] * (4 * layers)
+        if sequence_parallel:
+            chunk = int(activation_nbytes) // tp_size
+            calls += [("all_gather", chunk, ranks), ("reduce_scatter", int(activation_nbytes), ranks)] * (4 * layers)
+            calls += [("all_gather", chunk, ranks)] * 2
+            calls += [("all_reduce", int(nbytes), ranks) for nbytes in sp_grad_nbytes]
+        else:
+            calls += [("all_reduce", int(activation_nbytes), ranks)] * (4 * layers)
         calls += [("all_reduce", 4, ranks)] if clip else []
     for t in range(tp_size if replicas > 1 else 0):
         group = tuple(d * tp_size + t for d in range(replicas))

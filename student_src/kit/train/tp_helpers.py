@@ -11,6 +11,15 @@ the student's ``parallelize_bert_layer`` on the TP group; the kit keeps the whol
 for evaluation, refilled from the shards before each evaluation (``gather_into``: an all_gather per
 cut parameter over the TP group), so evaluation runs as in every other task.
 
+Sequence parallelism (``--sequence_parallel``): every layer cut with the student's
+``parallelize_bert_layer(..., sequence_parallel=True)`` takes and returns this rank's chunk of the
+sequence; the kit does the model's edges (``sequence_parallel_edges``): the encoder's input, the
+embeddings' output (whole on every rank), is cut to this rank's chunk (backward: the chunks'
+gradients all_gathered, so the replicated embeddings get the whole gradient), and the encoder's
+output is all_gathered for the pooler (backward: this rank's chunk of the gradient, the same on
+every rank). The LayerNorms' and row-parallel biases' gradients are summed by the student's
+``sync_sequence_parallel_grads`` before the clip (``task_setup``).
+
 The clip (``global_clip``): a shard's gradient is 1/T of its parameter's, so the global gradient
 norm is ``sqrt(replicated squares + the TP group's sum of the shards' squares)``, one all_reduce of
 one number. Clipping by it first leaves ``train_step``'s own clip (over this rank's tensors, a
@@ -81,12 +90,93 @@ def encoder_layers(model) -> list:
     return list(layers)
 
 
-def parallelize(model, parallelize_layer, group) -> torch.nn.Module:
-    """A copy of ``model`` with every encoder layer rewritten by the student's ``parallelize_layer``."""
+def parallelize(model, parallelize_layer, group, sequence_parallel: bool = False) -> torch.nn.Module:
+    """A copy of ``model`` with every encoder layer rewritten by the student's ``parallelize_layer``; with
+    ``sequence_parallel``, each layer cut for it and the encoder's edges cut and joined
+    (``sequence_parallel_edges``)."""
     tp_model = copy.deepcopy(model)
     for layer in encoder_layers(tp_model):
-        parallelize_layer(layer, group)
+        if sequence_parallel:
+            parallelize_layer(layer, group, sequence_parallel=True)
+        else:
+            parallelize_layer(layer, group)
+    if sequence_parallel:
+        sequence_parallel_edges(tp_model, group)
     return tp_model
+
+
+def _group_rank_size(group) -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    return 0, 1
+
+
+def _all_gather_seq(x, group):
+    size = _group_rank_size(group)[1]
+    parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(size)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=1)
+
+
+def _my_chunk(x, group):
+    rank, size = _group_rank_size(group)
+    if x.shape[1] % size:
+        raise KitError(f"--sequence_parallel: sequence length {x.shape[1]} does not divide by the tensor-parallel size "
+                       f"{size} (pick --max_seq_length a multiple of {size})")
+    k = x.shape[1] // size
+    return x[:, rank * k:(rank + 1) * k].contiguous()
+
+
+class _KeepChunk(torch.autograd.Function):
+    """The encoder's entry: forward this rank's chunk of the (replicated) sequence, backward the chunks'
+    gradients all_gathered (every rank then holds the whole gradient of the replicated input)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _my_chunk(x, group) if _group_rank_size(group)[1] > 1 else x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (_all_gather_seq(grad, ctx.group) if _group_rank_size(ctx.group)[1] > 1 else grad), None
+
+
+class _JoinChunks(torch.autograd.Function):
+    """The encoder's exit: forward the chunks all_gathered (the pooler, replicated, reads the whole
+    sequence), backward this rank's chunk of the gradient (the same on every rank: no sum)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_gather_seq(x, group) if _group_rank_size(group)[1] > 1 else x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (_my_chunk(grad, ctx.group) if _group_rank_size(ctx.group)[1] > 1 else grad), None
+
+
+def sequence_parallel_edges(tp_model, group) -> None:
+    """Hooks on the BERT encoder (module docstring): its input cut to this rank's chunk of the sequence,
+    its output (``last_hidden_state``) joined again. The attention mask, built by the model from the whole
+    embeddings before the encoder, stays whole (the student's layers gather the sequence before attention)."""
+    base = getattr(tp_model, "base_model", tp_model)
+    encoder = getattr(base, "encoder", None)
+    if encoder is None:
+        raise KitError(f"--sequence_parallel cuts a BERT-family encoder: {type(tp_model).__name__} has no encoder")
+
+    def enter(module, args, kwargs):
+        if args:
+            return (_KeepChunk.apply(args[0], group), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": _KeepChunk.apply(kwargs["hidden_states"], group)}
+
+    def leave(module, args, kwargs, output):
+        if isinstance(output, tuple):
+            return (_JoinChunks.apply(output[0], group), *output[1:])
+        output.last_hidden_state = _JoinChunks.apply(output.last_hidden_state, group)
+        return output
+
+    encoder.register_forward_pre_hook(enter, with_kwargs=True)
+    encoder.register_forward_hook(leave, with_kwargs=True)
 
 
 def cut_dims(full_model, tp_model) -> dict:
@@ -141,7 +231,8 @@ def gather_into(full_model, tp_model, cut: dict, group) -> None:
                 full[name].copy_(p.detach())
 
 
-def traffic_of(tp_model, world_size: int, tp_size: int, rows: int, seq_len: int, clip: bool):
+def traffic_of(tp_model, world_size: int, tp_size: int, rows: int, seq_len: int, clip: bool,
+               sequence_parallel: bool = False):
     """``() -> (calls, extra)`` for ``--measure_traffic``: the collectives of one step
     (``traffic_model.tp_calls``) of ``tp_model`` on ``world_size`` ranks as TP ``tp_size`` x DP, each
     replica's batch ``rows`` x ``seq_len`` tokens; ``extra``: the bytes of one activation all_reduce
@@ -154,11 +245,19 @@ def traffic_of(tp_model, world_size: int, tp_size: int, rows: int, seq_len: int,
         layers = len(encoder_layers(tp_model))
         activation = rows * seq_len * hidden * next(tp_model.parameters()).element_size()
         grads = [p.numel() * p.element_size() for p in tp_model.parameters() if p.requires_grad]
-        calls = traffic_model.tp_calls(world_size, tp_size, layers, activation, grads, clip)
+        marked = [p.numel() * p.element_size() for p in tp_model.parameters()
+                  if p.requires_grad and getattr(p, "sequence_parallel", False)] if sequence_parallel else []
+        calls = traffic_model.tp_calls(world_size, tp_size, layers, activation, grads, clip,
+                                       sequence_parallel=sequence_parallel, sp_grad_nbytes=marked)
         replicas = world_size // tp_size
         extra = {"tensor_parallel": {"tp_size": tp_size, "replicas": replicas, "layers": layers,
                                      "activation_all_reduce_bytes": activation, "all_reduces_per_layer_per_step": 4,
                                      "dp_gradient_bytes_per_step": sum(grads) if replicas > 1 else 0}}
+        if sequence_parallel:
+            extra["tensor_parallel"].update(
+                sequence_parallel=True, all_reduces_per_layer_per_step=0,
+                all_gathers_per_layer_per_step=4, reduce_scatters_per_layer_per_step=4,
+                sequence_parallel_gradient_bytes_per_step=sum(marked))
         return calls, extra
 
     return of
