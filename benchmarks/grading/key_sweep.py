@@ -7,6 +7,7 @@ such a key (issue 29). This runs each check's rank side ``--draws`` times with f
 (tolerance / observed difference, over every comparison its judge made).
 
     .venv/bin/python benchmarks/grading/key_sweep.py --draws 500 --heavy-draws 10
+    .venv/bin/python benchmarks/grading/key_sweep.py --tasks 9,10   # these tasks' rows only
 
 writes ``results/key_sweep.json`` and ``results/key_sweep.md``.
 """
@@ -28,12 +29,17 @@ LIGHT = ["5.world_size_1", "5.one_bucket_sgd", "5.two_buckets_adamw", "5.six_buc
          "5.grad_accumulation", "5.public_matches_single_process",
          "6.public_shards_and_matches_adamw", "6.matches_adamw_4_ranks", "6.float64_3_ranks", "6.world_size_1",
          "7.public_matches_adamw_2_ranks", "7.matches_adamw_4_ranks", "7.float64_2_ranks", "7.world_size_1",
-         "7.bf16_compute_2_ranks"]
+         "7.bf16_compute_2_ranks",
+         "9.public_afab_2_stages", "9.one_f_one_b_2_stages", "9.one_f_one_b_4_stages", "9.afab_4_stages_float64",
+         "9.pipeline_x_data_parallel_4_ranks", "9.world_size_1",
+         "10.public_f_g_2_ranks", "10.public_column_row_2_ranks", "10.layers_4_ranks_float64",
+         "10.bert_layer_2_ranks_float64", "10.bert_layer_4_ranks_float64", "10.tp_size_1"]
 #: checks that train the tiny BERT or resume several times: ~1-2 s a draw
 HEAVY = ["2a.loss_matches_single_node", "2b.loss_matches_single_node", "3.loss_matches_single_node",
          "6.loss_matches_single_node", "7.loss_matches_single_node",
          "8.public_resume_matches", "8.adamw_state", "8.scheduler_state", "8.rng_state", "8.data_position",
-         "8.fresh_process"]
+         "8.fresh_process", "9.bert_stages_2_ranks", "9.tiny_bert_matches_single_node",
+         "10.tp_x_dp_4_ranks_tiny_bert"]
 
 
 def main() -> None:
@@ -42,28 +48,37 @@ def main() -> None:
     ap.add_argument("--heavy-draws", type=int, default=10, help="draws per tiny-BERT / resume check")
     ap.add_argument("--label", default="bench", help="what the draws derive from (another label, other draws)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--tasks", help="only these tasks' checks (comma-separated); the other rows of an earlier "
+                                    "results file are kept")
     args = ap.parse_args()
+    keep = None if not args.tasks else set(args.tasks.split(","))
 
     from key_sweep import sweep
 
     rows, t0 = {}, time.time()
     for ids, draws in ((LIGHT, args.draws), (HEAVY, args.heavy_draws)):
-        if draws:
-            rows.update(sweep(ids, draws, label=args.label, timeout=7200))
+        ids = [c for c in ids if keep is None or c.split(".")[0] in keep]
+        if draws and ids:
+            rows.update({c: {"draws": r["draws"], "failures": r["failures"][:5], "failed": len(r["failures"]),
+                             "smallest_margin": r["margin"]}
+                         for c, r in sweep(ids, draws, label=args.label, timeout=7200).items()})
     elapsed = time.time() - t0
     load = os.getloadavg()[0]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "key_sweep.json").write_text(json.dumps(
-        {"label": args.label, "seconds": round(elapsed, 1), "load_at_end": load,
-         "checks": {c: {"draws": r["draws"], "failures": r["failures"][:5], "failed": len(r["failures"]),
-                        "smallest_margin": r["margin"]} for c, r in rows.items()}}, indent=1))
+    earlier = out / "key_sweep.json"
+    runs = [{"label": args.label, "seconds": round(elapsed, 1), "load_at_end": load, "tasks": args.tasks or "all"}]
+    if keep is not None and earlier.is_file():  # a subset: the other checks' rows stay as measured before
+        old = json.loads(earlier.read_text())
+        rows = {**{c: r for c, r in old["checks"].items() if c.split(".")[0] not in keep}, **rows}
+        runs = old.get("runs", [{k: old[k] for k in ("label", "seconds", "load_at_end") if k in old}]) + runs
+    earlier.write_text(json.dumps({"runs": runs, "checks": rows}, indent=1))
     lines = ["| check | draws | failed | smallest margin (tolerance / observed) |", "| --- | ---: | ---: | ---: |"]
     for c in LIGHT + HEAVY:
         if c in rows:
             r = rows[c]
-            m = "exact (0 difference)" if r["margin"] == float("inf") else f"{r['margin']:.3g}"
-            lines.append(f"| `{c}` | {r['draws']} | {len(r['failures'])} | {m} |")
+            m = "exact (0 difference)" if r["smallest_margin"] == float("inf") else f"{r['smallest_margin']:.3g}"
+            lines.append(f"| `{c}` | {r['draws']} | {r['failed']} | {m} |")
     (out / "key_sweep.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"{elapsed:.0f} s, load {load:.1f}")
