@@ -425,6 +425,11 @@ ALL_OF = {"1": TASK_1, "2": TASK_2, "2a": TASK_2A, "2b": TASK_2B, "3": TASK_3, "
 TASK_10 = {"10.public_f_g_2_ranks", "10.public_column_row_2_ranks", "10.layers_4_ranks_float64",
            "10.bert_layer_2_ranks_float64", "10.bert_layer_4_ranks_float64", "10.collectives_2_ranks",
            "10.heads_not_divisible", "10.tp_size_1", "10.mesh_ranks", "10.tp_x_dp_4_ranks_tiny_bert"}
+#: sequence parallelism, the advanced part of Task 10
+TASK_10_SP = {"10.public_sp_pair_2_ranks", "10.sp_bert_layer_2_ranks_float64", "10.sp_bert_layer_4_ranks_float64",
+              "10.sp_collectives_2_ranks", "10.sp_sequence_not_divisible"}
+SP_LAYER = {"10.sp_bert_layer_2_ranks_float64", "10.sp_bert_layer_4_ranks_float64", "10.sp_collectives_2_ranks"}
+TASK_10 = TASK_10 | TASK_10_SP
 ALL_OF["10"] = TASK_10
 ZOO.update({
     "10_row_parallel_without_all_reduce": ("tensor_parallel", "10", """
@@ -434,8 +439,10 @@ ZOO.update({
 
         RowParallelLinear.forward = _no_reduce
         """,
-        # f, g alone, the error, TP size 1 (nothing to sum) and the mesh are right
-        TASK_10 - {"10.public_f_g_2_ranks", "10.heads_not_divisible", "10.tp_size_1", "10.mesh_ranks"},
+        # f, g alone, the error, TP size 1 (nothing to sum) and the mesh are right; with sequence parallelism the
+        # replaced forward does not reduce_scatter either (the SP pair alone and its error are right)
+        TASK_10 - TASK_10_SP - {"10.public_f_g_2_ranks", "10.heads_not_divisible", "10.tp_size_1", "10.mesh_ranks"}
+        | SP_LAYER,
         "summed over ranks"),
     "10_f_all_reduces_in_forward": ("tensor_parallel", "10", """
         class _SummingF(torch.autograd.Function):  # all_reduces forward (and backward): the input counts T times
@@ -452,13 +459,15 @@ ZOO.update({
         def f(x, group=None):
             return _SummingF.apply(x, group)
         """,
-        # g alone, the error, TP size 1 (a group of one sums nothing) and the mesh are right
-        TASK_10 - {"10.heads_not_divisible", "10.tp_size_1", "10.mesh_ranks"}, "f's forward is the identity"),
+        # g alone, the error, TP size 1 (a group of one sums nothing) and the mesh are right; sequence parallelism
+        # has no f
+        TASK_10 - TASK_10_SP - {"10.heads_not_divisible", "10.tp_size_1", "10.mesh_ranks"},
+        "f's forward is the identity"),
     "10_ignores_the_group": ("tensor_parallel", "10", """
         _parallelize = parallelize_bert_layer
 
-        def parallelize_bert_layer(layer, group=None):  # every rank in one TP group, whatever group says
-            return _parallelize(layer, None)
+        def parallelize_bert_layer(layer, group=None, sequence_parallel=False):  # every rank in one TP group
+            return _parallelize(layer, None, sequence_parallel)
         """,
         # every other check passes group=None: only TP x DP sees it (tiny's 2 heads over 4 ranks)
         {"10.tp_x_dp_4_ranks_tiny_bert"}, "tensor-parallel size 4"),
@@ -470,17 +479,19 @@ ZOO.update({
         RowParallelLinear.forward = _bias_before_sum
         """,
         # f, g alone and the collectives are right; at TP size 1 the bias is added once; the error comes first. The
-        # tiny BERT's biases start at 0 and move little in 3 SGD steps: TP x DP may stay within its tolerance
-        TASK_10 - {"10.public_f_g_2_ranks", "10.collectives_2_ranks", "10.heads_not_divisible", "10.tp_size_1",
-                   "10.mesh_ranks", "10.tp_x_dp_4_ranks_tiny_bert"}, "the bias is added once"),
+        # tiny BERT's biases start at 0 and move little in 3 SGD steps: TP x DP may stay within its tolerance. With
+        # sequence parallelism the replaced forward all_reduces (g) in place of the reduce_scatter
+        TASK_10 - TASK_10_SP - {"10.public_f_g_2_ranks", "10.collectives_2_ranks", "10.heads_not_divisible",
+                                "10.tp_size_1", "10.mesh_ranks", "10.tp_x_dp_4_ranks_tiny_bert"} | SP_LAYER,
+        "the bias is added once"),
     "10_split_on_the_wrong_dimension": ("tensor_parallel", "10", """
         _parallelize = parallelize_bert_layer
 
-        def parallelize_bert_layer(layer, group=None):  # Q, K, V cut along each head's features, not by whole heads
-            attn = layer.attention.self
+        def parallelize_bert_layer(layer, group=None, sequence_parallel=False):  # Q, K, V cut along each head's
+            attn = layer.attention.self                                          # features, not by whole heads
             full = {n: getattr(attn, n) for n in ("query", "key", "value")}
             heads, d = attn.num_attention_heads, attn.attention_head_size
-            _parallelize(layer, group)
+            _parallelize(layer, group, sequence_parallel)
             rank, size = tp_rank_and_size(group)
             k = d // size
             with torch.no_grad():
@@ -491,8 +502,9 @@ ZOO.update({
             return layer
         """,
         # the shapes are right and the layers alone, the calls, the error, TP size 1 (every feature of every head) and
-        # the mesh too: only a whole BERT layer sees its heads mixed up
-        {"10.bert_layer_2_ranks_float64", "10.bert_layer_4_ranks_float64", "10.tp_x_dp_4_ranks_tiny_bert"},
+        # the mesh too: only a whole BERT layer sees its heads mixed up (with sequence parallelism too)
+        {"10.bert_layer_2_ranks_float64", "10.bert_layer_4_ranks_float64", "10.tp_x_dp_4_ranks_tiny_bert",
+         "10.sp_bert_layer_2_ranks_float64", "10.sp_bert_layer_4_ranks_float64"},
         "split by heads"),
     "10_dp_averages_across_the_tp_group": ("tensor_parallel", "10", """
         def mesh_ranks(world_size, tp_size):  # the DP groups built like the TP groups
@@ -501,6 +513,21 @@ ZOO.update({
         """,
         # only the mesh and the TP x DP run use it
         {"10.mesh_ranks", "10.tp_x_dp_4_ranks_tiny_bert"}, "across the TP group"),
+})
+ZOO.update({
+    "10_sp_layernorm_grads_never_summed": ("tensor_parallel", "10", """
+        _parallelize = parallelize_bert_layer
+
+        def parallelize_bert_layer(layer, group=None, sequence_parallel=False):  # only the biases marked for the sync
+            _parallelize(layer, group, sequence_parallel)
+            for norm in (layer.attention.output.LayerNorm, layer.output.LayerNorm):
+                for p in norm.parameters():
+                    p.sequence_parallel = False
+            return layer
+        """,
+        # the pair, the calls (the biases' all_reduces are there) and the error are right: only the gradients are not
+        {"10.sp_bert_layer_2_ranks_float64", "10.sp_bert_layer_4_ranks_float64"},
+        "summed over the TP group by sync_sequence_parallel_grads"),
 })
 MAY_ALSO_LOSE["10_row_bias_on_every_rank"] = {"10.tp_x_dp_4_ranks_tiny_bert"}
 
