@@ -27,6 +27,19 @@ the judge recomputes everything with a single-process ``nn.Linear`` or ``BertLay
   whole batch at every step, and every rank's model the single-node one on a probe batch
   (``references.judge_equivalence``, 1e-4). A layer that ignores ``group`` (and all_reduces over
   every rank) fails it, and so does a mesh whose DP groups are the TP groups.
+
+Sequence parallelism (the advanced part; the public ``public_sp_pair_2_ranks`` checks the pair alone):
+
+* ``sp_bert_layer_2_ranks_float64`` / ``sp_bert_layer_4_ranks_float64``: ``parallelize_bert_layer(...,
+  sequence_parallel=True)`` on a BertLayer of 8 tokens, each rank given its chunk of the input and of the
+  upstream gradient: its output chunk, its input-gradient chunk, and, after the student's
+  ``sync_sequence_parallel_grads``, every parameter's gradient against the matching slice of the
+  single-process layer's (LayerNorms never summed over the TP group fail here);
+* ``sp_collectives_2_ranks``: the pair one collective each way, an SP layer two all_gathers and two
+  reduce_scatters each way (either torch form) and no all_reduce, its grad sync all_reduces only (g's
+  all_reduce kept in place of the reduce_scatter fails here);
+* ``sp_sequence_not_divisible``: ``reduce_scatter_sequence`` over 5 tokens on 2 ranks: a one-line
+  ValueError naming 5 and 2, nothing sent.
 """
 
 from __future__ import annotations

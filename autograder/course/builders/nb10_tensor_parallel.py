@@ -73,4 +73,50 @@ across nodes, or the other way round? Write down your choice and why before Q2 a
                 "them (the next layer needs the sum), and they carry activations, many MB per layer. Only a fast, "
                 "low-latency link (NVLink, hundreds of GB/s) keeps them small next to the compute. DDP's one gradient "
                 "all_reduce per step overlaps with backward and tolerates a slower network.")
+    nb.md("""
+## Sequence parallelism (advanced, optional)
+
+With TP every rank still holds the *whole* `[batch, seq, hidden]` activations between the blocks and
+runs the LayerNorms, dropouts and residual adds on all of them. **Sequence parallelism** (SP,
+Korthikanti et al., 2022) cuts those parts along the sequence: between the blocks rank r holds
+`seq / T` tokens. Two more conjugate functions replace f and g (`gather_sequence`,
+`reduce_scatter_sequence`, `sync_sequence_parallel_grads`: the module docstring's last section):
+
+| | forward | backward |
+|---|---|---|
+| **gather_sequence** (in place of f) | all_gather the chunks along the sequence | reduce_scatter (sum) of the gradient |
+| **reduce_scatter_sequence** (in place of g) | reduce_scatter (sum) of the partial outputs | all_gather of the chunks' gradients |
+
+The LayerNorms and the row-parallel biases now see one chunk each: their gradients must be summed over
+the TP group before the clip (`sync_sequence_parallel_grads`).
+
+**Predict first** (write it in your report): an all_reduce *is* a reduce_scatter followed by an
+all_gather. Per layer and step, how many bytes does a rank of a TP group send with SP compared with
+TP's four all_reduces, on a ring? And how much memory do the inputs of a layer's two LayerNorms (and
+their dropout masks) take per rank, with and without SP, for batch 64 × 128 tokens of tiny (hidden 64)?
+""")
+    nb.md("The cell below trains Task 10 again with `--sequence_parallel` (`--max_seq_length` must divide by "
+          "`TP_SIZE`) and `--measure_traffic`, then sets the model's bytes per layer beside TP's. gloo carries a "
+          "reduce_scatter as a whole all_reduce: on gloo SP sends TP's bytes *plus* the all_gathers; NCCL's ring "
+          "reduce_scatter sends half an all_reduce, and SP's bytes equal TP's.")
+    nb.code('m10sp = kit.run_task("10", name="sp", extra=["--tp_size", TP_SIZE, "--sequence_parallel", "--measure_traffic"])')
+    nb.code("""
+from student_src.kit.measure import traffic_model as tm
+
+if m10sp and m10sp.get("traffic"):
+    tp = m10sp["traffic"]["tensor_parallel"]
+    T, act = tp["tp_size"], tp["activation_all_reduce_bytes"]   # act: one replica's b x s x h x 4 bytes
+    all_reduce = tm.allreduce_traffic(act, T).sent[0]           # what one all_reduce sends per rank (ring)
+    gather = tm.allgather_traffic(act // T, T).sent[0]          # an all_gather of the chunks
+    reduce_scatter = all_reduce - gather                        # a ring all_reduce = reduce_scatter + all_gather
+    print(f"per layer and step, one rank sends: TP {4 * all_reduce / 1e6:.3f} MB (4 all_reduces); "
+          f"SP on a ring {4 * (reduce_scatter + gather) / 1e6:.3f} MB (4 reduce_scatters + 4 all_gathers); "
+          f"SP on gloo {4 * (all_reduce + gather) / 1e6:.3f} MB")
+    print(f"the inputs of a layer's 2 LayerNorms per rank: TP {2 * act / 1e6:.3f} MB, SP {2 * act / T / 1e6:.3f} MB (/ T)")
+    t = m10sp["traffic"]
+    print(f"this run on {t['interface']}: measured {t['measured_bytes'] / 1e6:.2f} MB, the model {t['expected_bytes'] / 1e6:.2f} MB")
+    kit.show_results("10", m10sp, name="sp")
+else:
+    print("no traffic recorded: run the cell above first (and fill in the sequence-parallel TODOs)")
+""")
     return nb
