@@ -125,7 +125,9 @@ only, ``[b, s/T, h]``, so their activation memory drops by T. The conjugate pair
   run on the chunk.
 
 An all_reduce *is* a reduce_scatter followed by an all_gather: SP sends the same bytes per layer as
-TP (on a ring), and only moves the all_gather to the other side of the LayerNorm.
+TP (on a ring, as NCCL does), and only moves the all_gather to the other side of the LayerNorm. gloo
+carries a reduce_scatter as a whole all_reduce, so on gloo SP sends TP's bytes plus the all_gathers
+(``--measure_traffic`` shows it).
 
 The parameters used on a chunk only (the LayerNorms' weights and biases, the row-parallel layers'
 biases) get only that chunk's part of their gradient on each rank: ``parallelize_bert_layer(...,
