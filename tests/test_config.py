@@ -158,3 +158,17 @@ def test_sequence_parallel_flag_is_checked_up_front():
     assert parse_config(["--task", "10", "--world_size", "4", "--tp_size", "2", "--sequence_parallel",
                          "--max_seq_length", "30"]).sequence_parallel
     assert not parse_config(["--task", "10", "--world_size", "2"]).sequence_parallel
+
+
+def test_vocab_parallel_flag_is_checked_up_front():
+    """--vocab_parallel: only with a tensor-parallel task, not with --torch_tp, not with checkpoints (one line
+    each); with --sequence_parallel and TP x DP it is accepted."""
+    for argv, says in ((["--task", "2b", "--vocab_parallel"], "are for tensor parallelism: use them with --task 10"),
+                       (["--task", "10", "--vocab_parallel", "--torch_tp"], "without --torch_tp"),
+                       (["--task", "10", "--vocab_parallel", "--save_every", "2", "--output_dir", "o"], "without checkpoints"),
+                       (["--task", "10", "--vocab_parallel", "--resume", "latest"], "without checkpoints")):
+        with pytest.raises(KitError, match=says):
+            parse_config(argv)
+    cfg = parse_config(["--task", "10", "--world_size", "4", "--tp_size", "2", "--vocab_parallel", "--sequence_parallel"])
+    assert cfg.vocab_parallel and cfg.sequence_parallel
+    assert not parse_config(["--task", "10", "--world_size", "2"]).vocab_parallel

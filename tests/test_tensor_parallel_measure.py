@@ -63,6 +63,48 @@ def test_tp_calls_with_sequence_parallelism_gathers_and_scatters_in_place_of_all
     assert [c for c in four if c[2] == (1, 3)] == [("all_reduce", n, (1, 3)) for n in grads]
 
 
+def test_tp_calls_with_a_vocab_parallel_embedding_add_one_forward_all_reduce_per_tp_group():
+    """--vocab_parallel: per TP group one more all_reduce of b x s x h (the embedding's g, forward only),
+    with or without --sequence_parallel; the DP groups as without it (the table's shard is in grad_nbytes)."""
+    act, grads = 8 * 32 * 64 * 4, [1000, 40, 4]
+    for sp in (False, True):
+        plain = model.tp_calls(4, 2, 2, act, grads, sequence_parallel=sp, sp_grad_nbytes=[256])
+        vp = model.tp_calls(4, 2, 2, act, grads, sequence_parallel=sp, sp_grad_nbytes=[256], vocab_parallel=True)
+        assert sorted(vp) == sorted(plain + [("all_reduce", act, (0, 1)), ("all_reduce", act, (2, 3))])
+    assert model.tp_calls(2, 1, 2, act, grads, vocab_parallel=True) == model.tp_calls(2, 1, 2, act, grads)  # T = 1
+
+
+class _FakeDist:
+    """gather_into's view of torch.distributed for T = 4 without processes: all_gather hands out ``shards``."""
+
+    def __init__(self, shards):
+        self.shards = shards
+
+    def is_initialized(self):
+        return True
+
+    def get_world_size(self, group=None):
+        return len(self.shards)
+
+    def all_gather(self, parts, tensor, group=None):
+        for part, shard in zip(parts, self.shards):
+            part.copy_(shard)
+
+
+def test_gather_into_drops_a_vocab_parallel_tables_padding_rows(monkeypatch):
+    """A vocabulary of 30 at T = 4: each rank holds 8 rows (the last 2 of rank 3 zero padding); the whole
+    model gets the 30 real rows back, in order."""
+    import torch
+
+    full, cut_model = torch.nn.Embedding(30, 3), torch.nn.Embedding(8, 3)
+    table = torch.arange(90.0).view(30, 3)
+    shards = list(torch.cat([table, torch.zeros(2, 3)]).split(8))
+    monkeypatch.setattr(tp_helpers, "dist", _FakeDist(shards))
+    assert tp_helpers.cut_dims(full, cut_model) == {"weight": 0}
+    tp_helpers.gather_into(full, cut_model, {"weight": 0}, None)
+    assert torch.equal(full.weight.detach(), table)
+
+
 # ------------------------------------------------------------------------------- the memory model
 def _tiny():
     from student_src.kit.core.models import load_model
@@ -85,6 +127,12 @@ def test_tp_holds_one_tth_of_each_cut_weight_and_the_rest_whole():
     assert not mm.is_tp_cut("bert.encoder.layer.1.attention.output.dense.bias")
     assert mm.is_tp_cut("bert.encoder.layer.0.intermediate.dense.bias")
     assert not mm.is_tp_cut("bert.encoder.layer.0.output.LayerNorm.weight")
+    # --vocab_parallel: the word embeddings (30522 x 64, most of tiny) cut too
+    assert not mm.is_tp_cut("bert.embeddings.word_embeddings.weight")
+    assert mm.is_tp_cut("bert.embeddings.word_embeddings.weight", vocab_parallel=True)
+    assert layout["tp_vocab"] == [30522 * 64]
+    vp = mm.for_model("tp", 4, layout, tp_size=2, vocab_parallel=True)
+    assert vp[0]["states"] == 16 * ((cut + 30522 * 64) / 2 + rest - 30522 * 64)
     for bad, says in (({"tp_size": 3}, "divisor"), ({"tp_size": 2, "cut": None}, "params")):
         with pytest.raises(KitError, match=says):
             mm.per_rank("tensor_parallel", 4, **{"cut": [8], **bad})

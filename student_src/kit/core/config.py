@@ -77,6 +77,7 @@ class TrainConfig:
     tp_size: int | None = None  # None: every rank in one TP group; fewer: TP groups x data-parallel replicas
     torch_tp: bool = False  # torch's parallelize_module (ColwiseParallel/RowwiseParallel) in place of the student's
     sequence_parallel: bool = False  # Megatron-SP: LayerNorms, dropouts and residuals on 1/T of the sequence (student's)
+    vocab_parallel: bool = False  # Megatron's VocabParallelEmbedding: the word embeddings cut by rows (student's)
     # checkpoints (student_src/kit/resume/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -167,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sequence_parallel", action="store_true", default=None,
                    help="Task 10: sequence parallelism (your parallelize_bert_layer(..., sequence_parallel=True)): between "
                         "the blocks each rank holds 1/T of the sequence; --max_seq_length must divide by the TP size")
+    g.add_argument("--vocab_parallel", action="store_true", default=None,
+                   help="Task 10: the word embeddings cut by rows (your VocabParallelEmbedding): each rank holds 1/T of "
+                        "the vocabulary, one all_reduce forward; with or without --sequence_parallel; no checkpoints")
 
     g = p.add_argument_group("checkpoints (student_src/kit/resume/checkpoint.py)")
     g.add_argument("--save_every", type=int, help="save a checkpoint every N steps and at the end (0, the default: no checkpoints)")
@@ -343,8 +347,9 @@ def _validate_pipeline(cfg: TrainConfig, task) -> None:
 def _validate_tensor_parallel(cfg: TrainConfig, task) -> None:
     """Task 10's flag: only with a tensor-parallel task; a TP size that divides the ranks."""
     if task.sync != "tensor_parallel":
-        if cfg.tp_size is not None or cfg.torch_tp or cfg.sequence_parallel:
-            raise KitError(f"--tp_size/--torch_tp/--sequence_parallel are for tensor parallelism: use them with --task "
+        if cfg.tp_size is not None or cfg.torch_tp or cfg.sequence_parallel or cfg.vocab_parallel:
+            raise KitError(f"--tp_size/--torch_tp/--sequence_parallel/--vocab_parallel are for tensor parallelism: use "
+                           f"them with --task "
                            f"{tasks.spoken(tasks.ids(lambda t: t.sync == 'tensor_parallel'))}")
         return
     if cfg.tp_size is not None and cfg.tp_size < 1:
@@ -363,6 +368,12 @@ def _validate_tensor_parallel(cfg: TrainConfig, task) -> None:
                        "share their replica's rows; pick a multiple or pass --per_device_train_batch_size")
     if cfg.sequence_parallel and cfg.torch_tp:
         raise KitError("--sequence_parallel cuts the sequence with your parallelize_bert_layer: run it without --torch_tp")
+    if cfg.vocab_parallel and cfg.torch_tp:
+        raise KitError("--vocab_parallel cuts the word embeddings with your VocabParallelEmbedding: run it without "
+                       "--torch_tp")
+    if cfg.vocab_parallel and (cfg.save_every or cfg.resume):
+        raise KitError("--vocab_parallel trains without checkpoints for now (a TP checkpoint records --tp_size, not the "
+                       "embedding's cut): run --save_every/--resume without it")
     tp = cfg.tp_size or world
     if cfg.sequence_parallel and tp and cfg.max_seq_length % tp:
         raise KitError(f"--sequence_parallel: --max_seq_length {cfg.max_seq_length} does not divide by the "

@@ -201,7 +201,10 @@ class RunMemoryMeter:
         strategy, partition = memory_model.parse_spec(self.strategy)
         extra = {}
         if strategy == memory_model.TENSOR_PARALLEL:  # T from the cut model's mark (train/task_setup.py)
-            extra["tp_size"] = (getattr(self.model, "kit_tp", None) or {}).get("tp_size", self.ctx.world_size)
+            mark = getattr(self.model, "kit_tp", None) or {}
+            extra["tp_size"] = mark.get("tp_size", self.ctx.world_size)
+            if mark.get("vocab_parallel"):  # --vocab_parallel: the word embeddings cut too
+                extra["vocab_parallel"] = True
         rows = memory_model.for_model(strategy, self.ctx.world_size, self.layout, optimizer=kind, partition=partition,
                                       **extra)
         return {"strategy": strategy, "partition": partition or "default", "precision": "fp32", "optimizer": kind,

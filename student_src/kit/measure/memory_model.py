@@ -43,7 +43,8 @@ the state is really cut, not Ψ/N:
 
 Tensor parallelism (Task 10, ``"tensor_parallel"``) is not a ZeRO stage: each of T ranks of a TP
 group holds 1/T of every weight it cuts (Q, K, V and the MLP's first layer by rows, with their
-biases; the attention's output and the MLP's second layer by columns) and the rest whole (the
+biases; the attention's output and the MLP's second layer by columns; with ``--vocab_parallel`` the
+word-embedding table by rows, its fewer than T padding rows not counted) and the rest whole (the
 embeddings, LayerNorms, the row-parallel biases, the pooler and the classifier), with their
 gradients and optimizer state alike: (P + G + K) (Ψ_cut / T + Ψ_replicated) per rank, whatever the
 number of data-parallel replicas. ``model_layout`` finds the cut tensors by BERT's names
@@ -294,17 +295,22 @@ def model_layout(model, fsdp_policy=None) -> dict:
                 units.append([p.numel() for p in unit])
                 in_unit.update(id(p) for p in unit)
     replicated = [p.numel() for p in model.parameters() if p.requires_grad and id(p) not in in_unit]
-    tp_cut, tp_replicated = [], []
+    tp_cut, tp_replicated, tp_vocab = [], [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (tp_cut if is_tp_cut(name) else tp_replicated).append(p.numel())
+            if is_tp_cut(name, vocab_parallel=True) and not is_tp_cut(name):
+                tp_vocab.append(p.numel())
     return {"tensors": tensors, "groups": [g for g in (decay, no_decay) if g], "units": units, "replicated": replicated,
-            "tp_cut": tp_cut, "tp_replicated": tp_replicated}
+            "tp_cut": tp_cut, "tp_replicated": tp_replicated, "tp_vocab": tp_vocab}
 
 
-def is_tp_cut(name: str) -> bool:
+def is_tp_cut(name: str, vocab_parallel: bool = False) -> bool:
     """Tensor parallelism cuts this parameter of a BERT-family model (``TP_COLUMN``'s weights and biases,
-    ``TP_ROW``'s weights, inside ``encoder.layer.<i>``)."""
+    ``TP_ROW``'s weights, inside ``encoder.layer.<i>``; with ``vocab_parallel``, ``--vocab_parallel``, also
+    the word-embedding table, ``embeddings.word_embeddings.weight``)."""
+    if vocab_parallel and name.endswith("embeddings.word_embeddings.weight"):
+        return True
     if ".layer." not in f".{name}" or "encoder" not in name:
         return False
     owner, _, kind = name.split(".layer.", 1)[-1].partition(".")[2].rpartition(".")
@@ -312,12 +318,18 @@ def is_tp_cut(name: str) -> bool:
 
 
 def for_model(strategy: str, world_size: int, layout: dict, **kwargs) -> list[dict]:
-    """``per_rank`` for a layout from ``model_layout`` (FSDP uses its units, ZeRO its groups)."""
+    """``per_rank`` for a layout from ``model_layout`` (FSDP uses its units, ZeRO its groups); tensor
+    parallelism with ``vocab_parallel=True`` counts the word embeddings (``layout["tp_vocab"]``) as cut."""
+    vocab_parallel = kwargs.pop("vocab_parallel", False)
     if strategy_name(strategy) == "fsdp":
         return per_rank(strategy, world_size, units=layout["units"], replicated=layout["replicated"], **kwargs)
     if strategy_name(strategy) == TENSOR_PARALLEL:
         kwargs.pop("partition", None)
-        return per_rank(strategy, world_size, cut=layout["tp_cut"], replicated=layout["tp_replicated"], **kwargs)
+        cut, replicated = list(layout["tp_cut"]), list(layout["tp_replicated"])
+        for numel in layout.get("tp_vocab", []) if vocab_parallel else []:  # moved from replicated to cut
+            replicated.remove(numel)
+            cut.append(numel)
+        return per_rank(strategy, world_size, cut=cut, replicated=replicated, **kwargs)
     return per_rank(strategy, world_size, groups=layout["groups"], **kwargs)
 
 

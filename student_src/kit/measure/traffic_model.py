@@ -396,7 +396,8 @@ def tensors_of_one_step(records, grad_nbytes_per_step: int, iterations: int) -> 
 
 
 def tp_calls(world_size: int, tp_size: int, layers: int, activation_nbytes: int, grad_nbytes: list[int],
-             clip: bool = True, sequence_parallel: bool = False, sp_grad_nbytes: list[int] = ()) -> list[tuple]:
+             clip: bool = True, sequence_parallel: bool = False, sp_grad_nbytes: list[int] = (),
+             vocab_parallel: bool = False) -> list[tuple]:
     """What one step of tensor parallelism (Task 10, ``student_src/tensor_parallel.py``) sends on
     ``world_size`` ranks as ``tp_size`` T ranks per TP group x D = world / T replicas (rank =
     replica * T + tp_rank), as ``(op, nbytes, ranks)``:
@@ -420,6 +421,11 @@ def tp_calls(world_size: int, tp_size: int, layers: int, activation_nbytes: int,
     per layer would be TP's; gloo carries a reduce_scatter as a whole all_reduce
     (``reduce_scatter_traffic``), so on gloo SP sends TP's bytes plus the all_gathers.
 
+    With ``vocab_parallel`` (the word embeddings cut by rows, Megatron's VocabParallelEmbedding), per TP
+    group one more all_reduce of ``activation_nbytes`` forward (the embedding's g, on the whole sequence,
+    with or without ``sequence_parallel``) and nothing backward; the shard of the table travels in
+    ``grad_nbytes`` like every other shard.
+
     With T = 1 nothing crosses a TP group (DDP by Task 2b); with D = 1 nothing is averaged."""
     replicas = world_size // tp_size
     calls: list[tuple] = []
@@ -432,6 +438,7 @@ def tp_calls(world_size: int, tp_size: int, layers: int, activation_nbytes: int,
             calls += [("all_reduce", int(nbytes), ranks) for nbytes in sp_grad_nbytes]
         else:
             calls += [("all_reduce", int(activation_nbytes), ranks)] * (4 * layers)
+        calls += [("all_reduce", int(activation_nbytes), ranks)] if vocab_parallel else []
         calls += [("all_reduce", 4, ranks)] if clip else []
     for t in range(tp_size if replicas > 1 else 0):
         group = tuple(d * tp_size + t for d in range(replicas))

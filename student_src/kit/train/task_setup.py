@@ -20,7 +20,9 @@ tensor_parallel (10)  a copy, each encoder layer cut by  with replicas ``sync.al
               ``parallelize_bert_layer`` on its TP group  the DP group, then the clip by the global norm
               (``--tp_size``; tp_helpers.py)          (one all_reduce on the TP group); with
               (``--sequence_parallel``: the sequence  ``--sequence_parallel`` first
-              cut between the blocks)                 ``sync_sequence_parallel_grads`` on the TP group
+              cut between the blocks; with            ``sync_sequence_parallel_grads`` on the TP group
+              ``--vocab_parallel`` the word embeddings
+              cut by rows)
 ============  =====================================  ==========================================
 
 Every other task steps the kit's AdamW (``build_optimizer``); a ``sharded_optimizer`` task's class
@@ -196,11 +198,14 @@ def _tensor_parallel_setup(cfg: TrainConfig, model, ctx, task, parallelize_layer
             average = lambda m: torch_tp.average(m, dp_group, mesh["replicas"])  # noqa: E731
         optimizer = torch_tp.make_optimizer(tp_model, cfg)
     else:
-        tp_model = tp_helpers.parallelize(model, parallelize_layer, tp_group, sequence_parallel=cfg.sequence_parallel)
+        vocab = student_api.function(task.id, "VocabParallelEmbedding") if cfg.vocab_parallel else None
+        tp_model = tp_helpers.parallelize(model, parallelize_layer, tp_group, sequence_parallel=cfg.sequence_parallel,
+                                          vocab_parallel_embedding=vocab)
         cut = tp_helpers.cut_dims(model, tp_model)
     # sequence parallelism: the LayerNorms' and row-parallel biases' gradients summed over the TP group (student's)
     sp_sync = student_api.function(task.id, "sync_sequence_parallel_grads") if cfg.sequence_parallel else None
-    tp_model.kit_tp = {"tp_rank": mesh["tp_rank"], "tp_size": len(mesh["tp"][0]), "replicas": mesh["replicas"]}  # resume
+    tp_model.kit_tp = {"tp_rank": mesh["tp_rank"], "tp_size": len(mesh["tp"][0]), "replicas": mesh["replicas"],
+                       "vocab_parallel": bool(cfg.vocab_parallel)}  # resume; the memory model
 
     def sync(m):
         if sp_sync is not None:
@@ -212,7 +217,7 @@ def _tensor_parallel_setup(cfg: TrainConfig, model, ctx, task, parallelize_layer
     rows = per_worker_batch_size(cfg, mesh["replicas"])[0]  # a replica's batch: every rank of its TP group sees it
     traffic = tp_helpers.traffic_of(tp_model, ctx.world_size, len(mesh["tp"][0]), rows, cfg.max_seq_length,
                                     clip=bool(cfg.max_grad_norm and cfg.max_grad_norm > 0),
-                                    sequence_parallel=cfg.sequence_parallel)
+                                    sequence_parallel=cfg.sequence_parallel, vocab_parallel=bool(cfg.vocab_parallel))
     if cfg.torch_tp:
         step = torch_tp.make_train_step(sync)
     return TaskSetup(tp_model, sync, None, optimizer or make_optimizer(tp_model, cfg), train_step=step,

@@ -20,6 +20,13 @@ output is all_gathered for the pooler (backward: this rank's chunk of the gradie
 every rank). The LayerNorms' and row-parallel biases' gradients are summed by the student's
 ``sync_sequence_parallel_grads`` before the clip (``task_setup``).
 
+Vocabulary-parallel embedding (``--vocab_parallel``): ``model.bert.embeddings.word_embeddings`` replaced by
+the student's ``VocabParallelEmbedding`` on the TP group (``vocab_parallel_embeddings``): each rank holds
+``ceil(V / T)`` rows of the table (the last rank's padded with zero rows when T does not divide V), under
+the same name, so ``cut_dims`` finds it cut by rows and ``gather_into`` joins the shards and drops the
+padding rows (it keeps the whole model's first V rows). Its g (one all_reduce forward) runs on the whole
+sequence before the encoder, with or without ``--sequence_parallel``. Checkpoints refuse it (config.py).
+
 The clip (``global_clip``): a shard's gradient is 1/T of its parameter's, so the global gradient
 norm is ``sqrt(replicated squares + the TP group's sum of the shards' squares)``, one all_reduce of
 one number. Clipping by it first leaves ``train_step``'s own clip (over this rank's tensors, a
@@ -90,10 +97,12 @@ def encoder_layers(model) -> list:
     return list(layers)
 
 
-def parallelize(model, parallelize_layer, group, sequence_parallel: bool = False) -> torch.nn.Module:
+def parallelize(model, parallelize_layer, group, sequence_parallel: bool = False,
+                vocab_parallel_embedding=None) -> torch.nn.Module:
     """A copy of ``model`` with every encoder layer rewritten by the student's ``parallelize_layer``; with
     ``sequence_parallel``, each layer cut for it and the encoder's edges cut and joined
-    (``sequence_parallel_edges``)."""
+    (``sequence_parallel_edges``); with ``vocab_parallel_embedding`` (the student's class), the word
+    embeddings cut by rows (``vocab_parallel_embeddings``)."""
     tp_model = copy.deepcopy(model)
     for layer in encoder_layers(tp_model):
         if sequence_parallel:
@@ -102,7 +111,20 @@ def parallelize(model, parallelize_layer, group, sequence_parallel: bool = False
             parallelize_layer(layer, group)
     if sequence_parallel:
         sequence_parallel_edges(tp_model, group)
+    if vocab_parallel_embedding is not None:
+        vocab_parallel_embeddings(tp_model, vocab_parallel_embedding, group)
     return tp_model
+
+
+def vocab_parallel_embeddings(tp_model, vocab_parallel_embedding, group) -> None:
+    """``embeddings.word_embeddings`` of a BERT-family model replaced in place by
+    ``vocab_parallel_embedding(word_embeddings, group)`` (the student's ``VocabParallelEmbedding``)."""
+    base = getattr(tp_model, "base_model", tp_model)
+    embeddings = getattr(base, "embeddings", None)
+    if not isinstance(getattr(embeddings, "word_embeddings", None), torch.nn.Embedding):
+        raise KitError(f"--vocab_parallel cuts a BERT-family model's embeddings.word_embeddings: "
+                       f"{type(tp_model).__name__} has none")
+    embeddings.word_embeddings = vocab_parallel_embedding(embeddings.word_embeddings, group)
 
 
 def _group_rank_size(group) -> tuple[int, int]:
@@ -216,7 +238,8 @@ def global_clip(model, cut: dict, group, max_norm: float) -> None:
 
 def gather_into(full_model, tp_model, cut: dict, group) -> None:
     """The whole model refilled from ``tp_model``: every cut parameter all_gathered over the TP group
-    and joined on its dimension, every other parameter copied."""
+    and joined on its dimension (cut to the whole parameter's size there: a vocabulary-parallel table's
+    padding rows are dropped), every other parameter copied."""
     full = dict(full_model.named_parameters())
     size = dist.get_world_size(group) if dist.is_initialized() else 1
     with torch.no_grad():
@@ -226,13 +249,14 @@ def gather_into(full_model, tp_model, cut: dict, group) -> None:
             elif name in cut and size > 1:
                 parts = [torch.empty_like(p) for _ in range(size)]
                 dist.all_gather(parts, p.detach().contiguous(), group=group)
-                full[name].copy_(torch.cat(parts, dim=cut[name]))
+                joined = torch.cat(parts, dim=cut[name])
+                full[name].copy_(joined.narrow(cut[name], 0, full[name].shape[cut[name]]))
             else:
                 full[name].copy_(p.detach())
 
 
 def traffic_of(tp_model, world_size: int, tp_size: int, rows: int, seq_len: int, clip: bool,
-               sequence_parallel: bool = False):
+               sequence_parallel: bool = False, vocab_parallel: bool = False):
     """``() -> (calls, extra)`` for ``--measure_traffic``: the collectives of one step
     (``traffic_model.tp_calls``) of ``tp_model`` on ``world_size`` ranks as TP ``tp_size`` x DP, each
     replica's batch ``rows`` x ``seq_len`` tokens; ``extra``: the bytes of one activation all_reduce
@@ -248,7 +272,8 @@ def traffic_of(tp_model, world_size: int, tp_size: int, rows: int, seq_len: int,
         marked = [p.numel() * p.element_size() for p in tp_model.parameters()
                   if p.requires_grad and getattr(p, "sequence_parallel", False)] if sequence_parallel else []
         calls = traffic_model.tp_calls(world_size, tp_size, layers, activation, grads, clip,
-                                       sequence_parallel=sequence_parallel, sp_grad_nbytes=marked)
+                                       sequence_parallel=sequence_parallel, sp_grad_nbytes=marked,
+                                       vocab_parallel=vocab_parallel)
         replicas = world_size // tp_size
         extra = {"tensor_parallel": {"tp_size": tp_size, "replicas": replicas, "layers": layers,
                                      "activation_all_reduce_bytes": activation, "all_reduces_per_layer_per_step": 4,
@@ -258,6 +283,8 @@ def traffic_of(tp_model, world_size: int, tp_size: int, rows: int, seq_len: int,
                 sequence_parallel=True, all_reduces_per_layer_per_step=0,
                 all_gathers_per_layer_per_step=4, reduce_scatters_per_layer_per_step=4,
                 sequence_parallel_gradient_bytes_per_step=sum(marked))
+        if vocab_parallel:  # the embedding's g: one activation all_reduce forward per step
+            extra["tensor_parallel"].update(vocab_parallel=True, vocab_parallel_all_reduces_per_step=1)
         return calls, extra
 
     return of
