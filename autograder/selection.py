@@ -127,7 +127,7 @@ def resolve(tasks=None, extra_credit=None, points_file: Path | None = None) -> C
 
 # --------------------------------------------------------------------------- what ships
 
-_TASK_FILE = re.compile(r"task(\w+)\.py")
+_TASK_FILE = re.compile(r"task([0-9]+[a-z]?)(?:_\w+)?\.py")  # task10.py, task10_layers.py: Task 10
 
 
 def ships(rel: str, course: Course) -> bool:

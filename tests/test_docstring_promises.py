@@ -70,6 +70,11 @@ def task_docstrings(task_id: str) -> str:
     row = task_table.get(task_id)
     text, missing = docstrings_of(released_source(row.module), row.functions)
     assert not missing, f"student_src/{row.module}.py has no {missing} (the task table lists them for task {task_id})"
+    for more in row.more_modules:  # the task's advanced part: every docstring of the file
+        source = released_source(more)
+        names = [n.name for n in ast.parse(source).body
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        text += "\n" + docstrings_of(source, names)[0]
     return text
 
 

@@ -68,10 +68,15 @@ def module(name: str, fresh: bool = False):
 
 
 def function(task_id, name: str | None = None, fresh: bool = False):
-    """The student function ``name`` (default: the task's first) of ``task_id``, from its module."""
+    """The student function ``name`` (default: the task's first) of ``task_id``, from its module (or,
+    for a name its module does not define, from the first of its ``more_modules`` that does)."""
     task = tasks.get(task_id)
     name = name or task.functions[0]
     fn = getattr(module(task.module, fresh=fresh), name, None)
+    for more in task.more_modules if fn is None else ():
+        fn = getattr(module(more, fresh=fresh), name, None)
+        if fn is not None:
+            break
     if not callable(fn):
         raise KitError(f"student_src/{task.module}.py has no {name}: keep the name and signature of the template "
                        f"(Task {task.id})")

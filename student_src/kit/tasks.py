@@ -85,6 +85,9 @@ class Task:
     export: bool = False             # a task<id>/ folder in `python -m student_src.export`
     graded_from: tuple[str, ...] = ()  # submission folders it is graded from, best first (then the top level)
     single_node_equivalence: bool = False  # grading compares its losses with a single-node run (tiny BERT)
+    more_modules: tuple[str, ...] = ()  # more student files of the task (an advanced part too long for one
+                                        # file): each imports the task's module, never the other way round;
+                                        # the release, the export and the grader treat them as its module
     checks_build_bert: bool = False  # its other checks build BERT layers too: the grader's sandbox imports
                                      # transformers once, before it forks ranks, for this task as for the above
                                      # (without it each rank of such a check imports it: seconds a check)
@@ -206,8 +209,8 @@ def order(task_id) -> int:
 
 
 def for_module(module: str) -> list[Task]:
-    """The tasks graded from ``student_src/<module>.py`` (two for ``sync``)."""
-    return [t for t in TASKS.values() if t.module == module]
+    """The tasks graded from ``student_src/<module>.py`` (two for ``sync``; its task for a ``more_modules`` file)."""
+    return [t for t in TASKS.values() if t.module == module or module in t.more_modules]
 
 
 def for_notebook(stem: str) -> list[Task]:
@@ -230,8 +233,8 @@ def for_function(name: str) -> Task:
 
 
 def modules() -> list[str]:
-    """Every student module, once, in task order."""
-    return list(dict.fromkeys(t.module for t in TASKS.values()))
+    """Every student module, once, in task order (a task's ``more_modules`` after its module)."""
+    return list(dict.fromkeys(m for t in TASKS.values() for m in (t.module, *t.more_modules)))
 
 
 def spoken(task_ids) -> str:
