@@ -430,7 +430,9 @@ TASK_10_SP = {"10.public_sp_pair_2_ranks", "10.sp_bert_layer_2_ranks_float64", "
               "10.sp_collectives_2_ranks", "10.sp_sequence_not_divisible"}
 SP_LAYER = {"10.sp_bert_layer_2_ranks_float64", "10.sp_bert_layer_4_ranks_float64", "10.sp_collectives_2_ranks"}
 TASK_10 = TASK_10 | TASK_10_SP
-ALL_OF["10"] = TASK_10
+#: the vocabulary-parallel embedding (VocabParallelEmbedding, g only): no entry below touches it, none loses it
+TASK_10_VP = {"10.vocab_parallel_embedding_4_ranks_float64"}
+ALL_OF["10"] = TASK_10 | TASK_10_VP
 ZOO.update({
     "10_row_parallel_without_all_reduce": ("tensor_parallel", "10", """
         def _no_reduce(self, x):  # the partial products never summed (no g)
