@@ -153,8 +153,8 @@ Cases the checks test (sequence parallelism, extra credit):
 Vocabulary-parallel embedding (advanced)
 ----------------------------------------
 TP as above leaves the embeddings whole on every rank, and in a small BERT the word-embedding table
-(``vocab_size x hidden``) is the biggest tensor of all: ``tiny``'s 30522 x 64 is 1.95 M of its about
-2 M parameters, MiniLM's 30522 x 384 is 11.7 M of its 33 M. Megatron's **VocabParallelEmbedding**
+(``vocab_size x hidden``) is the biggest tensor of all: ``tiny``'s 30522 x 64 is 1.95 M of its
+2.06 M parameters, MiniLM's 30522 x 384 is 11.7 M of its 22.7 M. Megatron's **VocabParallelEmbedding**
 cuts it by rows: with T ranks, rank r holds the rows of the ids ``r*k .. (r+1)*k - 1``, k = V/T. Every
 rank sees the same ids; it looks up those in its range (the others masked: looked up as row 0, their
 output zeroed), and g, the **all_reduce** (sum), gives every rank the whole embeddings: each id's row
