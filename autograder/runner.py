@@ -7,8 +7,10 @@ from each check's secrets.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import tempfile
 import threading
 import time
 import traceback
@@ -65,6 +67,52 @@ class Pools:
         self.sandbox.close()
 
 
+class _WarmSandboxes:
+    """The sandbox servers that ``sandboxes_kept_warm`` keeps between gradings: one per isolation
+    level (one that preloads transformers serves gradings that do not need it too). Each grading
+    gets a fresh folder under one root that the servers can read; the servers never run student
+    code themselves (ranks are forked for each check and everything they started is killed when
+    the check ends), so a server serves the next submission as it serves the next check."""
+
+    def __init__(self):
+        self.root = leftovers.make_temp_dir("autograder-warm-")
+        os.chmod(self.root, 0o755)  # the user level's ranks (nobody) pass through it
+        self.pools: dict[tuple[str, bool], Pools] = {}
+
+    def workdir(self) -> str:
+        return tempfile.mkdtemp(prefix="grading-", dir=self.root)
+
+    def pools_for(self, settings: Settings, isolation, transformers: bool) -> "Pools":
+        pools = self.pools.get((isolation.level, True)) or self.pools.get((isolation.level, transformers))
+        if pools is None:
+            pools = self.pools[isolation.level, transformers] = Pools(settings, self.root, isolation, transformers)
+        pools.settings = settings  # this grading's limits
+        return pools
+
+    def close(self) -> None:
+        for pools in self.pools.values():
+            pools.close()
+        leftovers.remove_temp_dir(self.root)
+
+
+_WARM: list[_WarmSandboxes] = []
+
+
+@contextlib.contextmanager
+def sandboxes_kept_warm():
+    """Inside the block, ``grade`` keeps its sandbox's server for the next grading instead of
+    starting one (torch, transformers and the checks imported: seconds) per submission; the block's
+    end closes them. For a process that grades many submissions in a row (the test suite's zoo of
+    wrong submissions); a single grading gains nothing."""
+    warm = _WarmSandboxes()
+    _WARM.append(warm)
+    try:
+        yield
+    finally:
+        _WARM.remove(warm)
+        warm.close()
+
+
 def select_checks(tasks: set[str] | None, public_only: bool) -> list[registry.Check]:
     # the public checks need only autograder.public (the release has no other; a hidden check module
     # that imports a public one of a task the course left out must not stop a student's check)
@@ -104,7 +152,8 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         results.execution_time = time.monotonic() - t0
         return results
     guard = None  # process level: the grader's files (and the trusted kit workspace) fingerprinted
-    workdir = leftovers.make_temp_dir("autograder-")
+    warm = _WARM[-1] if _WARM else None
+    workdir = warm.workdir() if warm else leftovers.make_temp_dir("autograder-")
     if isolation.level == "user":
         os.chmod(workdir, 0o755)  # ranks run as nobody and must read their workspace
     pools = None
@@ -118,7 +167,9 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         if needs_bert:
             threading.Thread(target=_import_quietly, args=("transformers.models.bert.modeling_bert",),
                              daemon=True).start()
-        pools = Pools(settings, workdir, isolation, transformers=needs_bert)
+        pools = warm.pools_for(settings, isolation, needs_bert) if warm else Pools(settings, workdir, isolation,
+                                                                                  transformers=needs_bert)
+        started_before = pools.started
         costs = deadlines.load_costs()
         speed = deadlines.Speed(costs["calibration_cpu_s"])  # timed while the sandbox starts
         checks = select_checks(tasks, public_only)
@@ -188,7 +239,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             results.add(TestResult.of(c, pts if verdict.passed else 0.0, pts, verdict.passed, verdict.message,
                                       visibility_for(c), time.monotonic() - tc, source=src.shown()))
         if pools:
-            results.pools_started = pools.started
+            results.pools_started = pools.started - started_before
     except SubmissionError as exc:
         results.header = f"cannot read the submission: {exc}"
         for c in checks:  # every test is lost, each with the reason
@@ -196,7 +247,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     except Exception:  # a grader bug; a stop signal (cli.Interrupted, a BaseException) passes through
         results.grader_errors.append(traceback.format_exc())
     finally:
-        if pools is not None:
+        if pools is not None and warm is None:
             pools.close()
         changed = guard.changed() if guard is not None else []  # before the workspaces go
         leftovers.remove_temp_dir(workdir)

@@ -685,6 +685,17 @@ ZOO.update({
 })
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_sandbox_for_the_zoo():
+    """The zoo grades about 45 submissions in a row: one sandbox server serves them all (as one serves
+    every check of one grading) instead of one started per grading (torch and transformers imported:
+    3 to 7 s each)."""
+    from autograder.runner import sandboxes_kept_warm
+
+    with sandboxes_kept_warm():
+        yield
+
+
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_zoo_submission_loses_exactly_its_tests(name, tmp_path):
     module, task, code, expected, phrase = ZOO[name]

@@ -435,3 +435,33 @@ def test_the_suite_fails_when_a_sandbox_it_started_outlives_it(tmp_path):
     assert run.returncode != 0 and "outlived the tests" in run.stdout and f"{leaked} (sleep 300" in run.stdout, run.stdout[-3000:]
     import psutil
     assert not psutil.pid_exists(leaked) or psutil.Process(leaked).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_warm_sandbox_serves_the_next_submission_and_ends_with_the_block(tmp_path):
+    """``runner.sandboxes_kept_warm`` (the zoo's many gradings): the second submission is graded by the
+    server the first started; a submission whose check kills the server loses that check only, and the
+    next grading gets a new server; the block's end stops the server."""
+    from autograder import leftovers
+
+    bad = make_submission(tmp_path / "bad", profiling="""
+        import os as _os, signal as _signal
+        def tensor_nbytes(tensor):
+            _os.kill(_os.getppid(), _signal.SIGKILL)  # the rank's parent: the sandbox's server
+        """)
+    good = make_submission(tmp_path / "good")
+    with runner.sandboxes_kept_warm():
+        first = runner.grade(good, tasks={"4"})
+        (pools,) = runner._WARM[-1].pools.values()
+        server = pools.sandbox.proc.pid
+        second = runner.grade(good, tasks={"4"})
+        assert pools.sandbox.proc.pid == server  # the same server graded both
+        broken = runner.grade(bad, tasks={"4"})
+        after = runner.grade(good, tasks={"4"})
+        last = pools.sandbox.proc.pid
+        assert last != server and pools.sandbox.alive()
+    assert server not in leftovers.descendants() and last not in leftovers.descendants()  # stopped with the block
+    for res in (first, second, broken, after):
+        assert not res.grader_errors, res.grader_errors
+    assert all(t.passed for res in (first, second, after) for t in res.tests), [first.tests, after.tests]
+    lost = {t.id for t in broken.tests if not t.passed}
+    assert "4.tensor_nbytes" in lost and "4.expected_allreduce_bytes" not in lost, lost

@@ -42,6 +42,15 @@ def by_id(results) -> dict:
     return {t.id: t for t in results.tests}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_sandbox_for_the_file():
+    """About a dozen gradings of Task 0 in a row: one sandbox server serves them all."""
+    from autograder.runner import sandboxes_kept_warm
+
+    with sandboxes_kept_warm():
+        yield
+
+
 def run(path: Path, only: set[str] | None = None, **settings):
     """Grade Task 0; ``only`` keeps the other checks out (they are still registered)."""
     registry.discover()
