@@ -182,7 +182,8 @@ _ROWS = (
          collectives=frozenset({"all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                                 "reduce_scatter_tensor"}),
          must_call=frozenset({"all_reduce"}), extra_credit=True, export=True, memory="tensor_parallel",
-         needs_tasks=("1", "2", "2b"), checks_build_bert=True),
+         needs_tasks=("1", "2", "2b"), checks_build_bert=True,
+         more_modules=("tensor_parallel_vocab",)),  # the vocabulary-parallel embedding (--vocab_parallel)
 )
 
 #: every task by id, in the assignment's order

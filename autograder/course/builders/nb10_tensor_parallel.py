@@ -124,7 +124,7 @@ else:
 
 TP leaves the embeddings whole, yet in a small BERT the word-embedding table (`vocab_size × hidden`) is the biggest
 tensor: tiny's 30522 × 64 is 1.95 M of its 2.06 M parameters (95%; MiniLM's 30522 × 384 is 11.7 M of 22.7 M), because the
-vocabulary stays 30522 however thin the model. `VocabParallelEmbedding` (the module docstring's last section) gives
+vocabulary stays 30522 however thin the model. `VocabParallelEmbedding` (`student_src/tensor_parallel_vocab.py`) gives
 each rank 1/T of the rows (padded when T does not divide 30522) for one all_reduce of b × s × h forward: with
 `--vocab_parallel` the table, its gradient and its AdamW state drop to 1/T (tiny at TP 2: 15.6 MB fewer per rank in fp32
 AdamW). On tiny, plain TP cuts only the encoder's 3% of the parameters: the table is where the memory is.
