@@ -424,7 +424,9 @@ def tp_calls(world_size: int, tp_size: int, layers: int, activation_nbytes: int,
     With ``vocab_parallel`` (the word embeddings cut by rows, Megatron's VocabParallelEmbedding), per TP
     group one more all_reduce of ``activation_nbytes`` forward (the embedding's g, on the whole sequence,
     with or without ``sequence_parallel``) and nothing backward; the shard of the table travels in
-    ``grad_nbytes`` like every other shard.
+    ``grad_nbytes`` like every other shard. Measured on the isolated loopback (tiny, TP 2 x DP 2, 2 steps,
+    batch 16 x 32 tokens): 38.82 MB vs this model's 38.86 MB (plain TP 69.58 MB: the DP gradients shrink
+    by half the table), with ``sequence_parallel`` 41.73 MB vs 41.67 MB.
 
     With T = 1 nothing crosses a TP group (DDP by Task 2b); with D = 1 nothing is averaged."""
     replicas = world_size // tp_size
