@@ -56,7 +56,7 @@ _SLICES = ("every shard's gradient equals the matching slice of the single-proce
            "ranks, in float32 and float64",)
 
 
-@define_check("10.layers_4_ranks_float64", task=TASK, world_size=4, needs="tensor_parallel",
+@define_check("10.layers_4_ranks_float64", task=TASK, world_size=4, needs=shared.NEEDS,
               title="f, g, column- and row-parallel Linear at 4 TP ranks in float64: shards and their gradients "
                     "equal to the matching slices of single-process ones",
               promise=_SLICES + ("f: the forward returns the input unchanged and sends nothing",
@@ -73,7 +73,7 @@ def _(payloads, secrets):
 
 
 def _bert_check(world: int):
-    @define_check(f"10.bert_layer_{world}_ranks_float64", task=TASK, world_size=world, needs="tensor_parallel",
+    @define_check(f"10.bert_layer_{world}_ranks_float64", task=TASK, world_size=world, needs=shared.NEEDS,
                   title=f"a BERT encoder layer at {world} TP ranks in float64: output, input gradient and every "
                         "shard's gradient equal to single-process",
                   promise=_SLICES + ("a BERT encoder layer rewritten by ``parallelize_bert_layer`` gives the "
@@ -92,7 +92,7 @@ bert_layer_2 = _bert_check(2)
 bert_layer_4 = _bert_check(4)
 
 
-@define_check("10.collectives_2_ranks", task=TASK, world_size=2, needs="tensor_parallel",
+@define_check("10.collectives_2_ranks", task=TASK, world_size=2, needs=shared.NEEDS,
               title="each piece calls exactly its all_reduces, in its phase: f and column backward, g and row "
                     "forward, a BERT layer two each way; nothing else",
               promise=("f and ColumnParallelLinear call nothing forward and one all_reduce backward",
@@ -118,7 +118,7 @@ def _try(mod, layer) -> dict:
     return out
 
 
-@define_check("10.heads_not_divisible", task=TASK, world_size=2, needs="tensor_parallel",
+@define_check("10.heads_not_divisible", task=TASK, world_size=2, needs=shared.NEEDS,
               title="3 heads, then an MLP of 15, on 2 TP ranks: a one-line ValueError naming the number and the TP "
                     "size, before anything changes",
               promise=("heads or the MLP width not divisible by the TP size: a ``ValueError`` whose message names "
@@ -151,7 +151,7 @@ def _train(layer, secret: int, dtype=torch.float64) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-@define_check("10.tp_size_1", task=TASK, world_size=1, needs="tensor_parallel",
+@define_check("10.tp_size_1", task=TASK, world_size=1, needs=shared.NEEDS,
               title="TP size 1 (no process group): whole weights, nothing sent, three SGD steps equal to plain "
                     "training",
               promise=("TP size 1 (no process group, or a group of one): the layers hold the whole weights, nothing "
@@ -191,7 +191,7 @@ def _as_lists(groups):
     return [[int(r) for r in g] for g in groups]
 
 
-@define_check("10.mesh_ranks", task=TASK, world_size=1, needs="tensor_parallel",
+@define_check("10.mesh_ranks", task=TASK, world_size=1, needs=shared.NEEDS,
               title="mesh_ranks: TP groups of T neighbouring ranks, DP groups of one rank per TP group, for 8 world "
                     "and TP sizes",
               promise=("``mesh_ranks``: the TP groups are runs of T neighbouring ranks, the DP groups one rank of "
@@ -245,7 +245,7 @@ def _tp_x_dp_groups(ctx, mod):
     return mine[0][0], mine[0][1], mine[1][1]
 
 
-@define_check("10.tp_x_dp_4_ranks_tiny_bert", task=TASK, world_size=4, needs="tensor_parallel",
+@define_check("10.tp_x_dp_4_ranks_tiny_bert", task=TASK, world_size=4, needs=shared.NEEDS,
               title="tiny BERT on 4 ranks as TP 2 x DP 2 (the grader averages over the DP groups): losses equal to "
                     "single-node training (within 1e-4)",
               promise=("TP x DP on 4 ranks (TP groups {0, 1} and {2, 3}, each training its own share of the batch, the "
@@ -316,7 +316,7 @@ _SP_LAYER = ("a BERT layer with ``sequence_parallel=True`` at 2 and 4 TP ranks i
 
 
 def _sp_bert_check(world: int):
-    @define_check(f"10.sp_bert_layer_{world}_ranks_float64", task=TASK, world_size=world, needs="tensor_parallel",
+    @define_check(f"10.sp_bert_layer_{world}_ranks_float64", task=TASK, world_size=world, needs=shared.NEEDS,
                   title=f"a BERT layer with sequence parallelism at {world} TP ranks in float64: output chunk, input "
                         "gradient chunk and every shard's gradient (after the SP grad sync) equal to single-process",
                   promise=_SP_LAYER)
@@ -334,7 +334,7 @@ sp_bert_layer_2 = _sp_bert_check(2)
 sp_bert_layer_4 = _sp_bert_check(4)
 
 
-@define_check("10.sp_collectives_2_ranks", task=TASK, world_size=2, needs="tensor_parallel",
+@define_check("10.sp_collectives_2_ranks", task=TASK, world_size=2, needs=shared.NEEDS,
               title="sequence parallelism's collectives: gather_sequence and reduce_scatter_sequence one each way, an SP "
                     "layer two all_gathers and two reduce_scatters each way and no all_reduce, its grad sync all_reduces",
               promise=("the collectives of an SP layer: two all_gathers and two reduce_scatters forward, the same "
@@ -351,7 +351,7 @@ def _(payloads, secrets):
 SP_ODD = 5  # tokens: 2 TP ranks do not divide it
 
 
-@define_check("10.sp_sequence_not_divisible", task=TASK, world_size=2, needs="tensor_parallel",
+@define_check("10.sp_sequence_not_divisible", task=TASK, world_size=2, needs=shared.NEEDS,
               title=f"reduce_scatter_sequence over a sequence of {SP_ODD} tokens on 2 TP ranks: a one-line ValueError "
                     "naming the sequence length and the TP size, nothing sent",
               promise=("a sequence length that T does not divide: ``reduce_scatter_sequence`` raises a one-line "

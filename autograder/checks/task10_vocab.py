@@ -48,7 +48,7 @@ def vp_ids(random: torch.Tensor) -> torch.Tensor:
     return ids
 
 
-@define_check("10.vocab_parallel_embedding_4_ranks_float64", task=TASK, world_size=VP_WORLD, needs="tensor_parallel",
+@define_check("10.vocab_parallel_embedding_4_ranks_float64", task=TASK, world_size=VP_WORLD, needs=(*shared.NEEDS, "tensor_parallel_vocab"),
               title="VocabParallelEmbedding at 4 TP ranks in float64 over 30 ids (padded to 32): the full "
                     "embedding's output on every rank, each rank's rows and their gradient equal to its rows of the "
                     "single-process ones, one all_reduce forward and nothing backward",

@@ -86,8 +86,8 @@ class Task:
     graded_from: tuple[str, ...] = ()  # submission folders it is graded from, best first (then the top level)
     single_node_equivalence: bool = False  # grading compares its losses with a single-node run (tiny BERT)
     more_modules: tuple[str, ...] = ()  # more student files of the task (an advanced part too long for one
-                                        # file): each imports the task's module, never the other way round;
-                                        # the release, the export and the grader treat them as its module
+                                        # file), with no import cycle between them and its module; the
+                                        # release, the export and the grader treat them as its module
     checks_build_bert: bool = False  # its other checks build BERT layers too: the grader's sandbox imports
                                      # transformers once, before it forks ranks, for this task as for the above
                                      # (without it each rank of such a check imports it: seconds a check)
@@ -183,7 +183,7 @@ _ROWS = (
                                 "reduce_scatter_tensor"}),
          must_call=frozenset({"all_reduce"}), extra_credit=True, export=True, memory="tensor_parallel",
          needs_tasks=("1", "2", "2b"), checks_build_bert=True,
-         more_modules=("tensor_parallel_vocab",)),  # the vocabulary-parallel embedding (--vocab_parallel)
+         more_modules=("tensor_parallel_sequence", "tensor_parallel_vocab")),  # --sequence_parallel, --vocab_parallel
 )
 
 #: every task by id, in the assignment's order
