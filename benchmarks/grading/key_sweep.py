@@ -33,7 +33,9 @@ LIGHT = ["5.world_size_1", "5.one_bucket_sgd", "5.two_buckets_adamw", "5.six_buc
          "9.public_afab_2_stages", "9.one_f_one_b_2_stages", "9.one_f_one_b_4_stages", "9.afab_4_stages_float64",
          "9.pipeline_x_data_parallel_4_ranks", "9.world_size_1",
          "10.public_f_g_2_ranks", "10.public_column_row_2_ranks", "10.layers_4_ranks_float64",
-         "10.bert_layer_2_ranks_float64", "10.bert_layer_4_ranks_float64", "10.tp_size_1"]
+         "10.bert_layer_2_ranks_float64", "10.bert_layer_4_ranks_float64", "10.tp_size_1",
+         "10.public_sp_pair_2_ranks", "10.sp_bert_layer_2_ranks_float64", "10.sp_bert_layer_4_ranks_float64",
+         "10.vocab_parallel_embedding_4_ranks_float64"]
 #: checks that train the tiny BERT or resume several times: ~1-2 s a draw
 HEAVY = ["2a.loss_matches_single_node", "2b.loss_matches_single_node", "3.loss_matches_single_node",
          "6.loss_matches_single_node", "7.loss_matches_single_node",
