@@ -70,8 +70,10 @@ def test_allgather_and_broadcast_and_barrier():
     assert model.broadcast_traffic(100, 3).sent == [200, 0, 0]                       # 3 ranks: the root sends both
     assert model.broadcast_traffic(100, 8).sent == [300, 200, 100, 100, 0, 0, 0, 0]  # N-1 messages, log2 N from the root
     assert model.barrier_traffic(4).total_msgs == 8 and model.barrier_traffic(5).total_msgs == 15
+    # sequence parallelism's list reduce_scatter: gloo carries it as a whole all_reduce, as FSDP's reduce_scatter_single
+    assert model.collective_traffic("reduce_scatter", 400, 4) == model.allreduce_traffic(400, 4)
     with pytest.raises(KitError):
-        model.collective_traffic("reduce_scatter", 4, 4)  # FSDP's is "reduce_scatter_single" (the whole tensor's bytes)
+        model.collective_traffic("scatter_reduce", 4, 4)  # no such collective: a clear error, not a zero
 
 
 def test_step_traffic_per_task():
