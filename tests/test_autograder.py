@@ -72,6 +72,16 @@ def failed_ids(results) -> set[str]:
 # ------------------------------------------------------------------------- the solution
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_sandbox_for_the_file():
+    """This file's gradings in the test process share one sandbox server (``runner.sandboxes_kept_warm``);
+    the CLI's run in their own processes, as ever."""
+    from autograder.runner import sandboxes_kept_warm
+
+    with sandboxes_kept_warm():
+        yield
+
+
 @pytest.fixture(scope="module")
 def solution_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("sol") / "results.json"
