@@ -72,24 +72,26 @@ def _(payloads, secrets):
     shared.judge_pieces(payloads, secrets, dtype=torch.float64)
 
 
-def _bert_check(world: int):
-    @define_check(f"10.bert_layer_{world}_ranks_float64", task=TASK, world_size=world, needs=shared.NEEDS,
-                  title=f"a BERT encoder layer at {world} TP ranks in float64: output, input gradient and every "
-                        "shard's gradient equal to single-process",
-                  promise=_SLICES + ("a BERT encoder layer rewritten by ``parallelize_bert_layer`` gives the "
-                                     "single-process output and",))
-    def bert_layer(ctx):
-        return shared.run_pieces(ctx, dtype=torch.float64, pieces=("layer",))
+def _layer_check(check_id: str, piece: str, world: int, title: str, promise):
+    """A check of one BERT layer piece (``run_pieces``' ``layer`` or ``sp_layer``) at ``world`` TP ranks, float64."""
+    @define_check(check_id, task=TASK, world_size=world, needs=shared.NEEDS, title=title, promise=promise)
+    def layer_check(ctx):
+        return shared.run_pieces(ctx, dtype=torch.float64, pieces=(piece,))
 
-    @bert_layer.judge
+    @layer_check.judge
     def _(payloads, secrets):
-        shared.judge_pieces(payloads, secrets, dtype=torch.float64, pieces=("layer",))
+        shared.judge_pieces(payloads, secrets, dtype=torch.float64, pieces=(piece,))
 
-    return bert_layer
+    return layer_check
 
 
-bert_layer_2 = _bert_check(2)
-bert_layer_4 = _bert_check(4)
+bert_layer_2, bert_layer_4 = (
+    _layer_check(f"10.bert_layer_{w}_ranks_float64", "layer", w,
+                 f"a BERT encoder layer at {w} TP ranks in float64: output, input gradient and every shard's "
+                 "gradient equal to single-process",
+                 _SLICES + ("a BERT encoder layer rewritten by ``parallelize_bert_layer`` gives the single-process "
+                            "output and",))
+    for w in (2, 4))
 
 
 @define_check("10.collectives_2_ranks", task=TASK, world_size=2, needs=shared.NEEDS,
@@ -315,23 +317,11 @@ _SP_LAYER = ("a BERT layer with ``sequence_parallel=True`` at 2 and 4 TP ranks i
              "``sync_sequence_parallel_grads``, equals the matching slice of the single-process gradient")
 
 
-def _sp_bert_check(world: int):
-    @define_check(f"10.sp_bert_layer_{world}_ranks_float64", task=TASK, world_size=world, needs=shared.NEEDS,
-                  title=f"a BERT layer with sequence parallelism at {world} TP ranks in float64: output chunk, input "
-                        "gradient chunk and every shard's gradient (after the SP grad sync) equal to single-process",
-                  promise=_SP_LAYER)
-    def sp_bert_layer(ctx):
-        return shared.run_pieces(ctx, dtype=torch.float64, pieces=("sp_layer",))
-
-    @sp_bert_layer.judge
-    def _(payloads, secrets):
-        shared.judge_pieces(payloads, secrets, dtype=torch.float64, pieces=("sp_layer",))
-
-    return sp_bert_layer
-
-
-sp_bert_layer_2 = _sp_bert_check(2)
-sp_bert_layer_4 = _sp_bert_check(4)
+sp_bert_layer_2, sp_bert_layer_4 = (
+    _layer_check(f"10.sp_bert_layer_{w}_ranks_float64", "sp_layer", w,
+                 f"a BERT layer with sequence parallelism at {w} TP ranks in float64: output chunk, input gradient "
+                 "chunk and every shard's gradient (after the SP grad sync) equal to single-process", _SP_LAYER)
+    for w in (2, 4))
 
 
 @define_check("10.sp_collectives_2_ranks", task=TASK, world_size=2, needs=shared.NEEDS,

@@ -105,12 +105,32 @@ def _judge_row(r, world, got, secrets, dtype):
            "the bias is added once, after the all_reduce: its gradient is the full layer's")
 
 
-def bert_reference(secrets, dtype):
+def bert_reference(secrets, dtype, label: str = "bert", tokens=BERT_TOKENS):
+    """The single-process layer's output, input gradient and the layer (its gradients filled), on the
+    shared input ``<label>.x`` and upstream gradient ``<label>.dy``."""
     full = full_bert_layer(dtype)
-    x = shared_from(secrets, "bert.x", (*BERT_TOKENS, BERT["hidden_size"]), dtype).requires_grad_()
+    x = shared_from(secrets, f"{label}.x", (*tokens, BERT["hidden_size"]), dtype).requires_grad_()
     y = layer_output(full, x)
-    y.backward(shared_from(secrets, "bert.dy", (*BERT_TOKENS, BERT["hidden_size"]), dtype))
+    y.backward(shared_from(secrets, f"{label}.dy", (*tokens, BERT["hidden_size"]), dtype))
     return y.detach(), x.grad, full
+
+
+def _judge_shards(r, world, got, full, dtype, marked=(), after: str = "") -> None:
+    """Every parameter of ``got``'s layer, and its gradient, against the matching slice of ``full``'s:
+    column-parallel ones by rows, row-parallel weights by columns, the rest whole (``marked``: the
+    sequence-parallel ones, whose gradient the student's sync sums)."""
+    params, pgrads = got.get("params") or {}, got.get("grads") or {}
+    for name, p in full.named_parameters():
+        owner = name.rsplit(".", 1)[0]
+        cut = ((lambda t: rows(t, r, world)) if owner in COLUMN else
+               (lambda t: cols(t, r, world)) if owner in ROW and name.endswith("weight") else (lambda t: t))
+        how = ("column-parallel: its rows" if owner in COLUMN else
+               "row-parallel: its columns" if owner in ROW and name.endswith("weight") else
+               "used on the chunk only: its gradient is summed over the TP group by sync_sequence_parallel_grads "
+               "(marked p.sequence_parallel = True)" if owner in marked or name in marked else "replicated")
+        _close(r, f"{name}", params.get(name), cut(p.detach()), dtype, f"{owner} is {how}")
+        _close(r, f"{name}'s gradient{after}", pgrads.get(name), cut(p.grad), dtype,
+               f"{owner} is {how}; its gradient is the matching slice of the single-process gradient")
 
 
 def _judge_layer(r, world, got, secrets, dtype):
@@ -119,16 +139,7 @@ def _judge_layer(r, world, got, secrets, dtype):
            "attention split by heads (Q, K, V column-parallel, the output dense row-parallel), the MLP column then row")
     _close(r, "the BERT layer's input gradient", got.get("x_grad"), x_grad, dtype,
            "one f before Q, K and V together (a forward pre-hook on attention.self) and one in the MLP's first layer")
-    params, pgrads = got.get("params") or {}, got.get("grads") or {}
-    for name, p in full.named_parameters():
-        owner = name.rsplit(".", 1)[0]
-        cut = ((lambda t: rows(t, r, world)) if owner in COLUMN else
-               (lambda t: cols(t, r, world)) if owner in ROW and name.endswith("weight") else (lambda t: t))
-        how = ("column-parallel: its rows" if owner in COLUMN else
-               "row-parallel: its columns" if owner in ROW and name.endswith("weight") else "replicated")
-        _close(r, f"{name}", params.get(name), cut(p.detach()), dtype, f"{owner} is {how}")
-        _close(r, f"{name}'s gradient", pgrads.get(name), cut(p.grad), dtype,
-               f"{owner} is {how}; its gradient is the matching slice of the single-process gradient")
+    _judge_shards(r, world, got, full, dtype)
 
 
 def _judge_seq_gather(r, world, got, secrets, dtype):
@@ -155,34 +166,14 @@ def _judge_seq_scatter(r, world, got, secrets, dtype):
            "the backward joins every rank's chunk of the gradient along the sequence (all_gather)")
 
 
-def sp_bert_reference(secrets, dtype):
-    full = full_bert_layer(dtype)
-    x = shared_from(secrets, "spbert.x", (*SP_BERT_TOKENS, BERT["hidden_size"]), dtype).requires_grad_()
-    y = layer_output(full, x)
-    y.backward(shared_from(secrets, "spbert.dy", (*SP_BERT_TOKENS, BERT["hidden_size"]), dtype))
-    return y.detach(), x.grad, full
-
-
 def _judge_sp_layer(r, world, got, secrets, dtype):
-    y, x_grad, full = sp_bert_reference(secrets, dtype)
+    y, x_grad, full = bert_reference(secrets, dtype, label="spbert", tokens=SP_BERT_TOKENS)
     _close(r, "the SP BERT layer's output chunk", got.get("y"), seq_chunk(y, r, world), dtype,
            "gather the sequence before Q, K, V and before the MLP, reduce_scatter after each row-parallel layer, "
            "then the bias, residual and LayerNorm on the chunk")
     _close(r, "the SP BERT layer's input gradient chunk", got.get("x_grad"), seq_chunk(x_grad, r, world), dtype,
            "gather_sequence's backward reduce_scatters (sums) the gradient; reduce_scatter_sequence's all_gathers it")
-    params, pgrads = got.get("params") or {}, got.get("grads") or {}
-    for name, p in full.named_parameters():
-        owner = name.rsplit(".", 1)[0]
-        cut = ((lambda t: rows(t, r, world)) if owner in COLUMN else
-               (lambda t: cols(t, r, world)) if owner in ROW and name.endswith("weight") else (lambda t: t))
-        marked = owner in SP_MARKED or name in SP_MARKED
-        how = ("column-parallel: its rows" if owner in COLUMN else
-               "row-parallel: its columns" if owner in ROW and name.endswith("weight") else
-               "used on the chunk only: its gradient is summed over the TP group by sync_sequence_parallel_grads "
-               "(marked p.sequence_parallel = True)" if marked else "replicated")
-        _close(r, f"{name}", params.get(name), cut(p.detach()), dtype, f"{owner} is {how}")
-        _close(r, f"{name}'s gradient (after sync_sequence_parallel_grads)", pgrads.get(name), cut(p.grad), dtype,
-               f"{owner} is {how}; its gradient is the matching slice of the single-process gradient")
+    _judge_shards(r, world, got, full, dtype, marked=SP_MARKED, after=" (after sync_sequence_parallel_grads)")
 
 
 JUDGES = {"f": _judge_f, "g": _judge_g, "column": _judge_column, "row": _judge_row, "layer": _judge_layer,
