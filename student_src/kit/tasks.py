@@ -64,6 +64,13 @@ from dataclasses import dataclass
 WRAPPERS = ("ddp", "bucketed")
 #: every ``sync`` kind the training loop knows (module docstring; ``train/task_setup.py``)
 SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp", "pipeline", "tensor_parallel")
+#: the collectives gloo carries on CUDA tensors (PyTorch's backend table); a task that calls only these
+#: keeps its model on a GPU that several local ranks share (``ranks/device_choice.py``)
+GLOO_CUDA_COLLECTIVES = frozenset({"all_reduce", "broadcast", "barrier"})
+#: the collectives of the ``sync`` kinds whose row leaves ``collectives`` open: DDP and the bucketed
+#: wrapper broadcast the parameters once and all_reduce the gradients; one process calls none
+_SYNC_COLLECTIVES = {"none": frozenset(), "ddp": frozenset({"broadcast", "all_reduce"}),
+                     "bucketed": frozenset({"broadcast", "all_reduce"})}
 #: the colour of a task without one of its own (plots)
 DEFAULT_COLOR = "#888888"
 
@@ -117,6 +124,28 @@ class Task:
     def distributed(self) -> bool:
         """It trains on several ranks."""
         return self.sync not in (None, "none")
+
+    @property
+    def calls(self) -> frozenset[str] | None:
+        """The collectives its run calls: its own and those of the tasks it needs (None: unknown)."""
+        own = self.collectives if self.collectives is not None else _SYNC_COLLECTIVES.get(self.sync)
+        if own is None:
+            return None
+        for other in self.needs_tasks:
+            theirs = TASKS[other].collectives
+            if TASKS[other].sync == "function" and theirs is not None:
+                own = own | theirs
+        return own
+
+    @property
+    def gloo_cpu_only(self) -> frozenset[str]:
+        """Its collectives that gloo carries on CPU tensors only (``{"any"}`` where they are unknown)."""
+        return frozenset({"any"}) if self.calls is None else self.calls - GLOO_CUDA_COLLECTIVES
+
+    @property
+    def gloo_cuda(self) -> bool:
+        """Its run works with gloo on CUDA tensors (several local ranks sharing a GPU)."""
+        return not self.gloo_cpu_only
 
     @property
     def folders(self) -> tuple[str, ...]:

@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--world_size", type=int, help="number of workers")
     g.add_argument("--local_rank", type=int, help="this process's (global) rank, as the course's run commands use it")
     g.add_argument("--spawn", action="store_true", default=None, help="start --world_size local ranks on this machine")
-    g.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl with CUDA, gloo otherwise")
+    g.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl with a GPU per local rank; gloo with fewer GPUs than local ranks (on the GPU where the "
+                        "task's collectives allow, else the CPU; one line says which) or without CUDA")
     g.add_argument("--init_method", help="tcp://IP:PORT or file:///shared/path (instead of --master_ip/--master_port)")
     g.add_argument("--dist_timeout", type=float, help="seconds to wait for all ranks to join (default 60)")
     g.add_argument("--no_cuda", action="store_true", default=None, help="stay on the CPU even if CUDA is there")

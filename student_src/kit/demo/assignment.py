@@ -66,6 +66,9 @@ def _run_distributed(argvs):
         check_output_dir(cfg)
         check_data(cfg)
     check_model_available(cfgs[0].model_name_or_path)
+    for cfg in cfgs:  # --backend nccl it cannot honour is refused here, before any rank starts
+        process_group.pick_device(cfg, 0)
+    # one group for all: its device is chosen for cfgs[0] (Task 2a: gather/scatter, the most demanding)
     stall = max(cfgs[0].dist_timeout, process_group.MIN_COLLECTIVE_TIMEOUT_S)
     results = klaunch.launch(_tasks_in_one_world, cfgs[0].world_size, args=(cfgs,), cfg=cfgs[0],
                              stall_timeout=stall, on_event=ConsoleEvents(cfgs[0]))

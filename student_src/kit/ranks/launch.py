@@ -280,7 +280,8 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
 
     Args:
         fn: an importable function; its return value must be picklable.
-        cfg: a ``TrainConfig`` (for ``backend``, ``dist_timeout``, ``no_cuda``); defaults are used if None.
+        cfg: a ``TrainConfig`` (for ``backend``, ``dist_timeout``, ``no_cuda``); None: the defaults, on the CPU
+            with gloo whatever GPUs there are (benchmarks and demos that move CPU tensors).
         timeout: seconds for the whole launch (None: no overall limit).
         stall_timeout: seconds without any event or result from any rank before giving up.
         threads_per_rank: torch threads per rank (default: cores // world_size).
@@ -293,7 +294,7 @@ def launch(fn, world_size: int, args=(), kwargs=None, *, cfg=None, timeout: floa
     """
     if world_size < 1:
         raise KitError(f"world_size must be at least 1, got {world_size}")
-    cfg = cfg or TrainConfig()
+    cfg = cfg or TrainConfig(no_cuda=True, backend="gloo")  # no run config: work on CPU tensors, gloo always
     kwargs = kwargs or {}
     threads = threads_per_rank or cfg.num_threads or default_threads(world_size)
     ctx = _context()

@@ -34,7 +34,7 @@ from student_src.kit import student_api
 from student_src.kit.core.progress import RankLog
 from student_src.kit.errors import KitError
 from student_src.kit.ranks.cores import default_threads
-from student_src.kit.ranks import pending_work
+from student_src.kit.ranks import device_choice, pending_work
 from student_src.kit.ranks.network_interface import interface_towards, loopback_interface
 from student_src.kit.ranks.world_size_watch import WorldSizeWatch, world_size_mismatch
 
@@ -78,15 +78,12 @@ def resolve_mode(cfg) -> str:
     return "single"
 
 
-def pick_device(cfg, local_rank: int) -> tuple[torch.device, str]:
-    """CUDA device and nccl when CUDA is there (and not --no_cuda), else CPU and gloo."""
-    use_cuda = torch.cuda.is_available() and not cfg.no_cuda
-    backend = cfg.backend or ("nccl" if use_cuda else "gloo")
-    if backend == "nccl" and not use_cuda:
-        raise KitError("--backend nccl needs a CUDA GPU; drop --backend (gloo is the CPU default)")
-    if use_cuda:
-        return torch.device("cuda", local_rank % torch.cuda.device_count()), backend
-    return torch.device("cpu"), backend
+def pick_device(cfg, local_rank: int, ranks_here: int | None = None) -> tuple[torch.device, str]:
+    """The device and backend of local rank ``local_rank``: nccl with a GPU per local rank, gloo
+    otherwise (on a shared GPU where the task's collectives allow, else on the CPU); the rule and
+    its one line: ``device_choice.py``. ``--backend nccl`` it cannot honour raises a ``KitError``."""
+    choice = device_choice.choose(cfg, local_rank, ranks_here)
+    return choice.device, choice.backend
 
 
 def point_gloo_towards(master: str) -> None:
@@ -274,7 +271,10 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
         if rank >= world_size:
             raise KitError(f"--local_rank {rank} is outside the world: ranks are 0..{world_size - 1}")
         local_rank = 0
-    device, backend = pick_device(cfg, local_rank)
+    choice = device_choice.choose(cfg, local_rank, world_size if mode == "spawn" else None)
+    device, backend = choice.device, choice.backend
+    if choice.note and rank == 0:  # once a run: under --spawn it reaches the parent's console or notebook
+        RankLog(0)(choice.note)
 
     theirs = False
     if mode in ("spawn", "tcp", "env"):  # Task 0: the student's init_distributed, while it is not a TODO
@@ -355,8 +355,21 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
         torch.set_num_threads(threads)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    _CPU_GROUP[0] = None
+    if backend == "nccl" and world_size > 1:  # every rank, in the same place: a collective call
+        _CPU_GROUP[0] = dist.new_group(backend="gloo", timeout=pg_timeout)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend,
                        device=device, mode=mode, master=master, ranks_on_host=ranks_on_host, threads=threads)
+
+
+_CPU_GROUP = [None]  # a gloo group over the same ranks when the default group is nccl (``cpu_group``)
+
+
+def cpu_group():
+    """The group for the kit's own bookkeeping on CPU tensors (losses, times, evaluation counts):
+    None (the default group) with gloo; a gloo group beside an nccl default group, which would
+    refuse CPU tensors (as torch's distributed checkpointing does)."""
+    return _CPU_GROUP[0]
 
 
 _HAD_GROUP = [False]  # a process group was destroyed in this process (``exit_process``)
@@ -387,6 +400,7 @@ def cleanup() -> None:
     the destroy keeps gloo's threads alive into the interpreter's teardown, where they can abort it)."""
     if dist.is_available() and dist.is_initialized():
         pending_work.drain()
+        _CPU_GROUP[0] = None
         dist.destroy_process_group()
         _HAD_GROUP[0] = True
 

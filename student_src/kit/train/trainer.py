@@ -38,6 +38,7 @@ from student_src.kit.measure.memory_meter import RunMemoryMeter
 from student_src.kit.measure.timeline import recorder_for
 from student_src.kit.measure.traffic_meter import RunTrafficMeter
 from student_src.kit.measure.traffic_model import fsdp_calls, traffic_pattern
+from student_src.kit.ranks import process_group
 from student_src.kit.resume import preempt
 from student_src.kit.resume.checkpoint import Checkpointer
 from student_src.kit.train.optim import make_scheduler
@@ -80,7 +81,7 @@ def _lockstep_batches(batches: list, ctx) -> int:
     if not (dist.is_initialized() and ctx.world_size > 1):
         return len(batches)
     most = torch.tensor([len(batches)], dtype=torch.int64)
-    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=process_group.cpu_group())
     return int(most.item())
 
 
@@ -109,9 +110,9 @@ def evaluate(model, dataset, ctx, batch_size: int, lockstep: bool = False) -> di
     per_slice = (slices.count(part.indices, torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool))
                  if slices is not None else None)
     if dist.is_initialized() and ctx.world_size > 1:
-        dist.all_reduce(totals)
+        dist.all_reduce(totals, group=process_group.cpu_group())
         if per_slice is not None:
-            dist.all_reduce(per_slice)
+            dist.all_reduce(per_slice, group=process_group.cpu_group())
     model.train()
     n = max(totals[2].item(), 1.0)
     result = {"accuracy": totals[1].item() / n, "loss": totals[0].item() / n, "examples": int(totals[2].item())}
@@ -312,7 +313,7 @@ def _step(run: Run, batch: dict, epoch: int) -> None:
     everyone = [mine]
     if dist.is_initialized() and ctx.world_size > 1:  # logging only: one tiny all_gather, outside the timed region
         everyone = [torch.zeros_like(mine) for _ in range(ctx.world_size)]
-        dist.all_gather(everyone, mine)
+        dist.all_gather(everyone, mine, group=process_group.cpu_group())
     run.stop_requested = any(t[2].item() > 0 for t in everyone)
     global_loss = run.history.step([t[0].item() for t in everyone], [t[1].item() for t in everyone])
     run.steps_done += 1
