@@ -23,6 +23,12 @@ peer and the micro-batch (``capture.where_from_dump``). A message from an earlie
 micro-batch's activations, from a later one its gradient (stages in rank order); the k-th message
 of a kind with a peer belongs to micro-batch k // ``spy.per_micro_batch[kind]`` (micro-batches
 cross a boundary in order, default one tensor each way; BERT's stages send two forward).
+
+Where a check set ``spy.order`` to a list, every point-to-point call is also appended to it as it
+is posted, ``"S<peer>"`` for a send / isend and ``"R<peer>"`` for a recv / irecv (``"R?"`` for any
+source; each op of a ``batch_isend_irecv`` in turn): the pipeline checks give it the list their
+stage's forwards and backwards are noted in ("F" / "B"), so the judge sees one sequence of
+forwards, backwards, sends and receives per stage and compares it with the schedule's.
 """
 
 from __future__ import annotations
@@ -76,6 +82,20 @@ def _p2p_label(spy, name: str, peer: int) -> str | None:
     return f"{name}_of_micro_batch_{micro_batch}_{kind}_{'from' if incoming else 'to'}_rank_{peer}"
 
 
+def _note_order(order: list, name: str, peer, args, kwargs) -> None:
+    """Append a point-to-point call to ``spy.order`` (module docstring)."""
+    if name in _P2P_OUT:
+        order.append(f"S{peer}")
+    elif name in _P2P_IN:
+        order.append(f"R{peer}")
+    elif name == "batch_isend_irecv":
+        ops = kwargs.get("p2p_op_list", args[0] if args else [])
+        for op in ops or []:
+            fn = getattr(getattr(op, "op", None), "__name__", "")
+            peer = getattr(op, "peer", "?")
+            order.append(f"{'S' if 'send' in fn else 'R'}{peer if isinstance(peer, int) else '?'}")
+
+
 def _describe(args, kwargs) -> dict:
     """Shape/dtype of the first tensor argument and the reduce op, for records."""
     import torch
@@ -105,6 +125,7 @@ class CollectiveSpy:
         self.calls: list[tuple[str, dict]] = []
         self.phase: str | None = None  # recorded with each call while set
         self.per_micro_batch: dict | None = None  # a pipeline's check: tensors per micro-batch each way (docstring)
+        self.order: list | None = None  # a pipeline's check: "S<peer>" / "R<peer>" appended in posting order
         self._saved: list[tuple[object, str, object]] = []
         self._depth = 0
 
@@ -134,6 +155,8 @@ class CollectiveSpy:
                         if name in ("send", "recv") and spy.per_micro_batch is not None:
                             label = _p2p_label(spy, name, peer)
                 spy.calls.append((CANONICAL.get(name, name), info))
+                if spy.order is not None:
+                    _note_order(spy.order, name, info.get("peer", "?"), args, kwargs)
             spy._depth += 1
             try:
                 return _trampoline(label)(fn, *args, **kwargs) if label else fn(*args, **kwargs)

@@ -532,6 +532,18 @@ ZOO.update({
         "summed over the TP group by sync_sequence_parallel_grads"),
 })
 MAY_ALSO_LOSE["10_row_bias_on_every_rank"] = {"10.tp_x_dp_4_ranks_tiny_bert"}
+ZOO["10_padding_idx_passed_on_as_the_global_id"] = ("tensor_parallel_vocab", "10", """
+    def _global_pad(self, ids):  # padding_idx handed to the lookup as it is: every rank's local row 0 gets no gradient
+        outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
+        local = (ids - self.vocab_start).masked_fill(outside, 0)
+        out = nn.functional.embedding(local, self.weight, padding_idx=self.padding_idx)
+        return g(out.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
+
+    VocabParallelEmbedding.forward = _global_pad
+    """,
+    # only the embedding's gradient is wrong, on ranks 1-3's first row: the check's ids always hold every rank's
+    # first row (vp_cases), so every grading key catches it
+    TASK_10_VP, "this rank's weight gradient")
 
 
 # ------------------------------------------------------------------ 9 (pipeline parallelism: its own block)
@@ -562,6 +574,15 @@ ZOO.update({
         """,
         # only the calls and the layer counts are right
         TASK_9 - {"9.point_to_point_only", "9.stage_sizes"}, "scale each micro-batch's loss by 1/m"),
+    "9_afab_request_runs_1f1b": ("pipeline", "9", """
+        _step = pipeline_step
+
+        def pipeline_step(stage_module, micro_batches, stage, num_stages, schedule="1f1b", optimizer=None,
+                          ranks=None, group=None):  # whatever is asked, 1F1B runs: the same numbers, not AFAB's order
+            return _step(stage_module, micro_batches, stage, num_stages, "1f1b", optimizer, ranks, group)
+        """,
+        # the gradients and parameters are right; only the AFAB checks' order is not
+        {"9.public_afab_2_stages", "9.afab_4_stages_float64"}, "not AFAB's F F F F B B B B"),
     "9_sends_back_the_wrong_tensor": ("pipeline", "9", """
         def pipeline_step(stage_module, micro_batches, stage, num_stages, schedule="1f1b", optimizer=None,
                           ranks=None, group=None):
@@ -679,9 +700,9 @@ ZOO.update({
             return total
         """,
         # AFAB, and 1F1B on 4 stages, deadlock (stopped, the message naming each waiting rank's peer and
-        # micro-batch); 1F1B on 2 stages happens to receive each gradient in time
-        {"9.public_afab_2_stages", "9.one_f_one_b_4_stages", "9.afab_4_stages_float64", "9.schedule_1f1b",
-         "9.point_to_point_only"}, "(in dist.recv of micro-batch 0's gradient from rank 1)"),
+        # micro-batch); 1F1B on 2 stages happens to receive each gradient in time, but not in 1F1B's order
+        {"9.public_afab_2_stages", "9.one_f_one_b_2_stages", "9.one_f_one_b_4_stages", "9.afab_4_stages_float64",
+         "9.schedule_1f1b", "9.point_to_point_only"}, "(in dist.recv of micro-batch 0's gradient from rank 1)"),
 })
 
 

@@ -3,7 +3,8 @@ the advanced part's last piece; the rank side's tools and judges are ``public/ta
 
 * ``vocab_parallel_embedding_4_ranks_float64``: ``VocabParallelEmbedding`` over a float64 ``nn.Embedding``
   of 30 ids (``padding_idx`` 0) at 4 TP ranks, so 8 rows per rank and 2 padding rows on rank 3, looking up
-  ids drawn from the secrets (every rank's range, the padding id, a repeated id): every rank's output
+  ids drawn from the secrets, always with every rank's first and last row, the padding id and a repeated id
+  (``vp_cases``: a case a bug hides in is in every draw): every rank's output
   against the full embedding's, its ``num_embeddings`` (8), its rows (zero padding) and their gradient
   against its rows of the single-process gradient (1e-10); exactly one all_reduce forward (g), nothing
   backward (an embedding that forgets to zero the masked rows, all_reduces the gradient, or gives the
@@ -35,17 +36,28 @@ def vp_full_embedding() -> nn.Embedding:
     return emb
 
 
-def vp_ids(random: torch.Tensor) -> torch.Tensor:
-    """Ids from the shared random tensor: random ones, then one from every rank's range, the padding id and
-    a repeated id (the same on the rank side and the judge's)."""
-    u = (random.abs() * 1e4).long()
-    ids = u % VP_VOCAB
+def vp_cases() -> list[int]:
+    """The ids a bug can hide in, looked up under every grading key: each rank's first and last row
+    (every boundary between two ranks' ranges from both sides; rank 0's first row is the padding id,
+    which a ``padding_idx`` passed on as the global id instead of the local row shows on every other
+    rank's first row)."""
+    out = []
     for r in range(VP_WORLD):
         lo = r * VP_ROWS
-        ids[0, r] = lo + u[0, r] % min(VP_ROWS, VP_VOCAB - lo)
-    ids[0, VP_WORLD] = VP_PAD
-    ids[1, 0] = ids[1, 1] = ids[0, 1]
-    return ids
+        out += [lo, min(lo + VP_ROWS, VP_VOCAB) - 1]
+    return out + [VP_PAD]
+
+
+def vp_ids(random: torch.Tensor) -> torch.Tensor:
+    """Ids from the shared random tensor: the deciding cases (``vp_cases``) at positions the secrets
+    shuffle, a repeated id, the rest random (the same on the rank side and the judge's)."""
+    u = (random.abs() * 1e4).long()
+    ids = (u % VP_VOCAB).flatten()
+    cases = torch.tensor(vp_cases())
+    where = torch.argsort(random.flatten(), stable=True)[:len(cases) + 2]  # positions drawn, the cases always in
+    ids[where[:len(cases)]] = cases
+    ids[where[-1]] = ids[where[-2]]  # a repeated id: its rows' gradients add up
+    return ids.view(random.shape)
 
 
 @define_check("10.vocab_parallel_embedding_4_ranks_float64", task=TASK, world_size=VP_WORLD, needs=(*shared.NEEDS, "tensor_parallel_vocab"),

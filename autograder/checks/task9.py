@@ -5,13 +5,17 @@ stage s of the grader's toy, inputs from stage 0's secret, labels from the last 
 student's ``pipeline_step`` with the grader's recording SGD; the judge runs the whole model in
 one process on the same micro-batches and compares every stage's gradients and parameters.
 
+Every check that runs a schedule on the toy also requires each stage's sequence of forwards,
+backwards, sends and receives to be that schedule's (``shared.judge_order``): an AFAB request that
+runs 1F1B's order loses the AFAB checks, a 1F1B request that runs AFAB the 1F1B ones.
+
 * ``one_f_one_b_2_stages`` / ``one_f_one_b_4_stages``: 1F1B, equal to one process (4 stages:
   uneven stage sizes, m = 6 not a multiple of p);
 * ``afab_4_stages_float64``: AFAB on a float64 toy, to 1e-9;
-* ``schedule_1f1b``: each stage's forwards and backwards in 1F1B's order, and no stage holding
-  more than p - stage micro-batches' activations (a 1F1B that runs AFAB loses this);
+* ``schedule_1f1b``: 1F1B on 4 stages and 8 micro-batches, no stage holding more than p - stage
+  micro-batches' activations;
 * ``point_to_point_only``: ``pipeline_step`` calls send/recv/isend/irecv (and barrier) only;
-* ``world_size_1``: one stage is plain gradient accumulation, nothing sent;
+* ``world_size_1``: one stage is plain gradient accumulation (F B F B ...), nothing sent;
 * ``pipeline_x_data_parallel_4_ranks``: 2 pipelines of 2 stages, each in its own group (``ranks``,
   ``group``), the stages' gradients averaged over the replicas by the grader's optimizer;
 * ``bert_stages_2_ranks``: ``build_stage`` cuts a small BERT into 2 stages that, as a pipeline,
@@ -36,62 +40,62 @@ _AFAB_64 = {"sizes": (2, 1, 1, 1), "m": 5, "steps": 2}
 _ORDER = {"sizes": (1, 1, 1, 1), "m": 8, "steps": 1}
 
 
-def _run(ctx, case, schedule, dtype=torch.float32):
-    return shared.run_pipeline(ctx, case["sizes"], case["m"], schedule, case["steps"], dtype)
+def _run(ctx, case, schedule, dtype=torch.float32, **record):
+    return shared.run_pipeline(ctx, case["sizes"], case["m"], schedule, case["steps"], dtype, **record)
 
 
-def _judge(payloads, secrets, case, dtype=torch.float32):
-    shared.judge_matches(payloads, secrets, case["sizes"], case["m"], case["steps"], dtype)
+def _judge(payloads, secrets, case, schedule, dtype=torch.float32):
+    """The schedule's order on every stage (``shared.judge_order``), then the numbers."""
+    shared.judge_matches(payloads, secrets, case["sizes"], case["m"], case["steps"], dtype, schedule=schedule)
 
 
 @define_check("9.one_f_one_b_2_stages", task="9", world_size=2, needs="pipeline", hang_hint=shared.HANG_HINT,
-              title="1F1B on 2 stages, 4 micro-batches: gradients and parameters equal one process's",
-              promise=("1F1B on 2 and on 4 stages", _SAME))
+              title="1F1B on 2 stages, 4 micro-batches: 1F1B's order on each stage; gradients and parameters equal "
+                    "one process's",
+              promise=("1F1B on 2 and on 4 stages", _SAME, shared.ORDER_PROMISE))
 def one_f_one_b_2(ctx):
     return _run(ctx, _1F1B_2, "1f1b")
 
 
 @one_f_one_b_2.judge
 def _(payloads, secrets):
-    _judge(payloads, secrets, _1F1B_2)
+    _judge(payloads, secrets, _1F1B_2, "1f1b")
 
 
 @define_check("9.one_f_one_b_4_stages", task="9", world_size=4, needs="pipeline", hang_hint=shared.HANG_HINT,
-              title="1F1B on 4 uneven stages, 6 micro-batches: gradients and parameters equal one process's",
-              promise=("1F1B on 2 and on 4 stages", "uneven stage sizes; m not a multiple of p", _SAME))
+              title="1F1B on 4 uneven stages, 6 micro-batches: 1F1B's order on each stage; gradients and parameters "
+                    "equal one process's",
+              promise=("1F1B on 2 and on 4 stages", "uneven stage sizes; m not a multiple of p", _SAME,
+                       shared.ORDER_PROMISE))
 def one_f_one_b_4(ctx):
     return _run(ctx, _1F1B_4, "1f1b")
 
 
 @one_f_one_b_4.judge
 def _(payloads, secrets):
-    _judge(payloads, secrets, _1F1B_4)
+    _judge(payloads, secrets, _1F1B_4, "1f1b")
 
 
 @define_check("9.afab_4_stages_float64", task="9", world_size=4, needs="pipeline", hang_hint=shared.HANG_HINT,
-              title="AFAB on 4 float64 stages, 5 micro-batches: equal to one process to 1e-9",
-              promise=("float64 stages: what is sent keeps the stage's dtype", _SAME))
+              title="AFAB on 4 float64 stages, 5 micro-batches: AFAB's order on each stage (all 5 forwards, then all "
+                    "5 backwards); equal to one process to 1e-9",
+              promise=("float64 stages: what is sent keeps the stage's dtype", _SAME, shared.ORDER_PROMISE))
 def afab_float64(ctx):
     return _run(ctx, _AFAB_64, "afab", torch.float64)
 
 
 @afab_float64.judge
 def _(payloads, secrets):
-    _judge(payloads, secrets, _AFAB_64, torch.float64)
-
-
-def expected_order(schedule: str, stage: int, p: int, m: int) -> list[str]:
-    """The grader's own schedule: "F"/"B" in the order stage ``stage`` runs them."""
-    if schedule == "afab":
-        return ["F"] * m + ["B"] * m
-    warm = min(p - stage - 1, m)
-    return ["F"] * warm + ["F", "B"] * (m - warm) + ["B"] * warm
+    _judge(payloads, secrets, _AFAB_64, "afab", torch.float64)
 
 
 def peak_in_flight(events) -> int:
-    """The most micro-batches whose forward ran and backward did not, at any moment."""
+    """The most micro-batches whose forward ran and backward did not, at any moment (sends and
+    receives in ``events`` are skipped)."""
     held = peak = 0
     for e in events:
+        if e not in ("F", "B"):
+            continue
         held += 1 if e == "F" else -1
         peak = max(peak, held)
     return peak
@@ -108,26 +112,22 @@ def schedule_1f1b(ctx):
 
 @schedule_1f1b.judge
 def _(payloads, secrets):
-    p, m = len(payloads), _ORDER["m"]
+    p = len(payloads)
     for stage, pl in enumerate(payloads):
-        events = pl["events"][0]
-        peak = peak_in_flight(events)
+        peak = peak_in_flight(pl["events"][0])
         if peak > p - stage:
             raise CheckFailure(f"stage {stage} held the activations of {peak} micro-batches at once; 1F1B holds at most "
                                f"p - stage = {p - stage}: after the warm-up forwards, alternate one forward and one "
                                "backward")
-        want = expected_order("1f1b", stage, p, m)
-        if events != want:
-            raise CheckFailure(f"stage {stage} ran {' '.join(events)}; 1F1B on stage {stage} of {p} with m = {m} runs "
-                               f"{' '.join(want)} (schedule_order)")
-    _judge(payloads, secrets, _ORDER)
+    _judge(payloads, secrets, _ORDER, "1f1b")
 
 
 @define_check("9.point_to_point_only", task="9", world_size=4, needs="pipeline", hang_hint=shared.HANG_HINT,
               title="pipeline_step moves activations and gradients with send/recv/isend/irecv only",
               promise="pipeline_step calls only send, recv, isend, irecv (and barrier): no collectives")
 def point_to_point_only(ctx):
-    return _run(ctx, _1F1B_4, "1f1b")
+    return _run(ctx, _1F1B_4, "1f1b", order=False, calls=True)  # the calls only: the order is the 1F1B checks'
+
 
 
 @point_to_point_only.judge
@@ -148,7 +148,7 @@ def _(payloads, secrets):
               title="one stage: pipeline_step is plain training with gradient accumulation, nothing sent",
               promise="world size 1 (one stage, p = 1) reduces to plain training with gradient accumulation")
 def world_size_1(ctx):
-    return _run(ctx, {"sizes": (3,), "m": 3, "steps": 2}, "1f1b")
+    return _run(ctx, {"sizes": (3,), "m": 3, "steps": 2}, "1f1b", calls=True)
 
 
 @world_size_1.judge
@@ -157,7 +157,7 @@ def _(payloads, secrets):
     if calls:
         raise CheckFailure(f"with one stage pipeline_step called {', '.join(sorted(set(calls)))}; it is first and last "
                            "stage at once: nothing to send or receive")
-    _judge(payloads, secrets, {"sizes": (3,), "m": 3, "steps": 2})
+    _judge(payloads, secrets, {"sizes": (3,), "m": 3, "steps": 2}, "1f1b")
 
 
 # ---------------------------------------------------------------- BERT

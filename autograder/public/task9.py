@@ -120,19 +120,23 @@ def micro_batches(b: dict, m: int) -> list[dict]:
 
 
 # ---------------------------------------------------------------- rank side
-def run_pipeline(ctx, sizes, m: int, schedule: str, steps: int, dtype=torch.float32) -> dict:
+def run_pipeline(ctx, sizes, m: int, schedule: str, steps: int, dtype=torch.float32, *, order: bool = True,
+                 calls: bool = False) -> dict:
     """Rank side: this rank is stage ``ctx.rank`` of ``len(sizes)``; ``steps`` calls of the student's
     ``pipeline_step`` with the grader's ``RecordingSGD``. Returns what each step's optimizer saw,
-    the parameters after it, the forward/backward order, the loss returned and the calls made."""
+    the parameters after it and the loss returned; with ``order`` each step's sequence of forwards,
+    backwards, sends and receives ("F", "B", "S<peer>", "R<peer>": ``judge_order`` compares it with
+    the schedule's), with ``calls`` the names of the collectives each step called."""
     p, stage = len(sizes), ctx.rank
     model = make_toy(sizes, dtype)
     mod = ToyStage(model, sizes, stage)
     mine = {id(q) for q in mod.parameters()}
     named = [(n, q) for n, q in model.named_parameters() if id(q) in mine]
     opt = RecordingSGD(named, LR)
-    out = {"params": [], "events": [], "calls": [], "loss": []}
+    out = {"params": [], "loss": [], **({"events": []} if order else {}), **({"calls": []} if calls else {})}
     with ctx.spy() as spy:
         spy.per_micro_batch = {"activations": 1, "gradient": 1}  # the toy sends one tensor each way: a deadlock names it
+        spy.order = mod.log  # sends and receives noted between the stage's forwards and backwards
         student = ctx.student("pipeline")
         fn = getattr(student, "pipeline_step", None)
         if fn is None:
@@ -141,8 +145,10 @@ def run_pipeline(ctx, sizes, m: int, schedule: str, steps: int, dtype=torch.floa
             mod.log.clear()
             spy.calls.clear()
             loss = fn(mod, micro_batches(batch(ctx.secret, step, dtype), m), stage, p, schedule, optimizer=opt)
-            out["calls"].append(spy.names())
-            out["events"].append(list(mod.log))
+            if calls:
+                out["calls"].append(spy.names())
+            if order:
+                out["events"].append(list(mod.log))
             out["loss"].append(None if loss is None else float(loss))
             out["params"].append({n: q.detach().clone() for n, q in named})
     out["grads"] = opt.seen
@@ -150,6 +156,56 @@ def run_pipeline(ctx, sizes, m: int, schedule: str, steps: int, dtype=torch.floa
 
 
 # ---------------------------------------------------------------- judge side
+def schedule_events(schedule: str, stage: int, p: int, m: int) -> list[str]:
+    """The grader's own schedule: "F"/"B" in the order stage ``stage`` of ``p`` runs them."""
+    if schedule == "afab":
+        return ["F"] * m + ["B"] * m
+    warm = min(p - stage - 1, m)
+    return ["F"] * warm + ["F", "B"] * (m - warm) + ["B"] * warm
+
+
+def expected_order(schedule: str, stage: int, p: int, m: int, ranks=None) -> list[str]:
+    """Stage ``stage``'s forwards, backwards, sends and receives in order (one tensor each way, as
+    the toy sends): a forward receives its inputs from the previous stage, runs, and sends its
+    outputs to the next; a backward receives its outputs' gradient from the next stage, runs,
+    and sends its inputs' gradient to the previous one (``pipeline_step``'s docstring)."""
+    ranks = list(ranks) if ranks is not None else list(range(p))
+    prev = None if stage == 0 else ranks[stage - 1]
+    nxt = None if stage == p - 1 else ranks[stage + 1]
+    out = []
+    for e in schedule_events(schedule, stage, p, m):
+        before, after = (prev, nxt) if e == "F" else (nxt, prev)
+        out += ([f"R{before}"] if before is not None else []) + [e] + ([f"S{after}"] if after is not None else [])
+    return out
+
+
+ORDER_PROMISE = "each stage runs its forwards, backwards, sends and receives in its schedule's order"
+ORDER_LEGEND = ("F / B: one micro-batch's forward / backward on this stage, Rk / Sk: a receive from / send to rank k, "
+                "as posted")
+
+
+def judge_order(payloads, schedule: str, m: int) -> None:
+    """Every stage ran its schedule's forwards, backwards, sends and receives in order, every step."""
+    p = len(payloads)
+    name = {"afab": "AFAB", "1f1b": "1F1B"}[schedule]
+    for stage, pl in enumerate(payloads):
+        want = expected_order(schedule, stage, p, m)
+        for step, got in enumerate(pl.get("events") or []):
+            if got == want:
+                continue
+            at = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            fb = [e for e in got if e in ("F", "B")]
+            what = (f"its forwards and backwards ran as {' '.join(fb)}, not {name}'s {' '.join(schedule_events(schedule, stage, p, m))}"
+                    if fb != schedule_events(schedule, stage, p, m) else
+                    "its forwards and backwards are in order, its sends and receives are not")
+            raise CheckFailure(
+                f"stage {stage} of {p}, schedule={schedule!r}, m = {m}, step {step + 1}: {what}. It ran "
+                f"{' '.join(got)}; {name} runs {' '.join(want)} (first difference at position {at + 1}; {ORDER_LEGEND}). "
+                "Follow schedule_order(schedule, ...) for the schedule asked for: each forward receives its inputs, "
+                "runs and sends its outputs; each backward receives its outputs' gradient, runs and sends its inputs' "
+                "gradient")
+
+
 TOL = {torch.float32: (1e-6, 1e-4), torch.float64: (1e-12, 1e-9)}
 
 
@@ -195,9 +251,12 @@ def _grad_hint(got, want, stage: int, m: int) -> str:
             "these outputs, and each micro-batch's backward run with its own stored tensors?")
 
 
-def judge_matches(payloads, secrets, sizes, m: int, steps: int, dtype=torch.float32) -> None:
+def judge_matches(payloads, secrets, sizes, m: int, steps: int, dtype=torch.float32, schedule: str | None = None) -> None:
     """Every stage's gradients and parameters after every step equal one process's; every parameter
-    on exactly one stage; the last stage returns the batch's loss."""
+    on exactly one stage; the last stage returns the batch's loss; with ``schedule``, every stage
+    ran that schedule's order (``judge_order``)."""
+    if schedule is not None:
+        judge_order(payloads, schedule, m)
     want_g, want_p, want_loss = reference(secrets, sizes, m, steps, dtype)
     owners: dict = {}
     for stage, pl in enumerate(payloads):
@@ -240,14 +299,14 @@ PUBLIC = {"sizes": (2, 1), "m": 4, "steps": 2}
 
 
 @define_check("9.public_afab_2_stages", task="9", world_size=2, needs="pipeline", points=1, hang_hint=HANG_HINT,
-              title="AFAB on 2 stages, 4 micro-batches: every stage's gradients and parameters equal one process's "
-                    "after each SGD step",
+              title="AFAB on 2 stages, 4 micro-batches: each stage runs AFAB's order of forwards, backwards, sends "
+                    "and receives, and every stage's gradients and parameters equal one process's after each SGD step",
               promise=("AFAB on 2 stages", "every stage's gradients and parameters equal a single process that runs "
-                       "the whole model on the same micro-batches"))
+                       "the whole model on the same micro-batches", ORDER_PROMISE))
 def public_afab(ctx):
     return run_pipeline(ctx, PUBLIC["sizes"], PUBLIC["m"], "afab", PUBLIC["steps"])
 
 
 @public_afab.judge
 def _(payloads, secrets):
-    judge_matches(payloads, secrets, PUBLIC["sizes"], PUBLIC["m"], PUBLIC["steps"])
+    judge_matches(payloads, secrets, PUBLIC["sizes"], PUBLIC["m"], PUBLIC["steps"], schedule="afab")
