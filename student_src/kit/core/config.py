@@ -43,6 +43,8 @@ class TrainConfig:
     logging_steps: int = 10
     seed: int = 42
     dropout: float | None = None
+    bf16: bool = False  # autocast in bf16, fp32 master weights (kit/train/precision.py)
+    fp16: bool = False  # autocast in fp16 with torch's GradScaler (kit/train/precision.py)
     output_dir: str | None = None
     overwrite_output_dir: bool = False
     overwrite_cache: bool = False
@@ -123,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max_steps", type=int, help="stop after this many steps (overrides epochs)")
     g.add_argument("--seed", type=int, help="seed for data order and initialisation (default 42)")
     g.add_argument("--dropout", type=float, help="override all dropout probabilities (0 = runs comparable step by step)")
+    g.add_argument("--bf16", action="store_true", default=None,
+                   help="mixed precision as HF's Trainer bf16=True: forwards under torch.autocast(bfloat16), parameters "
+                        "and AdamW state fp32 (every training task)")
+    g.add_argument("--fp16", action="store_true", default=None,
+                   help="autocast in float16 with torch's GradScaler (loss scaling; a step with an inf/nan gradient is "
+                        "skipped); Tasks whose gradients are whole on every rank (not 7, 9, 10: use --bf16)")
 
     g = p.add_argument_group("output")
     g.add_argument("--output_dir", help="write metrics.json (and plots) here")

@@ -15,6 +15,7 @@ from student_src.kit.errors import KitError
 from student_src.kit.ranks import launch as klaunch
 from student_src.kit.ranks import process_group
 from student_src.kit.resume import preempt, preflight
+from student_src.kit.train import precision
 from student_src.kit.train.trainer import train, train_rank
 
 
@@ -61,7 +62,8 @@ def run(cfg: TrainConfig, on_event=None) -> dict:
     """Run ``cfg`` however it asks to be started; return rank 0's metrics."""
     check_output_dir(cfg)
     preflight.check(cfg, verify=_writes_results(cfg))  # --resume and --checkpoint_dir, in one line each
-    process_group.pick_device(cfg, 0)  # --backend nccl without a GPU is refused here, not in every rank
+    device, _ = process_group.pick_device(cfg, 0)  # --backend nccl without a GPU is refused here, not in every rank
+    precision.check(cfg, device)  # --bf16/--fp16 where they cannot apply (both; --fp16 on sharded gradients; the device)
     check_data(cfg)
     check_model_available(cfg.model_name_or_path)
     if cfg.spawn:

@@ -44,6 +44,7 @@ from student_src.kit.measure.memory_model import model_layout
 from student_src.kit.train import pipeline_helpers, tp_helpers
 from student_src.kit.train.fsdp2 import wrap_fsdp2
 from student_src.kit.train.optim import make_optimizer
+from student_src.kit.train.precision import Precision
 
 
 @dataclass
@@ -157,7 +158,8 @@ def _pipeline_setup(cfg: TrainConfig, model, ctx, task, pipeline_step) -> TaskSe
     if cfg.torch_pipelining:  # torch's schedule over the same stages, as Task 3's DDP is to 2b
         from student_src.kit.train.torch_pipelining import make_runner  # imports torch.distributed.pipelining: only here
 
-        runner = make_runner(stage, stage_id, p, cfg.micro_batches, cfg.schedule, ctx.device, group=group)
+        runner = make_runner(stage, stage_id, p, cfg.micro_batches, cfg.schedule, ctx.device, group=group,
+                             precision=Precision.of(cfg, ctx.device))  # --bf16: autocast inside torch's stage
     activations = None if runner is not None else ActivationMeter(cfg.schedule, stage_id, p, cfg.micro_batches)
     step = pipeline_helpers.make_train_step(pipeline_step, stage_id, p, cfg.micro_batches, cfg.schedule, ranks=ranks,
                                             group=group, replica=replica, replicas=replicas, average=average,

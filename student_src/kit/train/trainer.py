@@ -42,6 +42,7 @@ from student_src.kit.ranks import process_group
 from student_src.kit.resume import preempt
 from student_src.kit.resume.checkpoint import Checkpointer
 from student_src.kit.train.optim import make_scheduler
+from student_src.kit.train.precision import Precision
 from student_src.kit.train.task_setup import broadcast_parameters, setup_task
 
 FIRST_LOSSES_PRINTED = 5
@@ -85,10 +86,14 @@ def _lockstep_batches(batches: list, ctx) -> int:
     return int(most.item())
 
 
-def evaluate(model, dataset, ctx, batch_size: int, lockstep: bool = False) -> dict:
+def evaluate(model, dataset, ctx, batch_size: int, lockstep: bool = False, autocast=None) -> dict:
     """Accuracy and mean loss on ``dataset``, each rank scoring a strided slice, summed over ranks.
     ``lockstep``: every rank runs the same number of forwards (an ``"fsdp"`` task's forward
-    all_gathers weights, and a rank whose slice has one batch fewer would leave the others waiting)."""
+    all_gathers weights, and a rank whose slice has one batch fewer would leave the others waiting).
+    ``autocast``: a context factory the forwards run under (``--bf16``/``--fp16``: ``precision.py``)."""
+    import contextlib
+
+    autocast = autocast or contextlib.nullcontext
     from torch.utils.data import DataLoader, Subset
 
     model.eval()
@@ -96,7 +101,7 @@ def evaluate(model, dataset, ctx, batch_size: int, lockstep: bool = False) -> di
     totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
     hits = []  # per example, for the accuracy per slice (student_src/kit/core/slices.py)
     batches = list(DataLoader(part, batch_size=batch_size))
-    with torch.no_grad():
+    with torch.no_grad(), autocast():
         for _ in range(len(batches), _lockstep_batches(batches, ctx) if lockstep else len(batches)):
             model(**_on_device(batches[-1] if batches else next(iter(DataLoader(dataset, batch_size=1))), ctx.device))
         for batch in batches:
@@ -152,6 +157,8 @@ class Run:
     before_eval: Callable | None = None  # setup_task's (a pipeline gathers its stages' weights on every rank)
     traffic: Callable | None = None      # setup_task's: one step's calls for the traffic model (a pipeline's sends)
     memory: dict | None = None           # setup_task's: the memory meter's watch() keywords (a pipeline's stages)
+    precision: Precision | None = None   # --bf16/--fp16 (precision.py)
+    step_args: tuple | None = None       # (model, optimizer, scheduler, sync) train_step gets: precision's proxies
 
     def grad_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.base_model.parameters() if p.requires_grad)
@@ -184,24 +191,29 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
     if task.distributed:
         broadcast_parameters(model, ctx)
     model.train()
+    precision = Precision.of(cfg, ctx.device)
+    if precision.note():
+        log(precision.note())
     history = kmetrics.History(ctx.world_size)
     parts = {"model": {"name": cfg.model_name_or_path, "parameters": count_parameters(model)}}
     if cfg.do_train:
         memory = RunMemoryMeter(task.memory, model, ctx)  # sized before a task wraps or shards the model
-        run = _prepare(cfg, ctx, model, train_ds, dev_ds, log, history)
+        run = _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, precision)
         memory.watch(run.model, run.optimizer, **(run.memory or {}))  # measures right after the first optimizer step
         _run_epochs(run)
         parts.update(batch=run.batch, **_communication(run))
         if run.recorder is not None:  # --timeline N
             parts["extra"] = run.recorder.results(ctx.world_size)
         parts["extra"] = {**parts.get("extra", {}), "memory": memory.results()}  # every rank's bytes, gathered
+        if precision.enabled:
+            parts["extra"]["precision"] = precision.results()  # the mode; --fp16: its loss scale and skipped steps
         if run.checkpoint_blocked_s:
             parts["extra"]["checkpoint_blocked_s"] = run.checkpoint_blocked_s  # what each save cost the training
         if run.preempted:
             parts["extra"]["preempted"] = {"signal": "SIGTERM", "after_step": run.steps_done,
                                            "total_steps": run.total_steps}
     elif cfg.do_eval:
-        result = evaluate(model, dev_ds, ctx, cfg.per_device_eval_batch_size)
+        result = evaluate(model, dev_ds, ctx, cfg.per_device_eval_batch_size, autocast=precision.autocast)
         history.evaluated(0, result)
         log(f"dev accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} ({result['examples']} examples)")
     metrics = kmetrics.build(cfg, ctx, title=task.title, history=history,
@@ -213,9 +225,10 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
     return metrics
 
 
-def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history) -> Run:
+def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, precision: Precision | None = None) -> Run:
     """The task's model and sync, the loader, the optimizer and the meter; the run's first line."""
     task = tasks.get(cfg.task)
+    precision = precision or Precision.of(cfg, ctx.device)
     setup = setup_task(cfg, model, ctx)
     pipeline = task.sync == "pipeline"  # every stage loads the whole batch, as one process does
     data_rank, data_world = setup.data or (ctx.rank, ctx.world_size)  # TP x DP: the loader shards over the replicas
@@ -241,12 +254,14 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history) -> Run:
     meter = _traffic_meter(cfg, ctx)
     recorder = recorder_for(cfg, ctx, setup.model, model, setup.optimizer)  # --timeline N
     train_step = setup.train_step or student_api.train_step()
+    step_args = precision.step_args(setup.model, setup.optimizer, scheduler, setup.sync_gradients)
     return Run(cfg=cfg, ctx=ctx, model=setup.model, base_model=model,
                train_step=recorder.wrap(train_step) if recorder else train_step,
                sync_gradients=setup.sync_gradients, comm_log=setup.comm_log, loader=loader,
                optimizer=setup.optimizer, scheduler=scheduler, dev_ds=dev_ds, total_steps=total_steps,
                epochs=math.ceil(total_steps / steps_per_epoch), batch=batch, log=log, history=history, meter=meter,
-               recorder=recorder, before_eval=setup.before_eval, traffic=setup.traffic, memory=setup.memory)
+               recorder=recorder, before_eval=setup.before_eval, traffic=setup.traffic, memory=setup.memory,
+               precision=precision, step_args=step_args)
 
 
 def _traffic_meter(cfg, ctx):
@@ -300,8 +315,8 @@ def _step(run: Run, batch: dict, epoch: int) -> None:
     cfg, ctx = run.cfg, run.ctx
     batch = _on_device(batch, ctx.device)
     t0 = time.perf_counter()
-    loss = run.train_step(run.model, batch, run.optimizer, run.scheduler, sync_gradients=run.sync_gradients,
-                          max_grad_norm=cfg.max_grad_norm)
+    model, optimizer, scheduler, sync = run.step_args or (run.model, run.optimizer, run.scheduler, run.sync_gradients)
+    loss = run.train_step(model, batch, optimizer, scheduler, sync_gradients=sync, max_grad_norm=cfg.max_grad_norm)
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     dt = time.perf_counter() - t0
@@ -332,7 +347,8 @@ def _evaluate_epoch(run: Run, epoch: int) -> None:
     if run.before_eval is not None:
         run.before_eval()
     result = evaluate(run.base_model, run.dev_ds, run.ctx, run.cfg.per_device_eval_batch_size,
-                      lockstep=tasks.get(run.cfg.task).sync == "fsdp")
+                      lockstep=tasks.get(run.cfg.task).sync == "fsdp",
+                      autocast=run.precision.autocast if run.precision is not None else None)
     if run.meter is not None:
         run.meter.resume()
     run.history.evaluated(epoch, result)
