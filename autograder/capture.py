@@ -92,18 +92,43 @@ def _p2p(frames) -> str:
     return ""
 
 
+#: torch.distributed's point-to-point functions (a rank waiting in one waits for its peer, not for a collective)
+P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "wait")
+
+
+def _frames(text: str) -> list:
+    dumps = list(re.finditer(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):\n((?:  File .*\n?)*)", text))
+    return _FRAME_RE.findall(dumps[-1].group(1)) if dumps else []
+
+
+def waits_point_to_point(text: str) -> bool:
+    """Whether the last dump in ``text`` waits in a send/recv (torch.distributed's, or the spy's
+    pipeline label), not in a collective."""
+    for path, _, fn in _frames(text):
+        if _P2P_RE.match(fn):
+            return True
+        if path.replace(os.sep, "/").endswith("torch/distributed/distributed_c10d.py"):
+            return fn in P2P
+    return False
+
+
 def where_from_dump(text: str) -> str | None:
     """The innermost student frame of the last faulthandler dump in ``text`` (and, in a pipeline's
-    send/recv, its peer and micro-batch)."""
-    dumps = list(re.finditer(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):\n((?:  File .*\n?)*)", text))
-    if not dumps:
-        return None
-    frames = _FRAME_RE.findall(dumps[-1].group(1))
+    send/recv, its peer and micro-batch); where no student frame is on the stack but the rank waits
+    in a call the grader's own code made after student code communicated (``spy.install_trail``),
+    that call and the last student line that called torch.distributed."""
+    frames = _frames(text)
     for path, line, fn in frames:  # most recent first
         p = path.replace(os.sep, "/")
         if "/student_src/" in p and "/student_src/kit/" not in p:
             return f"student_src/{p.split('/student_src/', 1)[1]}:{line} in {fn}{_p2p(frames)}"
     if frames:
         path, line, fn = frames[0]
-        return f"{os.path.basename(path)}:{line} in {fn}"
+        here = f"{os.path.basename(path)}:{line} in {fn}"
+        after = next((f for _, _, f in frames if f.startswith("after_student_")), None)
+        if after:
+            where, _, func = after[len("after_student_"):].rpartition(":")
+            return (f"{here}, in the grader's own code after your code returned (the last line of yours that "
+                    f"called torch.distributed: {where} in {func})")
+        return here
     return None

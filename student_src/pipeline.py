@@ -94,9 +94,14 @@ Cases the checks test
   single process that runs the whole model on the same micro-batches (loss of each micro-batch
   scaled by 1/m, gradients accumulated, one step);
 * 1F1B on 2 and on 4 stages (uneven stage sizes; m not a multiple of p), the same comparison;
+* each stage runs its forwards, backwards, sends and receives in its schedule's order, the one
+  ``schedule``, the argument, names (judged on every stage by every check that runs a schedule: an
+  AFAB request that runs 1F1B's order loses the AFAB checks, a 1F1B request that runs AFAB the 1F1B
+  ones): for each ``("F", i)`` of ``schedule_order``, receive the inputs (not on stage 0), the
+  forward, send the outputs (not on the last stage); for each ``("B", i)``, receive the outputs'
+  gradients (not on the last stage), the backward, send the inputs' gradients (not on stage 0);
 * the order each stage runs its forwards and backwards is ``schedule_order``'s, and a 1F1B stage
-  holds at most p - stage micro-batches' activations at once (a 1F1B that runs AFAB loses these
-  points);
+  holds at most p - stage micro-batches' activations at once;
 * float64 stages: what is sent keeps the stage's dtype;
 * ``pipeline_step`` calls only ``send``, ``recv``, ``isend``, ``irecv`` (and ``barrier``): no
   collectives;
@@ -196,7 +201,12 @@ def pipeline_step(stage_module, micro_batches, stage: int, num_stages: int, sche
     stage per batch, after the m micro-batches' gradients have accumulated.
 
     ``ranks``: the global ranks of the stages in order (default ``range(num_stages)``: stage s
-    is rank s); ``group``: the process group they share (default: the world). Returns the detached
+    is rank s), global ranks also when ``group`` is a sub-group: send to ``ranks[stage + 1]`` and
+    receive from ``ranks[stage - 1]`` (torch's ``dst`` / ``src`` are global ranks whatever the
+    group); ``group``: the process group they share (default: the world). ``pipeline_step`` does
+    not average gradients over data-parallel replicas: with replicas (``--pipeline_stages`` below
+    the world size) the kit averages each stage's gradients over its replicas after
+    ``pipeline_step`` returns (the checks: the grader's optimizer does it in ``step()``). Returns the detached
     loss of the whole batch (the sum of the scaled micro-batch losses) on the last stage, None on
     the others. With ``num_stages == 1`` the only stage is first and last: nothing is sent.
     """

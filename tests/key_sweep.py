@@ -33,14 +33,28 @@ def draw_secrets(label: str, check_id: str, draw: int, world_size: int) -> list[
     return out
 
 
-def _rank_side(ctx, check_ids: list, draws: int, label: str) -> dict:
-    """Rank side (inside ``launch``): every check's ``run`` for every draw, as the worker runs it."""
+def plant(mutant) -> None:
+    """A planted bug: ``(module, code)`` run in ``student_src.<module>``'s namespace, as if the code were
+    appended to the file (how ``tests/test_check_zoo.py`` builds its wrong submissions)."""
+    import importlib
+    import textwrap
+
+    module, code = mutant
+    mod = importlib.import_module(f"student_src.{module}")
+    exec(compile(textwrap.dedent(code), f"<planted bug in student_src/{module}.py>", "exec"), vars(mod))
+
+
+def _rank_side(ctx, check_ids: list, draws: int, label: str, mutant=None) -> dict:
+    """Rank side (inside ``launch``): every check's ``run`` for every draw, as the worker runs it
+    (with ``mutant``, on the solution with that bug planted: ``plant``)."""
     import torch.distributed.distributed_c10d as c10d
 
     from autograder import registry
     from autograder.worker import RankContext
 
     registry.discover()
+    if mutant is not None:
+        plant(mutant)
     originals = {n: getattr(c10d, n) for n in ("all_reduce", "barrier", "all_gather_object")}
     out = {}
     for check_id in check_ids:
@@ -56,8 +70,9 @@ def _rank_side(ctx, check_ids: list, draws: int, label: str) -> dict:
     return out
 
 
-def sweep(check_ids: list, draws: int, label: str = "sweep", timeout: float = 900.0) -> dict:
-    """Run and judge ``check_ids`` for ``draws`` secret draws each.
+def sweep(check_ids: list, draws: int, label: str = "sweep", timeout: float = 900.0, mutant=None) -> dict:
+    """Run and judge ``check_ids`` for ``draws`` secret draws each (with ``mutant``, a planted bug:
+    ``plant``; a draw whose judge passes is a key that misses the bug).
 
     Returns ``{check_id: {"failures": [(draw, message)], "margin": smallest tolerance/observed
     over every comparison of every draw (inf if the judge compared nothing), "draws": n}}``."""
@@ -70,7 +85,7 @@ def sweep(check_ids: list, draws: int, label: str = "sweep", timeout: float = 90
         by_world[registry.get(check_id).world_size].append(check_id)
     report = {}
     for world, ids in sorted(by_world.items()):
-        results = launch(_rank_side, world, args=(ids, draws, label), threads_per_rank=1, timeout=timeout)
+        results = launch(_rank_side, world, args=(ids, draws, label, mutant), threads_per_rank=1, timeout=timeout)
         for check_id in ids:
             check = registry.get(check_id)
             failures, margin = [], float("inf")

@@ -247,7 +247,15 @@ def _tp_x_dp_groups(ctx, mod):
     return mine[0][0], mine[0][1], mine[1][1]
 
 
+TP_X_DP_HANG_HINT = ("After your layers' backward the grader averages every gradient over the DP group with its own "
+                     "all_reduce (rank r with rank r + 2): if a rank's shards have another shape than its replica's "
+                     "(shards cut by the global rank, dist.get_rank(), instead of the rank in the TP group, "
+                     "dist.get_rank(group)), or its layers sent nothing on the group they were given, that "
+                     "all_reduce never completes. Cut every shard with tp_rank_and_size(group).")
+
+
 @define_check("10.tp_x_dp_4_ranks_tiny_bert", task=TASK, world_size=4, needs=shared.NEEDS,
+              hang_hint=TP_X_DP_HANG_HINT,
               title="tiny BERT on 4 ranks as TP 2 x DP 2 (the grader averages over the DP groups): losses equal to "
                     "single-node training (within 1e-4)",
               promise=("TP x DP on 4 ranks (TP groups {0, 1} and {2, 3}, each training its own share of the batch, the "

@@ -79,7 +79,7 @@ def vocab_parallel_embedding(ctx):
         spy.phase = "forward"
         y = emb(ids)
         spy.phase = "backward"
-        y.backward(dy)
+        shared.backward_checked(ctx, "VocabParallelEmbedding's forward", y, dy)
         spy.phase = None
         weight = getattr(emb, "weight", None)
         return {"y": y.detach().clone(), "num_embeddings": getattr(emb, "num_embeddings", None),

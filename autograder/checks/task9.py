@@ -259,8 +259,15 @@ class _AveragingSGD(shared.RecordingSGD):
         return super().step(closure)
 
 
+PPDP_HANG_HINT = ("Here 4 ranks are 2 pipelines of 2 stages (ranks [0, 1] and [2, 3]), each with its own group: "
+                  "stage s sends to and receives from ranks[stage + 1] / ranks[stage - 1] (global ranks) in the "
+                  "given group, not stage + 1 / stage - 1; a pipeline that ignores ranks= and group= sends replica "
+                  "1's messages to replica 0, and the ranks left waiting include the grader's own average over the "
+                  "replicas, which optimizer.step() runs after pipeline_step's last backward.")
+
+
 @define_check("9.pipeline_x_data_parallel_4_ranks", task="9", world_size=4, needs="pipeline",
-              hang_hint=shared.HANG_HINT,
+              hang_hint=PPDP_HANG_HINT,
               title="4 ranks as 2 stages x 2 replicas: each pipeline in its own group (ranks=, group=); gradients "
                     "and parameters equal one process on both replicas' micro-batches",
               promise=("4 ranks as 2 stages x 2 data-parallel replicas, each replica's pipeline in its own group",

@@ -75,6 +75,24 @@ def _inputs(ctx, dtype, pieces) -> dict:
     return {label: shared(ctx, label, shape, dtype) for piece in pieces for label, shape in SHARED[piece].items()}
 
 
+def backward_checked(ctx, what: str, y, dy) -> None:
+    """``y.backward(dy)`` once ``y`` is a tensor of ``dy``'s shape and dtype: a wrong output is named as
+    that ("gather_sequence returned (4, 2, 6); expected (2, 4, 6)"), not as autograd's error in the
+    grader's backward."""
+    if not isinstance(y, torch.Tensor):
+        ctx.fail(f"{what} returned {type(y).__name__}; expected a tensor of shape {tuple(dy.shape)}")
+    if tuple(y.shape) != tuple(dy.shape):
+        ctx.fail(f"{what} returned {tuple(y.shape)}; expected {tuple(dy.shape)} on rank {ctx.rank} of "
+                 f"{ctx.world_size} (the shape its docstring gives)")
+    if y.dtype != dy.dtype:
+        ctx.fail(f"{what} returned {str(y.dtype).replace('torch.', '')}; expected "
+                 f"{str(dy.dtype).replace('torch.', '')}, the input's dtype")
+    if not y.requires_grad:
+        ctx.fail(f"{what} returned a tensor with no autograd history (requires_grad False): its backward never "
+                 "runs; keep the output attached to the input (no .detach(), no torch.no_grad())")
+    y.backward(dy)
+
+
 def run_pieces(ctx, dtype=torch.float32, pieces=("f", "g", "column", "row")) -> dict:
     """Rank side: each piece forward (with ``spy.phase = "forward"``) then backward."""
     out, data = {}, _inputs(ctx, dtype, pieces)  # before the spy: the shared inputs' all_gather is the grader's
@@ -88,13 +106,13 @@ def run_pieces(ctx, dtype=torch.float32, pieces=("f", "g", "column", "row")) -> 
                 x = data["f.x"].requires_grad_()
                 y = mod.f(x, None)
                 spy.phase = "backward"
-                y.backward(draw(ctx.secret, "f.dy", (*SHAPE, IN), dtype))
+                backward_checked(ctx, "f", y, draw(ctx.secret, "f.dy", (*SHAPE, IN), dtype))
                 res = {"y": y.detach().clone(), "x_grad": x.grad}
             elif piece == "g":
                 x = draw(ctx.secret, "g.x", (*SHAPE, OUT), dtype).requires_grad_()
                 y = mod.g(x, None)
                 spy.phase = "backward"
-                y.backward(draw(ctx.secret, "g.dy", (*SHAPE, OUT), dtype))
+                backward_checked(ctx, "g", y, draw(ctx.secret, "g.dy", (*SHAPE, OUT), dtype))
                 res = {"y": y.detach().clone(), "x_after": x.detach().clone(), "x_grad": x.grad}
             elif piece == "column":
                 layer = mod.ColumnParallelLinear(full_linear(IN, OUT, dtype), None)
@@ -102,7 +120,7 @@ def run_pieces(ctx, dtype=torch.float32, pieces=("f", "g", "column", "row")) -> 
                 dy = cols(data["col.dy"], ctx.rank, ctx.world_size)
                 y = layer(x)
                 spy.phase = "backward"
-                y.backward(dy)
+                backward_checked(ctx, "ColumnParallelLinear's forward", y, dy)
                 res = {"y": y.detach().clone(), "x_grad": x.grad, "params": dict(layer.state_dict()),
                        "grads": _grads(layer)}
             elif piece == "row":
@@ -111,7 +129,7 @@ def run_pieces(ctx, dtype=torch.float32, pieces=("f", "g", "column", "row")) -> 
                 x.requires_grad_()
                 y = layer(x)
                 spy.phase = "backward"
-                y.backward(data["row.dy"])
+                backward_checked(ctx, "RowParallelLinear's forward", y, data["row.dy"])
                 res = {"y": y.detach().clone(), "x_grad": x.grad, "params": dict(layer.state_dict()),
                        "grads": _grads(layer)}
             elif piece == "seq_gather":  # this rank's chunk in, the whole sequence out
@@ -119,20 +137,22 @@ def run_pieces(ctx, dtype=torch.float32, pieces=("f", "g", "column", "row")) -> 
                 x.requires_grad_()
                 y = mod.gather_sequence(x, None)
                 spy.phase = "backward"
-                y.backward(draw(ctx.secret, "sg.dy", (*SP_SHAPE, SP_WIDTH), dtype))
+                backward_checked(ctx, "gather_sequence", y, draw(ctx.secret, "sg.dy", (*SP_SHAPE, SP_WIDTH), dtype))
                 res = {"y": y.detach().clone(), "x_after": x.detach().clone(), "x_grad": x.grad}
             elif piece == "seq_scatter":  # this rank's partial sum in, its chunk of the sum out
                 x = draw(ctx.secret, "ss.x", (*SP_SHAPE, SP_WIDTH), dtype).requires_grad_()
                 y = mod.reduce_scatter_sequence(x, None)
                 spy.phase = "backward"
-                y.backward(draw(ctx.secret, "ss.dy", (SP_SHAPE[0], SP_SHAPE[1] // ctx.world_size, SP_WIDTH), dtype))
+                backward_checked(ctx, "reduce_scatter_sequence", y,
+                                 draw(ctx.secret, "ss.dy", (SP_SHAPE[0], SP_SHAPE[1] // ctx.world_size, SP_WIDTH), dtype))
                 res = {"y": y.detach().clone(), "x_after": x.detach().clone(), "x_grad": x.grad}
             elif piece == "sp_layer":  # a BERT layer with sequence parallelism: this rank's chunk in and out
                 layer = mod.parallelize_bert_layer(full_bert_layer(dtype), None, sequence_parallel=True)
                 x = seq_chunk(data["spbert.x"], ctx.rank, ctx.world_size).clone().requires_grad_()
                 y = layer_output(layer, x)
                 spy.phase = "backward"
-                y.backward(seq_chunk(data["spbert.dy"], ctx.rank, ctx.world_size))
+                backward_checked(ctx, "the sequence-parallel BERT layer (parallelize_bert_layer, sequence_parallel=True)",
+                                 y, seq_chunk(data["spbert.dy"], ctx.rank, ctx.world_size))
                 spy.phase = "sync"
                 mod.sync_sequence_parallel_grads(layer, None)
                 res = {"y": y.detach().clone(), "x_grad": x.grad, "params": dict(layer.state_dict()),
@@ -142,7 +162,7 @@ def run_pieces(ctx, dtype=torch.float32, pieces=("f", "g", "column", "row")) -> 
                 x = data["bert.x"].requires_grad_()
                 y = layer_output(layer, x)
                 spy.phase = "backward"
-                y.backward(data["bert.dy"])
+                backward_checked(ctx, "the BERT layer cut by parallelize_bert_layer", y, data["bert.dy"])
                 res = {"y": y.detach().clone(), "x_grad": x.grad, "params": dict(layer.state_dict()),
                        "grads": _grads(layer)}
             spy.phase = None

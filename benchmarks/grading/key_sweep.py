@@ -10,6 +10,17 @@ such a key (issue 29). This runs each check's rank side ``--draws`` times with f
     .venv/bin/python benchmarks/grading/key_sweep.py --tasks 9,10   # these tasks' rows only
 
 writes ``results/key_sweep.json`` and ``results/key_sweep.md``.
+
+With ``--mutant NAME`` (an entry of ``tests/test_check_zoo.py``'s ``ZOO``, repeatable) it sweeps a
+planted bug instead: the solution with that entry's code planted in each rank
+(``tests/key_sweep.py``'s ``plant``), the checks that entry must lose (``--draws`` draws each, or
+``--heavy-draws`` for the tiny-BERT ones), and reports the fraction of keys that miss the bug:
+draw d stands for one grading key, and the key misses the bug when every one of those checks
+passes under it. Writes ``results/mutant_sweep.json`` and ``results/mutant_sweep.md`` (one row a
+mutant; the other rows of an earlier file are kept):
+
+    .venv/bin/python benchmarks/grading/key_sweep.py --draws 200 --mutant 9_afab_request_runs_1f1b \
+        --mutant 10_padding_idx_passed_on_as_the_global_id
 """
 
 from __future__ import annotations
@@ -52,7 +63,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--tasks", help="only these tasks' checks (comma-separated); the other rows of an earlier "
                                     "results file are kept")
+    ap.add_argument("--mutant", action="append", default=[],
+                    help="a tests/test_check_zoo.py ZOO entry to plant and sweep (repeatable)")
     args = ap.parse_args()
+    if args.mutant:
+        return sweep_mutants(args)
     keep = None if not args.tasks else set(args.tasks.split(","))
 
     from key_sweep import sweep
@@ -84,6 +99,38 @@ def main() -> None:
     (out / "key_sweep.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"{elapsed:.0f} s, load {load:.1f}")
+
+
+def sweep_mutants(args) -> None:
+    """``--mutant``: the fraction of keys (draws) under which every check the bug must lose passes."""
+    from key_sweep import sweep
+    from test_check_zoo import ZOO
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "mutant_sweep.json"
+    rows = json.loads(path.read_text())["mutants"] if path.is_file() else {}
+    for name in args.mutant:
+        module, _task, code, expected, _phrase = ZOO[name]
+        ids = sorted(c for c in expected if c in LIGHT or c in HEAVY)
+        draws = args.draws if all(c in LIGHT for c in ids) else args.heavy_draws
+        t0 = time.time()
+        report = sweep(ids, draws, label=args.label, timeout=7200, mutant=(module, code))
+        caught = {c: {d for d, _ in r["failures"]} for c, r in report.items()}
+        missed = [d for d in range(draws) if not any(d in caught[c] for c in ids)]
+        rows[name] = {"checks": ids, "draws": draws, "keys_missing": len(missed), "fraction_missing": len(missed) / draws,
+                      "caught_per_check": {c: len(caught[c]) for c in ids}, "missed_draws": missed[:20],
+                      "seconds": round(time.time() - t0, 1), "label": args.label,
+                      "example": next((r["failures"][0][1][:300] for r in report.values() if r["failures"]), None)}
+        print(f"{name}: {len(missed)} of {draws} keys miss it ({time.time() - t0:.0f} s)")
+    path.write_text(json.dumps({"mutants": rows}, indent=1))
+    lines = ["| planted bug (zoo entry) | checks that must catch it | keys (draws) | keys that miss it | fraction |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    for name, r in rows.items():
+        per = ", ".join(f"`{c}` {n}" for c, n in r["caught_per_check"].items())
+        lines.append(f"| `{name}` | {per} | {r['draws']} | {r['keys_missing']} | {r['fraction_missing']:.3f} |")
+    (out / "mutant_sweep.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

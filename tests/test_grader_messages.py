@@ -1,0 +1,163 @@
+"""Issue 38 item 3: messages that name the cause. Each misleading message of the issue, pinned.
+
+* a rank gloo aborts on a size mismatch is reported as that, never as the student exiting;
+* a deadlock reached in the grader's own code names the check's own hint and the last student line;
+  a point-to-point deadlock gets a point-to-point sentence;
+* an output of the wrong shape is named before the grader backpropagates through it;
+* the kit or torch failing inside a check is not "your code raised".
+
+Cheap unit tests of the message builders first, then three gradings of wrong submissions (about
+10 s each on 2 cores, in one sandbox server).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from autograder import pool, spy  # noqa: E402
+from autograder.capture import waits_point_to_point, where_from_dump  # noqa: E402
+from test_check_zoo import submission  # noqa: E402
+
+ABORT = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+         "  what():  [enforce fail at /w/gloo/transport/tcp/pair.cc:456] op.preamble.length <= op.nbytes. "
+         "8192 vs 256. Received data size doesn't match expected size. Is there a distributed collective mismatch "
+         "in your code?\n"
+         "Fatal Python error: Aborted\n\n"
+         "Thread 0x00007f00 (most recent call first):\n"
+         '  File "/x/torch/distributed/distributed_c10d.py", line 2500 in recv\n'
+         '  File "/x/autograder/spy.py", line 80 in recv_of_micro_batch_1_activations_from_rank_0\n'
+         '  File "/x/autograder/spy.py", line 120 in wrapper\n'
+         '  File "/ws/student_src/pipeline.py", line 219 in pipeline_step\n')
+
+
+def test_a_gloo_size_mismatch_abort_is_named_as_that_not_as_exiting():
+    msg = pool._death_message({1: -signal.SIGABRT}, {1: ABORT})
+    assert msg.startswith("rank 1 expected 256 bytes from rank 0, got 8192: the tensors sent and received at this "
+                          "boundary differ in number or shape"), msg
+    assert "student_src/pipeline.py:219 in pipeline_step" in msg, msg
+    assert "must never end its process" not in msg, msg
+    # a plain exit is still the student's exit, and a signal names where the rank was
+    assert "must never end its process" in pool._death_message({0: 3})
+    segv = pool._death_message({0: -signal.SIGSEGV}, {0: ABORT.split("Fatal")[1].replace("8192 vs 256", "")})
+    assert "rank 0 was killed by SIGSEGV at student_src/pipeline.py:219" in segv, segv
+
+
+def test_a_point_to_point_deadlock_gets_a_point_to_point_sentence():
+    dump = ABORT.split("Fatal Python error: Aborted\n\n")[1]
+    assert waits_point_to_point(dump)
+    msg = pool._stall_message([1], [0], {1: where_from_dump(dump)}, 3.0, point_to_point=True)
+    assert "every send needs a receive posted by the rank it names" in msg, msg
+    assert "same collectives" not in msg, msg
+    collective = dump.replace("in recv\n", "in all_reduce\n").replace(
+        "recv_of_micro_batch_1_activations_from_rank_0", "_through")
+    assert not waits_point_to_point(collective)
+    assert "every rank must call the same collectives" in pool._stall_message([1], [0], {1: "x"}, 3.0)
+
+
+def test_a_call_the_grader_makes_after_student_code_names_the_last_student_line():
+    """spy.install_trail: a collective the grader's code calls runs under a name carrying the last student
+    line that called torch.distributed; where_from_dump reads it from the rank's stack dump."""
+    import types
+
+    caller = spy._trail(lambda: sys._getframe(1).f_code.co_name)  # returns the name it runs under
+    code = compile("def backward(call):\n    return call()\n", "/ws/student_src/tensor_parallel.py", "exec")
+    ns: dict = {}
+    exec(code, ns)
+    assert isinstance(ns["backward"], types.FunctionType)
+    ns["backward"](caller)  # a student line calls it: noted
+    label = caller()  # the grader calls it: runs under the trail's name
+    assert label == "after_student_student_src/tensor_parallel.py:2:backward", label
+    dump = ("Current thread 0x00007f00 (most recent call first):\n"
+            '  File "/x/torch/distributed/distributed_c10d.py", line 2800 in all_reduce\n'
+            f'  File "/x/autograder/spy.py", line 60 in {label}\n'
+            '  File "/x/autograder/spy.py", line 90 in trail\n'
+            '  File "/x/autograder/checks/task10.py", line 268 in average\n')
+    where = where_from_dump(dump)
+    assert where == ("distributed_c10d.py:2800 in all_reduce, in the grader's own code after your code returned "
+                     "(the last line of yours that called torch.distributed: student_src/tensor_parallel.py:2 in "
+                     "backward)"), where
+
+
+# ---------------------------------------------------------------- gradings
+@pytest.fixture(scope="module", autouse=True)
+def _one_sandbox():
+    from autograder.runner import sandboxes_kept_warm
+
+    with sandboxes_kept_warm():
+        yield
+
+
+def _grade(tmp_path, module, code, task, public_only=False):
+    from autograder.runner import grade
+
+    res = grade(submission(tmp_path / "s", module, code), tasks={task}, public_only=public_only)
+    assert not res.grader_errors, res.grader_errors
+    return {t.id: t for t in res.tests}
+
+
+def test_a_pipeline_whose_receive_buffers_are_too_small_is_told_the_sizes(tmp_path):
+    """Issue 38: gloo aborts the receiving stage (SIGABRT); it used to read "Student code must never end
+    its process (sys.exit / os._exit / exit())"."""
+    tests = _grade(tmp_path, "pipeline", """
+        _step = pipeline_step
+
+        class _Short(torch.nn.Module):  # receive buffers of one row: the sender's micro-batch has three
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def boundary_specs(self, micro_batch):
+                return [((1, *shape[1:]), dtype) for shape, dtype in self.inner.boundary_specs(micro_batch)]
+
+            def forward(self, inputs, micro_batch):
+                return self.inner(inputs, micro_batch)
+
+        def pipeline_step(stage_module, micro_batches, stage, num_stages, schedule="1f1b", optimizer=None,
+                          ranks=None, group=None):
+            return _step(_Short(stage_module), micro_batches, stage, num_stages, schedule, optimizer, ranks, group)
+        """, "9", public_only=True)
+    out = tests["9.public_afab_2_stages"].output
+    assert not tests["9.public_afab_2_stages"].passed
+    assert "rank 1 expected 24 bytes from rank 0, got 72: the tensors sent and received at this boundary differ in " \
+           "number or shape" in out, out[:800]
+    assert "student_src/pipeline.py" in out and "must never end its process" not in out, out[:800]
+
+
+def test_a_pipeline_that_ignores_ranks_and_group_gets_its_checks_hint_and_a_point_to_point_sentence(tmp_path):
+    """Issue 38: it was reported waiting at optimizer.step() with the generic isend hint, under "every rank must
+    call the same collectives in the same order"."""
+    tests = _grade(tmp_path, "pipeline", """
+        _step = pipeline_step
+
+        def pipeline_step(stage_module, micro_batches, stage, num_stages, schedule="1f1b", optimizer=None,
+                          ranks=None, group=None):  # ranks and group dropped: stage s talks to rank s +- 1
+            return _step(stage_module, micro_batches, stage, num_stages, schedule, optimizer)
+        """, "9")
+    t = tests["9.pipeline_x_data_parallel_4_ranks"]
+    assert not t.passed
+    assert "deadlock" in t.output, t.output[:900]
+    assert "ranks[stage + 1] / ranks[stage - 1] (global ranks) in the given group" in t.output, t.output[:900]
+    assert "every send needs a receive posted by the rank it names" in t.output, t.output[:900]
+    assert "same collectives in the same order" not in t.output, t.output[:900]
+    assert "student_src/pipeline.py" in t.output, t.output[:900]
+
+
+def test_gather_sequence_joined_on_the_batch_dimension_is_told_its_shape(tmp_path):
+    """Issue 38: it was "your code raised RuntimeError: Mismatch in shape: grad_output[0] ..." from autograd."""
+    tests = _grade(tmp_path, "tensor_parallel_sequence", """
+        _gather = gather_sequence
+
+        def gather_sequence(x, group=None):  # the chunks joined on dim 0 (the batch), not dim 1 (the sequence)
+            whole = _gather(x, group)
+            return torch.cat(torch.chunk(whole, tp_rank_and_size(group)[1], dim=1), dim=0)
+        """, "10", public_only=True)
+    out = tests["10.public_sp_pair_2_ranks"].output
+    assert "gather_sequence returned (4, 2, 6); expected (2, 4, 6)" in out, out[:800]
+    assert "Mismatch in shape" not in out, out[:800]
