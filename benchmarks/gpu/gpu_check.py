@@ -1,0 +1,293 @@
+"""The kit on a real GPU, in one call: what a student with one GPU (and 1, 2 or 4 local ranks) meets.
+
+Two steps, because a lent GPU machine has no internet and no MiniLM package:
+
+    python benchmarks/gpu/gpu_check.py prepare          # here: .gpu/ (tokenizer + model configs, no weights)
+    python benchmarks/gpu/gpu_check.py run --out DIR    # there, from the repository root (about 6 minutes)
+
+``prepare`` copies MiniLM's tokenizer files (0.7 MB; no weights) and writes two BERT configs:
+``tiny`` (the kit's tiny) and ``bert-base`` (BERT-base-sized, 110 M parameters). ``run`` first
+initialises both at random with a fixed seed (``save_pretrained``), then:
+
+1. ``collectives``: which gloo collectives move CUDA tensors on this torch (2 ranks, one GPU);
+   the kit's rule (``student_src/kit/ranks/device_choice.py``) should agree with it.
+2. ``tasks``: Task 1 on the GPU, then Tasks 2a, 2b, 3, 5, 6, 7 with 1, 2 and 4 local ranks, 8
+   (save, then resume), 9 and 10 (2 ranks and 2 x 2), each a few steps with dropout 0; the
+   backend line each printed; the largest gap between its losses and Task 1's on the same card.
+3. ``demo`` (``make demo``'s shape, 4 ranks), ``bubble`` (benchmarks/pipeline/bubble.py), and
+   ``grade`` (the grader on the solution, Tasks 0-3).
+4. ``precision``: BERT-base, batch 64 x 128 tokens, median step: the kit in fp32 and with
+   ``--bf16``, a plain autocast-bf16 loop with fused AdamW, and Hugging Face's Trainer (fp32, bf16)
+   where ``accelerate`` is installed.
+
+Everything lands in ``DIR/gpu_check.json`` and a table in ``DIR/gpu_check.md``. ``--device cpu``
+runs the same plumbing on the CPU (a check of the script itself, not of the GPU path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / ".gpu" / "models"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+CONFIGS = {
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128),
+    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+}
+#: (label, task, world size, extra flags); Task 1 on one rank is the reference for every row
+TASK_RUNS = [("1", "1", 1, [])]
+TASK_RUNS += [(f"{t} x{w}", t, w, []) for t in ("2a", "2b", "3", "5", "6", "7") for w in (2, 4)]
+TASK_RUNS += [("3 x1", "3", 1, []), ("7 x1", "7", 1, [])]
+TASK_RUNS += [("9 x2 1f1b", "9", 2, ["--micro_batches", "4", "--schedule", "1f1b"]),
+              ("9 2x2 afab", "9", 4, ["--micro_batches", "4", "--schedule", "afab", "--pipeline_stages", "2"]),
+              ("10 x2", "10", 2, ["--tp_size", "2"]),
+              ("10 2x2 sp", "10", 4, ["--tp_size", "2", "--sequence_parallel"])]
+#: with --bf16, one world size a task (the call must stay under 8 minutes)
+BF16_RUNS = ("1", "2a x4", "2b x4", "3 x4", "5 x4", "6 x4", "7 x2", "9 x2 1f1b", "10 x2")
+STEPS, BATCH, SEQ = 4, 16, 64
+
+
+def prepare() -> None:
+    """Tokenizer files and configs into .gpu/models/<name>/ (git-ignored; carried to the device)."""
+    from transformers import BertConfig
+
+    sys.path.insert(0, str(ROOT))
+    from student_src.kit.core.models import minilm_path
+
+    src = minilm_path()
+    for name, sizes in CONFIGS.items():
+        folder = MODELS / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in TOKENIZER_FILES:
+            shutil.copy(src / f, folder / f)
+        BertConfig(vocab_size=30522, max_position_embeddings=512, type_vocab_size=2, num_labels=2,
+                   **sizes).save_pretrained(folder)
+    print(f"wrote {', '.join(CONFIGS)} under {MODELS.relative_to(ROOT)} (configs and tokenizer, no weights)")
+
+
+def init_weights() -> None:
+    """Random weights for every prepared config, the same on every run (seed 0)."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    for name in CONFIGS:
+        folder = MODELS / name
+        if not (folder / "config.json").exists():
+            raise SystemExit(f"{folder} is missing: run `python benchmarks/gpu/gpu_check.py prepare` first (and carry .gpu)")
+        if not any(folder.glob("*.safetensors")) and not (folder / "pytorch_model.bin").exists():
+            torch.manual_seed(0)
+            BertForSequenceClassification(BertConfig.from_pretrained(folder)).save_pretrained(folder)
+
+
+def sh(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int, str, float]:
+    """Run a command; its exit code, its output's tail and its wall time (a timeout is code 124)."""
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+        code, out = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, out = 124, f"{exc.stdout or ''}{exc.stderr or ''}\n(timed out after {timeout:g} s)"
+    return code, out[-3000:] if isinstance(out, str) else "", time.monotonic() - t0
+
+
+def losses(folder: Path) -> list[float]:
+    path = folder / "metrics.json"
+    return json.loads(path.read_text())["losses"] if path.exists() else []
+
+
+def gap(a: list[float], b: list[float]) -> float | None:
+    n = min(len(a), len(b))
+    return max(abs(x - y) for x, y in zip(a[:n], b[:n])) if n else None
+
+
+def run_tasks(out: Path, device: str, precision: list[str]) -> list[dict]:
+    model = str(MODELS / "tiny")
+    common = ["--model_name_or_path", model, "--dropout", "0", "--max_steps", str(STEPS), "--global_batch_size", str(BATCH),
+              "--max_seq_length", str(SEQ), "--no_progress", "--overwrite_output_dir", "--do_train",
+              *(["--no_cuda"] if device == "cpu" else []), *precision]
+    rows, ref = [], []
+    for label, task, world, extra in TASK_RUNS:
+        if precision and label not in BF16_RUNS:
+            continue
+        folder = out / "runs" / re.sub(r"\W+", "_", label + "_" + "_".join(precision))
+        cmd = [sys.executable, "-m", "student_src.run_glue", "--task", task, "--output_dir", str(folder), *common, *extra]
+        if task != "1":
+            cmd += ["--world_size", str(world), "--spawn"]
+        code, text, wall = sh(cmd, 240)
+        got = losses(folder)
+        if task == "1":
+            ref = got
+        said = [line.strip() for line in text.splitlines() if "share" in line and "GPU" in line][:1]
+        rows.append({"run": label, "precision": precision[0] if precision else "fp32", "rc": code, "wall_s": round(wall, 1),
+                     "losses": got, "gap_vs_task1": gap(got, ref), "backend_line": said[0] if said else "",
+                     "tail": "" if code == 0 else text[-800:]})
+        print(f"  {label:<14} rc {code}  {wall:5.1f} s  gap {rows[-1]['gap_vs_task1']}", flush=True)
+    # Task 8: a run that saves at steps 2 and 4, then a run resumed from step 2's checkpoint: its
+    # steps 3 and 4 must equal the straight run's (same schedule length, so the same learning rates)
+    folder = out / "runs" / "8_resume"
+    base = [sys.executable, "-m", "student_src.run_glue", "--task", "2b", "--world_size", "2", "--spawn", *common,
+            "--checkpoint_dir", str(folder / "ckpt"), "--save_every", "2"]
+    c1, t1, w1 = sh(base + ["--output_dir", str(folder / "a")], 240)
+    saved = sorted((folder / "ckpt").glob("*[0-9]*")) if (folder / "ckpt").exists() else []
+    c2, t2, w2 = sh(base + ["--output_dir", str(folder / "b"), "--resume", str(saved[0]) if saved else "none"], 240)
+    straight, resumed = losses(folder / "a"), losses(folder / "b")
+    rows.append({"run": "8 save+resume", "precision": precision[0] if precision else "fp32", "rc": c1 or c2,
+                 "wall_s": round(w1 + w2, 1), "losses": resumed,
+                 "gap_vs_task1": gap(resumed[-2:], straight[-2:]) if len(resumed) >= 2 else None,
+                 "backend_line": "", "tail": "" if not (c1 or c2) else (t1 + t2)[-800:]})
+    print(f"  8 save+resume  rc {c1 or c2}  gap vs the straight run {rows[-1]['gap_vs_task1']}", flush=True)
+    return rows
+
+
+def probe_rank(ctx, device: str) -> dict:
+    """Each gloo collective on CUDA tensors: 'ok' or its error's first line (launched on 2 ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    r, w = ctx.rank, ctx.world_size
+    dev = torch.device(device)
+    trials = {
+        "all_reduce": lambda: dist.all_reduce(torch.ones(4, device=dev)),
+        "broadcast": lambda: dist.broadcast(torch.ones(4, device=dev), 0),
+        "barrier": lambda: dist.barrier(),
+        "all_gather": lambda: dist.all_gather([torch.zeros(4, device=dev) for _ in range(w)], torch.ones(4, device=dev)),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.zeros(4 * w, device=dev), torch.ones(4, device=dev)),
+        "gather": lambda: dist.gather(torch.ones(4, device=dev), [torch.zeros(4, device=dev) for _ in range(w)] if r == 0 else None, 0),
+        "scatter": lambda: dist.scatter(torch.zeros(4, device=dev), [torch.ones(4, device=dev) for _ in range(w)] if r == 0 else None, 0),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.zeros(4, device=dev), torch.ones(4 * w, device=dev)),
+        "all_to_all_single": lambda: dist.all_to_all_single(torch.zeros(4 * w, device=dev), torch.ones(4 * w, device=dev)),
+        "send/recv": lambda: (dist.send(torch.ones(4, device=dev), 1) if r == 0 else dist.recv(torch.zeros(4, device=dev), 0)),
+    }
+    result = {}
+    for name, call in trials.items():
+        try:
+            call()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            result[name] = "ok"
+        except Exception as exc:  # noqa: BLE001 - the point is to record it
+            result[name] = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+    return result
+
+
+def probe_collectives(device: str) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from student_src.kit.core.config import TrainConfig
+    from student_src.kit.ranks.launch import launch
+
+    cfg = TrainConfig(backend="gloo", no_cuda=device == "cpu")
+    results = launch(probe_rank, 2, args=("cuda:0" if device == "cuda" else "cpu",), cfg=cfg, timeout=120)
+    return {name: results[0][name] if results[0][name] != "ok" else results[1][name] for name in results[0]}
+
+
+def _score(path: Path) -> str:
+    """"53 / 53" from the grader's results.json."""
+    try:
+        extra = json.loads(path.read_text())["extra_data"]
+    except (OSError, ValueError, KeyError):
+        return "no results.json"
+    return f"{extra['required_score']:g} / {extra['required_max_score']:g}"
+
+
+def run_extras(out: Path, device: str) -> list[dict]:
+    model = str(MODELS / "tiny")
+    jobs = {
+        "demo (4 ranks)": [sys.executable, "-m", "student_src.kit.demo", "--model", model, "--steps", "4", "--dist_steps", "3",
+                           "--world_size", "4", "--output_dir", str(out / "runs" / "demo")],
+        "bubble.py": [sys.executable, "benchmarks/pipeline/bubble.py", "--stages", "2", "--m", "2", "4", "--blocks", "4",
+                      "--width", "256", "--repeats", "1"],
+        "grade 0-3": [sys.executable, "-m", "autograder", "grade", "student_src", "--tasks", "0,1,2,2a,2b,3",
+                      "--results", str(out / "grade.json")],
+    }
+    rows = []
+    for name, cmd in jobs.items():
+        code, text, wall = sh(cmd, 300)
+        rows.append({"run": name, "rc": code, "wall_s": round(wall, 1), "score": _score(out / "grade.json") if name.startswith("grade") else "",
+                     "backend_line": next((l.strip() for l in text.splitlines() if "share" in l and "GPU" in l), ""),
+                     "tail": text[-800:] if code else ""})
+        print(f"  {name:<16} rc {code}  {wall:5.1f} s {rows[-1]['score']}", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("step", choices=("prepare", "run"))
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu_check")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--skip", nargs="*", default=[], help="parts to leave out: collectives tasks bf16 extras precision")
+    a = p.parse_args(argv)
+    if a.step == "prepare":
+        prepare()
+        return 0
+    import torch
+    import transformers
+
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device here: run with --device cpu to check the script itself")
+    init_weights()
+    subprocess.run([sys.executable, "data_scripts/make_synthetic_rte.py", "--out", "data/glue_data/RTE"], cwd=ROOT, check=True,
+                   capture_output=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    report = {"torch": torch.__version__, "transformers": transformers.__version__,
+              "card": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu",
+              "gpus": torch.cuda.device_count() if a.device == "cuda" else 0}
+    print(json.dumps(report), flush=True)
+    started = time.monotonic()
+    if "collectives" not in a.skip:
+        report["gloo_collectives"] = probe_collectives(a.device)
+        print("gloo on", a.device, json.dumps(report["gloo_collectives"]), flush=True)
+    if "tasks" not in a.skip:
+        report["tasks"] = run_tasks(a.out, a.device, [])
+    if "bf16" not in a.skip:
+        report["tasks_bf16"] = run_tasks(a.out, a.device, ["--bf16"])
+    if "extras" not in a.skip:
+        report["extras"] = run_extras(a.out, a.device)
+    if "precision" not in a.skip:
+        from precision_bench import compare  # benchmarks/gpu/precision_bench.py
+
+        # BERT-base on a GPU; on the CPU (a check of the script) tiny, or it would take an hour
+        report["precision"] = compare(MODELS / ("bert-base" if a.device == "cuda" else "tiny"), a.device,
+                                      steps=14 if a.device == "cuda" else 6)
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    (a.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    (a.out / "gpu_check.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+def _e(x) -> str:
+    return "" if x is None else f"{x:.2e}"
+
+
+def markdown(report: dict) -> str:
+    lines = [f"{report['card']}, torch {report['torch']}, transformers {report['transformers']}, {report.get('wall_s')} s", ""]
+    if "gloo_collectives" in report:
+        lines += ["| gloo collective on CUDA tensors | result |", "| --- | --- |"]
+        lines += [f"| {k} | {v} |" for k, v in report["gloo_collectives"].items()] + [""]
+    for key in ("tasks", "tasks_bf16"):
+        if key in report:
+            lines += ["| run | precision | rc | wall s | max loss gap vs Task 1 | backend line |", "| --- | --- | --- | --- | --- | --- |"]
+            lines += [f"| {r['run']} | {r['precision']} | {r['rc']} | {r['wall_s']} | {_e(r['gap_vs_task1'])} | "
+                      f"{r['backend_line'][:90]} |" for r in report[key]] + [""]
+    if "extras" in report:
+        lines += ["| run | rc | wall s | score |", "| --- | --- | --- | --- |"]
+        lines += [f"| {r['run']} | {r['rc']} | {r['wall_s']} | {r['score']} |" for r in report["extras"]] + [""]
+    if "precision" in report:
+        lines += ["| BERT-base, batch 64 x 128 | median step s |", "| --- | --- |"]
+        lines += [f"| {k} | {v if isinstance(v, str) else f'{v:.4f}'} |" for k, v in report["precision"].items()] + [""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(main())
