@@ -97,7 +97,9 @@ Cases the checks test
   all_reduce backward, g and RowParallelLinear one all_reduce forward and nothing backward, a
   BERT layer two all_reduces forward and two backward; nothing else;
 * ``mesh_ranks``: the TP groups are runs of T neighbouring ranks, the DP groups one rank of every TP
-  group (the same tp_rank), in order; TP size 1 and TP size = world included;
+  group (the same tp_rank), in order; TP size 1 and TP size = world included; a world size that T
+  does not divide: ValueError;
+* f and g with one rank (TP size 1): the identity both ways, nothing sent;
 * heads or the MLP width not divisible by the TP size: a ``ValueError`` whose message names the
   number and the TP size (``4 attention heads do not divide by the tensor-parallel size 3``);
 * TP size 1 (no process group, or a group of one): the layers hold the whole weights, nothing is
@@ -139,9 +141,14 @@ def mesh_ranks(world_size: int, tp_size: int) -> tuple[list[list[int]], list[lis
     tp_rank. ``tp_groups[d]`` holds replica d's T ranks ``[d*T, d*T + 1, ..., d*T + T - 1]``;
     ``dp_groups[t]`` the D ranks whose tp_rank is t, ``[t, T + t, 2T + t, ...]``. The kit turns each list
     into a process group (``dist.new_group``) and gives Task 2b's ``allreduce_average`` this rank's DP group.
-    ``mesh_ranks(4, 2)`` is ``([[0, 1], [2, 3]], [[0, 2], [1, 3]])``. The kit checks first that T divides
-    the world size."""
+    ``mesh_ranks(4, 2)`` is ``([[0, 1], [2, 3]], [[0, 2], [1, 3]])``. ``mesh_ranks`` itself refuses a
+    world size that T does not divide (or a T below 1): ``ValueError`` in one line naming both
+    (``mesh_ranks(6, 4)``: "a world of 6 ranks does not divide into tensor-parallel groups of 4"),
+    never a mesh that leaves ranks out; the kit's own flags are checked before, but a caller
+    of ``mesh_ranks`` may pass any pair."""
     ### BEGIN SOLUTION
+    if tp_size < 1 or world_size % tp_size:
+        raise ValueError(f"a world of {world_size} ranks does not divide into tensor-parallel groups of {tp_size}")
     replicas = world_size // tp_size
     tp_groups = [[d * tp_size + t for t in range(tp_size)] for d in range(replicas)]
     dp_groups = [[d * tp_size + t for d in range(replicas)] for t in range(tp_size)]
@@ -150,7 +157,9 @@ def mesh_ranks(world_size: int, tp_size: int) -> tuple[list[list[int]], list[lis
 
 
 class F(torch.autograd.Function):
-    """Megatron's f: identity forward, all_reduce (sum over ``group``) backward."""
+    """Megatron's f: identity forward, all_reduce (sum over ``group``) backward. With one rank (T = 1:
+    a group of one, or ``group`` None outside a process group) f is the identity both ways and
+    sends nothing."""
 
     @staticmethod
     def forward(ctx, x, group=None):
@@ -171,7 +180,9 @@ class F(torch.autograd.Function):
 
 
 class G(torch.autograd.Function):
-    """Megatron's g: all_reduce (sum over ``group``) forward, identity backward."""
+    """Megatron's g: all_reduce (sum over ``group``) forward, identity backward. With one rank (T = 1:
+    a group of one, or ``group`` None outside a process group) g is the identity both ways (a new
+    tensor forward) and sends nothing."""
 
     @staticmethod
     def forward(ctx, x, group=None):

@@ -15,7 +15,7 @@ the judge recomputes everything with a single-process ``nn.Linear`` or ``BertLay
   f's in front of Q, K and V: each fails here);
 * ``heads_not_divisible``: 3 heads, then an MLP of 15, on 2 ranks: a one-line ValueError naming
   the number and the TP size, raised before the layer is changed;
-* ``mesh_ranks``: the student's 2-D mesh as lists of ranks for several world and TP sizes, against
+* ``mesh_ranks``: ValueError for a world size T does not divide (6 x 4, 4 x 3); the student's 2-D mesh as lists of ranks for several world and TP sizes, against
   rank = replica * T + tp_rank (a DP group that is a TP group averages across the TP group: named);
 * ``tp_size_1``: no process group: the layers hold the whole weights, nothing is sent, and three
   SGD steps of a parallelized BertLayer equal three steps of the plain one;
@@ -181,6 +181,8 @@ def _(payloads, secrets):
 
 #: (world size, TP size) of the mesh check
 MESHES = ((4, 2), (4, 1), (4, 4), (8, 2), (8, 4), (6, 3), (6, 2), (1, 1))
+#: world sizes T does not divide: mesh_ranks raises ValueError (its docstring)
+REFUSED = ((6, 4), (4, 3))
 
 
 def expected_mesh(world: int, tp: int) -> tuple[list, list]:
@@ -197,10 +199,19 @@ def _as_lists(groups):
               title="mesh_ranks: TP groups of T neighbouring ranks, DP groups of one rank per TP group, for 8 world "
                     "and TP sizes",
               promise=("``mesh_ranks``: the TP groups are runs of T neighbouring ranks, the DP groups one rank of "
-                       "every TP", "TP size 1 and TP size = world included"))
+                       "every TP", "TP size 1 and TP size = world included",
+                       "a world size that T does not divide: ValueError"))
 def mesh(ctx):
     mod = shared.student(ctx)
     out = {}
+    for world, tp in REFUSED:
+        try:
+            got = mod.mesh_ranks(world, tp)
+            out[f"refuse {world}x{tp}"] = {"returned": repr(got)[:200]}
+        except ValueError:
+            out[f"refuse {world}x{tp}"] = {"refused": True}
+        except Exception as exc:
+            out[f"refuse {world}x{tp}"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     for world, tp in MESHES:
         try:
             tp_ranks, dp_ranks = mod.mesh_ranks(world, tp)
@@ -213,6 +224,12 @@ def mesh(ctx):
 @mesh.judge
 def _(payloads, secrets):
     got = payloads[0] or {}
+    for world, tp in REFUSED:
+        p = got.get(f"refuse {world}x{tp}") or {}
+        if not p.get("refused"):
+            raise CheckFailure(f"mesh_ranks({world}, {tp}) " + (f"raised {p['error']}" if "error" in p else
+                               f"returned {p.get('returned')}") + f": {tp} does not divide {world}, so it must raise "
+                               "ValueError (its docstring), not build a mesh that leaves ranks out")
     for world, tp in MESHES:
         p, (want_tp, want_dp) = got.get(f"{world}x{tp}") or {}, expected_mesh(world, tp)
         call = f"mesh_ranks({world}, {tp})"

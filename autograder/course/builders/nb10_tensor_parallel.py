@@ -6,7 +6,32 @@ from __future__ import annotations
 from .cells import NB, RESULTS_INTRO, RUN_INTRO, check_cells, header
 
 
+def part_points() -> dict[str, float]:
+    """Task 10's points per student file, from ``points.toml`` (the course's checks): the vocabulary-parallel
+    check (``tensor_parallel_vocab.py``), the sequence-parallel ones (``tensor_parallel_sequence.py``, ids
+    ``10.*sp_*``), the rest (``tensor_parallel.py``); "all" the task's total."""
+    from autograder import registry
+    from autograder.points import in_course, points_for
+
+    registry.discover()
+    out = {"tensor_parallel": 0.0, "tensor_parallel_sequence": 0.0, "tensor_parallel_vocab": 0.0}
+    for c in registry.all_checks():
+        if c.task != "10" or not in_course(c):
+            continue
+        part = ("tensor_parallel_vocab" if "vocab" in c.id else
+                "tensor_parallel_sequence" if c.id.split(".", 1)[1].startswith(("sp_", "public_sp_")) else
+                "tensor_parallel")
+        out[part] += points_for(c)
+    out["all"] = sum(out.values())
+    return out
+
+
+def _pts(x: float) -> str:
+    return f"{x:g} point" + ("" if x == 1 else "s")
+
+
 def build() -> NB:
+    pts = part_points()
     nb = NB("10_tensor_parallel")
     header(nb, "Task 10 (extra credit, advanced) · Tensor parallelism: Megatron's f and g", """
 Data parallelism cuts the batch; pipeline parallelism cuts the model's depth. **Tensor
@@ -23,9 +48,15 @@ A column-parallel Linear holds rows of the weight (a slice of the output feature
 row-parallel one columns (a slice of the input features): column then row, with an element-wise
 function between them, is a whole MLP that sends **one all_reduce forward** (g) and **one
 backward** (f). Attention splits the same way by heads.
-""", "`student_src/tensor_parallel.py` → `F`, `G`, `ColumnParallelLinear`, `RowParallelLinear`, "
-         "`parallelize_bert_layer` and `mesh_ranks` (`TODO(task 10)`; the docstring draws the shards and the 2-D mesh "
-         "and lists the cases the checks test).", params="TP_SIZE = 2     # ranks per tensor-parallel group (tiny has 2 heads: at most 2); "
+""", f"three files, all graded (Task 10's {_pts(pts['all'])}, extra credit; each docstring lists the cases the "
+         "checks test):\n\n"
+         f"* `student_src/tensor_parallel.py` → `F`, `G`, `ColumnParallelLinear`, `RowParallelLinear`, "
+         f"`parallelize_bert_layer` and `mesh_ranks` (`TODO(task 10)`; the docstring draws the shards and the 2-D mesh): "
+         f"{_pts(pts['tensor_parallel'])};\n"
+         f"* `student_src/tensor_parallel_sequence.py` → `gather_sequence`, `reduce_scatter_sequence`, "
+         f"`sync_sequence_parallel_grads` (sequence parallelism, below): {_pts(pts['tensor_parallel_sequence'])};\n"
+         f"* `student_src/tensor_parallel_vocab.py` → `VocabParallelEmbedding` (the vocabulary-parallel embedding, "
+         f"below): {_pts(pts['tensor_parallel_vocab'])}.", params="TP_SIZE = 2     # ranks per tensor-parallel group (tiny has 2 heads: at most 2); "
                           "WORLD_SIZE / TP_SIZE data-parallel replicas")
     check_cells(nb, "10", "f and g must send exactly what the table above says, and each shard's output and "
                 "gradient must be the matching slice of a single-process Linear's.")
@@ -73,8 +104,8 @@ across nodes, or the other way round? Write down your choice and why before Q2 a
                 "them (the next layer needs the sum), and they carry activations, many MB per layer. Only a fast, "
                 "low-latency link (NVLink, hundreds of GB/s) keeps them small next to the compute. DDP's one gradient "
                 "all_reduce per step overlaps with backward and tolerates a slower network.")
-    nb.md("""
-## Sequence parallelism (advanced, optional)
+    nb.md(f"""
+## Sequence parallelism (advanced, graded: {_pts(pts['tensor_parallel_sequence'])})
 
 With TP every rank still holds the *whole* `[batch, seq, hidden]` activations between the blocks and
 runs the LayerNorms, dropouts and residual adds on all of them. **Sequence parallelism** (SP,
@@ -119,8 +150,8 @@ if m10sp and m10sp.get("traffic"):
 else:
     print("no traffic recorded: run the cell above first (and fill in the sequence-parallel TODOs)")
 """)
-    nb.md("""
-## The vocabulary-parallel embedding (advanced, optional)
+    nb.md(f"""
+## The vocabulary-parallel embedding (advanced, graded: {_pts(pts['tensor_parallel_vocab'])})
 
 TP leaves the embeddings whole, yet in a small BERT the word-embedding table (`vocab_size × hidden`) is the biggest
 tensor: tiny's 30522 × 64 is 1.95 M of its 2.06 M parameters (95%; MiniLM's 30522 × 384 is 11.7 M of 22.7 M), because the
