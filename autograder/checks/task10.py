@@ -224,12 +224,6 @@ def mesh(ctx):
 @mesh.judge
 def _(payloads, secrets):
     got = payloads[0] or {}
-    for world, tp in REFUSED:
-        p = got.get(f"refuse {world}x{tp}") or {}
-        if not p.get("refused"):
-            raise CheckFailure(f"mesh_ranks({world}, {tp}) " + (f"raised {p['error']}" if "error" in p else
-                               f"returned {p.get('returned')}") + f": {tp} does not divide {world}, so it must raise "
-                               "ValueError (its docstring), not build a mesh that leaves ranks out")
     for world, tp in MESHES:
         p, (want_tp, want_dp) = got.get(f"{world}x{tp}") or {}, expected_mesh(world, tp)
         call = f"mesh_ranks({world}, {tp})"
@@ -245,6 +239,12 @@ def _(payloads, secrets):
                    if in_one else "")
             raise CheckFailure(f"{call} returned the DP groups {p['dp']}, expected {want_dp}{why}: a DP group holds "
                                "the ranks with the same tp_rank, one of every TP group")
+    for world, tp in REFUSED:
+        p = got.get(f"refuse {world}x{tp}") or {}
+        if not p.get("refused"):
+            raise CheckFailure(f"mesh_ranks({world}, {tp}) " + (f"raised {p['error']}" if "error" in p else
+                               f"returned {p.get('returned')}") + f": {tp} does not divide {world}, so it must raise "
+                               "ValueError (its docstring), not build a mesh that leaves ranks out")
 
 
 TP = 2

@@ -216,6 +216,9 @@ def _(payloads, secrets):
     missing = sorted(set(want) - set(seen))
     if missing:
         raise CheckFailure(f"no stage holds {', '.join(missing[:3])}: every layer belongs to exactly one stage")
+    if payloads[0]["loss"] is not None:
+        raise CheckFailure(f"stage 0 of 2 returned loss {payloads[0]['loss']}: pipeline_step returns the batch's "
+                           "loss on the last stage only, None on every other stage")
     got = payloads[-1]["loss"]
     if got is None or abs(got - total) > 1e-5:
         raise CheckFailure(f"the last stage returned loss {got}; the model's loss on the batch is {total:.6f}")
@@ -303,15 +306,28 @@ def _(payloads, secrets):
     model = shared.make_toy(_PPDP["sizes"])
     opt = torch.optim.SGD(model.parameters(), lr=shared.LR)
     for step in range(steps):
+        want_loss = []
         for d in range(replicas):  # replica d: inputs from its stage 0's secret, labels from its last stage's
             b = {"x": shared.batch(secrets[d * p], step)["x"], "y": shared.batch(secrets[d * p + p - 1], step)["y"]}
+            total = 0.0
             for mb in shared.micro_batches(b, m):
-                (shared.toy_loss(model, mb) / (m * replicas)).backward()
+                loss = shared.toy_loss(model, mb) / (m * replicas)
+                loss.backward()
+                total += float(loss.detach()) * replicas
+            want_loss.append(total)
         want_g = {n: q.grad.detach().clone() for n, q in model.named_parameters()}
         opt.step()
         opt.zero_grad()
         want_p = {n: q.detach().clone() for n, q in model.named_parameters()}
         for r, pl in enumerate(payloads):
+            got_loss = (pl.get("loss") or [None] * steps)[step]
+            if r % p != p - 1 and got_loss is not None:
+                raise CheckFailure(f"rank {r} (stage {r % p} of replica {r // p}) returned loss {got_loss}: "
+                                   "pipeline_step returns the loss on the last stage only, None elsewhere")
+            if r % p == p - 1 and (got_loss is None or abs(got_loss - want_loss[r // p]) > 1e-5 * max(1.0, abs(want_loss[r // p]))):
+                raise CheckFailure(f"rank {r} (the last stage of replica {r // p}) returned loss {got_loss} at step "
+                                   f"{step + 1}; its pipeline's batch has loss {want_loss[r // p]:.6f}: the sum of its "
+                                   "micro-batches' losses scaled by 1/m")
             if len(pl["grads"]) <= step:
                 raise CheckFailure(f"rank {r} (stage {r % p} of replica {r // p}): optimizer.step() ran "
                                    f"{len(pl['grads'])} time(s) in {steps} calls of pipeline_step")

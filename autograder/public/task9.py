@@ -287,6 +287,11 @@ def judge_matches(payloads, secrets, sizes, m: int, steps: int, dtype=torch.floa
                     raise CheckFailure(f"stage {stage}: {n} after step {step + 1} is not one SGD step from the "
                                        "accumulated gradients: call optimizer.step() then optimizer.zero_grad() once, "
                                        "after the last backward")
+    for stage, pl in enumerate(payloads[:-1]):
+        extra = [x for x in pl.get("loss") or [] if x is not None]
+        if extra:
+            raise CheckFailure(f"stage {stage} of {len(payloads)} returned loss {extra[0]}: pipeline_step returns the "
+                               "batch's loss on the last stage only, None on every other stage")
     last = payloads[-1]["loss"]
     for step in range(steps):
         if last[step] is None or abs(last[step] - want_loss[step]) > 1e-5 * max(1.0, abs(want_loss[step])):
