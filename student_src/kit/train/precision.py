@@ -234,17 +234,17 @@ class Precision:
         if sync_gradients is not None:
             def sync(_proxy):
                 sync_gradients(model)
-        if self.scaler is not None:
-            self.optimizer = ScaledOptimizer(optimizer, self.scaler)
-            scheduler = SkippingScheduler(scheduler, self.optimizer) if scheduler is not None else None
-            inner = sync
+        if self.scaler is None:
+            return AutocastModel(model, self), optimizer, scheduler, sync
+        self.optimizer = ScaledOptimizer(optimizer, self.scaler)
+        inner, real = sync, optimizer  # the scaler keys its state by the real optimizer: unscale_ and step see the same
 
-            def sync(_proxy):
-                if inner is not None:
-                    inner(_proxy)
-                self.scaler.unscale_(optimizer)
-            optimizer = self.optimizer
-        return AutocastModel(model, self), optimizer, scheduler, sync
+        def unscaling_sync(_proxy):
+            if inner is not None:
+                inner(_proxy)
+            self.scaler.unscale_(real)
+        scheduler = SkippingScheduler(scheduler, self.optimizer) if scheduler is not None else None
+        return AutocastModel(model, self), self.optimizer, scheduler, unscaling_sync
 
     def results(self) -> dict:
         """metrics.json's ``precision``: the mode; with ``--fp16`` the skipped steps and the final scale."""
