@@ -13,7 +13,9 @@ What runs in 16 bits, and what stays fp32:
   own, names unprefixed) whose call runs the model under autocast. A pipeline stage's outputs in the
   autocast dtype are cast back to fp32 at the stage boundary, so the receiving stage's fp32 buffers
   (``boundary_specs``, the model's dtype) match what is sent and the activations' gradients travel in
-  fp32 too: the student's ``pipeline_step`` and the kit's traffic model stay as they are.
+  fp32 too: the student's ``pipeline_step`` and the kit's traffic model stay as they are. (BERT's
+  hidden states already leave a layer in fp32 under autocast, measured on the CPU with torch 2.13: the
+  last LayerNorm adds a bf16 branch to an fp32 residual; the cast guards any stage that ends otherwise.)
 
 ``--fp16`` also needs loss scaling (fp16's range is small: small gradients underflow to 0). It uses
 torch's own ``torch.amp.GradScaler`` (its dynamic scale, its inf/nan check, its skip), plumbed around
