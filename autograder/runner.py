@@ -332,6 +332,9 @@ def judge(c: registry.Check, outcome, secrets=None) -> Verdict:
             text = f"{prefix}{msg}"
         elif status == "exit":
             text = f"{prefix}{msg}"
+        elif status == "grader":  # no line of the student's on the stack: the kit, torch or the grader failed
+            text = (f"{prefix}the grader's own code failed at {rep.get('at')}: {msg}; this is not your fault, "
+                    f"tell your instructor (torch {rep.get('torch', '?')})")
         else:
             text = f"{prefix}your code raised {msg}"
         if where and status == "todo":

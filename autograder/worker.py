@@ -99,17 +99,58 @@ def student_frames(tb, workspace: str | None, limit: int = 3) -> list[str]:
     frames = traceback.extract_tb(tb)
     out = []
     for f in frames:
-        path = f.filename.replace(os.sep, "/")
-        if "/student_src/" not in path or "/student_src/kit/" in path:
+        if not _in_students_files(f.filename, workspace):
             continue
-        if workspace and not f.filename.startswith(workspace):
-            continue
-        rel = "student_src/" + path.split("/student_src/", 1)[1]
+        rel = "student_src/" + f.filename.replace(os.sep, "/").split("/student_src/", 1)[1]
         out.append(f"{rel}:{f.lineno} in {f.name}: {(f.line or '').strip()}")
     if not out and frames:
         f = frames[-1]
         out.append(f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}: {(f.line or '').strip()}")
     return out[-limit:]
+
+
+def _in_students_files(filename: str, workspace: str | None) -> bool:
+    path = filename.replace(os.sep, "/")
+    if "/student_src/" not in path or "/student_src/kit/" in path:
+        return False
+    return not workspace or filename.startswith(workspace)
+
+
+def students_fault(exc: BaseException, workspace: str | None) -> bool:
+    """Whether a frame of the student's own files is on the stack ``exc`` unwound, or on that of the exception
+    it was raised from or while handling. A torch call the student made with bad arguments is theirs (their
+    frame is on the stack); the kit, torch or the grader failing where no student line is on it is not."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if any(_in_students_files(f.filename, workspace) for f in traceback.extract_tb(exc.__traceback__)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _grader_path(filename: str) -> str:
+    """``autograder/...``, ``student_src/kit/...``, ``torch/...`` (from site-packages on), else the file's name."""
+    path = filename.replace(os.sep, "/")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace(os.sep, "/") + "/"
+    if path.startswith(here):
+        return path[len(here):]
+    for marker in ("/student_src/kit/", "/site-packages/", "/dist-packages/"):
+        if marker in path:
+            return ("student_src/kit/" if marker == "/student_src/kit/" else "") + path.split(marker, 1)[1]
+    return os.path.basename(path)
+
+
+def grader_frames(tb, limit: int = 3) -> tuple[str, list[str]]:
+    """Where the grader's own code failed: its innermost line outside installed libraries (torch,
+    transformers), as ``file:line in fn``, and the innermost frames as ``file:line in fn: code``, paths from
+    the package on (``autograder/public/task1.py``, ``student_src/kit/...``, ``torch/...``)."""
+    frames = traceback.extract_tb(tb)
+    ours = [f for f in frames if not any(m in f.filename.replace(os.sep, "/") for m in ("/site-packages/",
+                                                                                         "/dist-packages/"))]
+    at = ours[-1] if ours else (frames[-1] if frames else None)
+    where = [f"{_grader_path(f.filename)}:{f.lineno} in {f.name}: {(f.line or '').strip()}" for f in frames[-limit:]]
+    return (f"{_grader_path(at.filename)}:{at.lineno} in {at.name}" if at else "a place it could not name"), where
 
 
 def _short(text: str, limit: int = 1500) -> str:
@@ -224,9 +265,14 @@ class Rank:
         except SystemExit as exc:
             res.update(status="exit", message=f"the code called sys.exit({exc.code!r}); a rank must never exit during a step",
                        where=student_frames(exc.__traceback__, self.workspace))
-        except BaseException as exc:  # the student's code may raise anything
-            res.update(status="error", message=_short(f"{type(exc).__name__}: {exc}"),
-                       where=student_frames(exc.__traceback__, self.workspace))
+        except BaseException as exc:  # the student's code may raise anything; the kit, torch or the grader too
+            if students_fault(exc, self.workspace):
+                res.update(status="error", message=_short(f"{type(exc).__name__}: {exc}"),
+                           where=student_frames(exc.__traceback__, self.workspace))
+            else:
+                at, where = grader_frames(exc.__traceback__.tb_next)  # below run_job's own frame
+                res.update(status="grader", message=_short(f"{type(exc).__name__}: {exc}"), at=at, where=where,
+                           torch=torch.__version__)
         finally:
             try:
                 sys.stdout.flush()

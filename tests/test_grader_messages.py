@@ -161,3 +161,86 @@ def test_gather_sequence_joined_on_the_batch_dimension_is_told_its_shape(tmp_pat
     out = tests["10.public_sp_pair_2_ranks"].output
     assert "gather_sequence returned (4, 2, 6); expected (2, 4, 6)" in out, out[:800]
     assert "Mismatch in shape" not in out, out[:800]
+
+
+# ---------------------------------------------------------------- whose fault (issue 38 item 3(d))
+_ONE_RANK = r'''
+import functools, json, sys, tempfile
+import torch
+from autograder import fixtures, registry
+from autograder.pool import Outcome
+from autograder.runner import judge
+from autograder.submission import Submission
+from autograder.worker import Rank
+
+def broken_reference(model):  # a reference of the grader's that raises on its own
+    raise RuntimeError("the reference's own bug")
+
+@registry.define_check("1.zz_reference_raises", task="1", needs="train", promise="x", title="t")
+def reference_raises(ctx):
+    model = fixtures.make_model(seed=1)
+    fixtures.student_function(ctx, "train", "train_step")(model, fixtures.make_batch(seed=2),
+                                                           torch.optim.SGD(model.parameters(), lr=0.1))
+    return broken_reference(model)  # student code has returned: nothing of theirs is on the stack
+
+if sys.argv[2] == "version":  # torch's API moved under the grader: torch refuses a call the check makes itself
+    torch.optim.AdamW = functools.partial(torch.optim.AdamW, decoupled=True)
+check = registry.get(sys.argv[3])
+work = tempfile.mkdtemp()
+sub = Submission(sys.argv[1], work)
+me = Rank(0, 1, work, {})
+me.originals = {}
+rep = me.run_job({"check": check.id, "workspace": str(sub.workspace(sub.source_for("1"))), "secret": 7})
+print(json.dumps({"report": rep, "message": judge(check, Outcome(reports=[rep]), [7]).message}))
+'''
+
+
+def _one_rank_job(tmp_path, code: str, mode: str, check: str) -> dict:
+    """One rank's job of ``check`` run in a fresh interpreter (it imports student code) on the solution with
+    ``code`` appended to train.py, then the grader's verdict on it."""
+    import json
+    import os
+    import subprocess
+
+    sub = submission(tmp_path / "s", "train", code)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = tmp_path / "one_rank.py"
+    script.write_text(_ONE_RANK)
+    proc = subprocess.run([sys.executable, str(script), str(sub), mode, check], capture_output=True, text=True,
+                          env=env, cwd=str(ROOT), timeout=300)  # a guard against a hang only
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_check_whose_own_reference_raises_is_the_graders_fault_not_the_students(tmp_path):
+    out = _one_rank_job(tmp_path, "", "plain", "1.zz_reference_raises")
+    msg = out["message"]
+    assert out["report"]["status"] == "grader", out
+    assert msg.startswith("the grader's own code failed at "), msg
+    assert "RuntimeError: the reference's own bug; this is not your fault, tell your instructor (torch " in msg, msg
+    assert msg.startswith("the grader's own code failed at one_rank.py:"), msg  # the check's own file
+    assert "in broken_reference" in msg and "your code raised" not in msg, msg
+
+
+def test_a_torch_version_fault_in_the_graders_call_is_not_the_students(tmp_path):
+    """torch.optim.AdamW monkeypatched to be given an argument it does not take (an API that moved): torch
+    refuses it where 1.lowers_loss builds its AdamW itself, outside student code, so the message names the
+    grader's line, not the student."""
+    out = _one_rank_job(tmp_path, "", "version", "1.lowers_loss")
+    msg = out["message"]
+    assert out["report"]["status"] == "grader", out
+    assert msg.startswith("the grader's own code failed at autograder/public/task1.py:"), msg
+    assert "in lowers_loss: TypeError: " in msg and "unexpected keyword argument 'decoupled'" in msg, msg
+    assert "not your fault" in msg and "your code raised" not in msg, msg
+
+
+def test_a_torch_call_the_student_makes_with_bad_arguments_is_still_the_students(tmp_path):
+    """The same torch error, raised under a student line (torch.zeros with a bad size): the student's."""
+    out = _one_rank_job(tmp_path, """
+        def train_step(model, batch, optimizer, scheduler=None, sync_gradients=None, max_grad_norm=1.0):
+            return torch.zeros("two")
+        """, "plain", "1.lowers_loss")
+    msg = out["message"]
+    assert out["report"]["status"] == "error", out
+    assert msg.startswith("your code raised TypeError"), msg
+    assert "student_src/train.py" in msg and "not your fault" not in msg, msg
