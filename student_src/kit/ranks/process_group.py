@@ -20,6 +20,7 @@ a master that cannot be reached (named host:port, within ``--dist_timeout``), a 
 in use, ranks started with different ``--world_size``, a rank that never shows up.
 """
 
+import contextlib
 import datetime
 import os
 import socket
@@ -31,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from student_src.kit import student_api
+from student_src.kit.core import compat
 from student_src.kit.core.progress import RankLog
 from student_src.kit.errors import KitError
 from student_src.kit.ranks.cores import default_threads
@@ -191,19 +193,17 @@ def student_init(host: str, port: int, rank: int, world_size: int, backend: str,
     its own set-up, so later tasks never wait on Task 0. ``agent_store``: a store already
     listens on host:port (the launcher's parent), so every rank connects to it as a client, rank
     0 included (torch's own switch, ``TORCHELASTIC_USE_AGENT_STORE``, which torchrun sets for its
-    workers itself). ``check_world_size``: ranks started by hand may disagree on the world size;
+    workers itself; torch 2.15 also wants ``MASTER_ADDR``/``MASTER_PORT`` to name that store:
+    ``compat.agent_store_env`` sets all of them for the call and restores them after). ``check_world_size``: ranks started by hand may disagree on the world size;
     a ``WorldSizeWatch`` then turns gloo's timeout into the kit's one-line message.
     """
     theirs = student_api.init_distributed()
     if theirs is None:  # no student_src/collectives.py (or no init_distributed in it)
         return False
-    env = {"TORCHELASTIC_USE_AGENT_STORE": "True",
-           "TORCHELASTIC_RESTART_COUNT": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")} if agent_store else {}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     watch = WorldSizeWatch(host, port, rank, world_size, timeout_s).start() if check_world_size else None
     try:
-        theirs(host, port, world_size, rank, backend=backend, timeout_s=timeout_s)
+        with compat.agent_store_env(host, port) if agent_store else contextlib.nullcontext():
+            theirs(host, port, world_size, rank, backend=backend, timeout_s=timeout_s)
     except NotImplementedError:
         if watch:
             watch.stop()
@@ -224,12 +224,6 @@ def student_init(host: str, port: int, rank: int, world_size: int, backend: str,
                        f"tcp://{host}:{port} within {timeout_s:g} s. If this rank cannot reach the master: is rank 0 "
                        f"running, is --master_ip its address on the network the nodes share, is the port open? "
                        f"({type(exc).__name__}: {first})") from None
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     mismatch = watch.verdict(wait_s=timeout_s) if watch else None  # rank 0 may form a group rank 1 cannot
     if mismatch:
         cleanup()
@@ -296,7 +290,7 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
                                   check_world_size=mode == "tcp")  # spawn and torchrun agree by construction
         if theirs:
             master = f"{where[0]}:{where[1]}"
-            dist.distributed_c10d._set_pg_timeout(pg_timeout)  # collectives may wait longer than the rendezvous
+            compat.set_pg_timeout(pg_timeout)  # collectives may wait longer than the rendezvous (a private torch API)
     if theirs:
         if mode == "spawn":
             ranks_on_host = world_size

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from student_src.kit.core import compat
 from student_src.kit.errors import KitError
 from student_src.kit.measure import traffic_model
 
@@ -52,13 +53,10 @@ def num_layers(model) -> int:
 
 
 def _attention_mask(bert, mask: torch.Tensor, hidden: torch.Tensor):
-    """The mask the layers take, built from the 2-D ``(b, seq)`` mask as the model's own forward
-    builds it (transformers 5: ``_create_attention_masks``; older: the extended additive mask)."""
-    make = getattr(bert, "_create_attention_masks", None)
-    if make is not None:
-        return make(attention_mask=mask, encoder_attention_mask=None, embedding_output=hidden,
-                    encoder_hidden_states=None, cache=None)[0]
-    return bert.get_extended_attention_mask(mask, mask.shape)
+    """The mask the layers take, built from the 2-D ``(b, seq)`` mask with the values the model's
+    own forward gives them (``compat.bert_layer_mask``: no private transformers API, the same on
+    transformers 4.44-5.x)."""
+    return compat.bert_layer_mask(bert.config, mask, hidden.dtype)
 
 
 class BertStage(nn.Module):

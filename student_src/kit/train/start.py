@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from student_src.kit import tasks
-from student_src.kit.core import progress
+from student_src.kit.core import compat, progress
 from student_src.kit.core.config import TrainConfig, data_ranks, per_worker_batch_size
 from student_src.kit.core.data import split_path
 from student_src.kit.core.models import check_model_available
@@ -64,6 +64,7 @@ def run(cfg: TrainConfig, on_event=None) -> dict:
     preflight.check(cfg, verify=_writes_results(cfg))  # --resume and --checkpoint_dir, in one line each
     device, _ = process_group.pick_device(cfg, 0)  # --backend nccl without a GPU is refused here, not in every rank
     precision.check(cfg, device)  # --bf16/--fp16 where they cannot apply (both; --fp16 on sharded gradients; the device)
+    compat.check_flags(cfg, device)  # a flag this torch cannot run (compat.py): one line, before any rank starts
     check_data(cfg)
     check_model_available(cfg.model_name_or_path)
     if cfg.spawn:

@@ -54,7 +54,11 @@ def parallelize(model, world_size: int, tp_size: int) -> tuple[torch.nn.Module, 
     mesh = init_device_mesh("cpu", (world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp"))["tp"]
     plan = {**{m: ColwiseParallel() for m in COLUMN}, **{m: RowwiseParallel() for m in ROW}}
     for layer in layers:
-        parallelize_module(layer, mesh, plan)
+        # each style straight on its leaf module, not one dict plan on the layer: torch 2.7-2.8's dict walk
+        # matches "attention.output.dense"'s later atoms against the layer too (and cuts layer.output.dense
+        # twice: "distribute_module should only be called once"); on the leaf it is the same cut on every torch
+        for path, style in plan.items():
+            parallelize_module(layer.get_submodule(path), mesh, style)
         attn = layer.attention.self
         attn.num_attention_heads //= tp_size
         attn.all_head_size = attn.num_attention_heads * attn.attention_head_size
