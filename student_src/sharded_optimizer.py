@@ -270,7 +270,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """The kit's checkpoint contract (``student_src/kit/resume/checkpoint.py``): this rank's state
         flat, ``state.<group>.<index>.<name>``, keyed by position, never by rank, so a run saved
         on 2 ranks resumes on 4. Before the first step the entries are created as zeros."""
-        from torch.distributed.checkpoint.state_dict import _init_optim_state
+        try:
+            from torch.distributed.checkpoint.state_dict import _init_optim_state  # private torch API
+        except ImportError:  # a torch without it: the kit's own (student_src/kit/core/compat.py)
+            from student_src.kit.core.compat import init_optim_state as _init_optim_state
 
         local = self.local_optimizer
         if not local.state and any(p.grad is None for g in local.param_groups for p in g["params"]):

@@ -185,3 +185,18 @@ def test_fsdp2_on_a_gpu_does_not_need_the_cpu_streams_event(monkeypatch):
         assert compat.has_fsdp2("cpu") is False and compat.has_fsdp2("cuda") is True
     finally:
         compat.has_fsdp2.cache_clear()
+
+
+def test_init_optim_state_fallback_makes_adamws_entries_without_moving_anything(monkeypatch):
+    import torch.distributed.checkpoint.state_dict as sd
+
+    for private in (True, False):
+        if not private:
+            monkeypatch.delattr(sd, "_init_optim_state")
+        lin = torch.nn.Linear(3, 2)
+        before = [p.detach().clone() for p in lin.parameters()]
+        opt = torch.optim.AdamW(lin.parameters(), lr=0.1, weight_decay=0.5)
+        compat.init_optim_state(opt)
+        assert all(set(opt.state[p]) >= {"exp_avg", "exp_avg_sq", "step"} for p in lin.parameters())
+        assert all(torch.equal(a, b) for a, b in zip(before, lin.parameters()))
+        assert opt.param_groups[0]["lr"] == 0.1 and all(p.grad is None for p in lin.parameters())

@@ -23,6 +23,8 @@ The switches that remain (each a function below):
 * ``dcp_no_dist(fn, no_dist)``: DCP's ``save`` / ``load`` take ``no_dist=`` from torch 2.7 on; 2.6
   has no such keyword (and decides alone, without a group: one process), so it is passed only
   where the signature has it;
+* ``init_optim_state(optimizer)``: torch's private ``checkpoint.state_dict._init_optim_state``
+  (every supported torch has it), else the same zero-gradient step at lr 0 done here;
 * ``all_gather_single`` / ``reduce_scatter_single`` names: ``fsdp_helpers`` and
   ``resume/fsdp_state`` pick torch 2.13's names with ``getattr`` and fall back to the older
   ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` themselves (kept there: one line each).
@@ -195,6 +197,34 @@ def dcp_no_dist(fn, no_dist: bool) -> dict:
         return {"no_dist": no_dist}
     has = "no_dist" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     return {"no_dist": no_dist} if has else {}
+
+
+def init_optim_state(optim) -> None:
+    """Create an optimizer's per-parameter state (AdamW's moments) before its first step, so that a
+    checkpoint template names every entry: torch's private ``_init_optim_state`` (torch 2.2-2.15),
+    else its steps here: zero gradients, lr 0, one step, lr and gradients back."""
+    try:
+        from torch.distributed.checkpoint.state_dict import _init_optim_state
+    except ImportError:
+        _init_optim_state = None
+    if _init_optim_state is not None:
+        return _init_optim_state(optim)
+    if optim.state or any(p.grad is not None for g in optim.param_groups for p in g["params"]):
+        return None
+    for group in optim.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+    lrs = [g.get("lr") for g in optim.param_groups]
+    for g in optim.param_groups:
+        if "lr" in g:
+            g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
+    optim.step()
+    for g, lr in zip(optim.param_groups, lrs):
+        if lr is not None:
+            g["lr"] = lr
+    optim.zero_grad(set_to_none=True)
+    return None
 
 
 # ------------------------------------------------------------------ transformers

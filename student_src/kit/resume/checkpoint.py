@@ -93,6 +93,7 @@ from pathlib import Path
 import torch
 
 from student_src.kit import student_api
+from student_src.kit.core import compat
 from student_src.kit.errors import KitError
 from student_src.kit.resume import async_save, faults, manifest, pipeline_state, preflight, schedule, tp_state
 from student_src.kit.resume.dcp_io import barrier as _barrier, dcp_call as _dcp, distributed as _distributed  # noqa: E501
@@ -146,13 +147,11 @@ def _student_load(run, path: Path, meta: dict) -> dict:
     capture on this fresh run, then the student's restore puts it back. Returns the random
     generators' state the restore set (``Checkpointer.batches`` re-applies it after skipping)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import _init_optim_state
-
     pair = _student_pair(run)
     if pair is None:
         raise KitError(f"{path} was saved by your capture_training_state (student_src/resume.py), which is not "
                        "available now (a TODO again?); restore it, or start fresh without --resume")
-    _init_optim_state(run.optimizer)  # AdamW's entries exist, so the template names every one the checkpoint has
+    compat.init_optim_state(run.optimizer)  # AdamW's entries exist, so the template names every one the checkpoint has
     template = {"student": pair[0](run.base_model, run.optimizer, run.scheduler, 0, 0, 0)}
     _load_dcp(dcp, template, path)
     got = pair[1](template["student"], run.base_model, run.optimizer, run.scheduler)
