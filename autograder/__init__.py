@@ -4,21 +4,22 @@ It grades a submission's ``student_src`` with checks that run real multi-rank gl
 one machine, in child processes the grader can always kill, and writes Gradescope's
 ``results.json``. See ``autograder/README.md`` for the commands and for how to add checks.
 
-Layout (what ships to students is marked *public*):
+Rooms, like the kit's (each subpackage's ``__init__`` says what it holds and which rooms it may
+import; imports run one way, ``tests/test_layering.py``). What ships to students is marked *public*:
 
-* ``cli.py`` / ``__main__.py``   the command line (*public*: ``check`` works in the release)
-* ``notebook.py``                what notebooks' check cells call: the one entry point from notebooks (*public*)
-* ``registry.py``                checks, their discovery, the ``@define_check`` decorator (*public*)
-* ``points.toml`` / ``points.py`` points per test, in one place (*public*)
-* ``fixtures.py``                rank-side builders: synthetic models, data, secret-seeded gradients (*public*)
-* ``judging.py``                 parent-side expected values and comparisons the judges use (*public*)
-* ``public/``                    the checks students may run themselves (*public*)
-* ``checks/``                    the hidden checks (never shipped)
-* ``references.py``              the loss-equivalence runs, rank and judge sides (never shipped)
-* ``worker.py``, ``pool.py``     the rank processes and the pool that drives them (*public*)
-* ``runner.py``, ``results.py``, ``submission.py``  grading one submission (*public*)
-* ``leftovers.py``                the processes and temp folders a stop by signal must not leave (*public*)
-* ``release.py``, ``strip.py``, ``gradescope.py``, ``gradebook.py``  instructor tools
+* the contract, at the top: ``registry.py`` (checks, their discovery, ``@define_check``),
+  ``points.toml`` / ``points.py`` (points per test), ``task_table.py`` (the kit's task table), ``check_costs.json``;
+  they import no room (*public*)
+* ``sandbox/``   where student code runs: the sandbox, its server, the ranks and the pool that drives them,
+  the collective spy, deadlines (*public*)
+* ``judging/``   the judges' helpers and rank-side fixtures (*public*); ``references.py``, the
+  loss-equivalence runs (never shipped)
+* ``results/``   results.json and the table (*public*); ``gradebook.py`` (grade-all, never shipped)
+* ``grading/``   grading one submission: runner, submission, the grading key (*public*)
+* ``public/``    the checks students may run themselves (*public*); ``checks/`` the hidden ones (never shipped)
+* ``notebook.py`` what notebooks' check cells call: the one entry point from notebooks (*public*)
+* ``course/``    release, stripping, task selection, Gradescope, the nbgrader course (never shipped)
+* ``cli.py`` / ``__main__.py`` / ``costs.py``  the commands (*public*: ``check`` works in the release)
 """
 
 __all__ = ["__version__", "run_public_checks"]
@@ -34,10 +35,10 @@ def run_public_checks(tasks=None, path=None, timeout: float = 60.0, quiet: bool 
     ``AssertionError`` with the messages when a check fails (handy in a notebook's test cell).
     ``path`` defaults to the checkout whose ``student_src`` Python imports.
     """
-    from .pool import Settings
+    from .sandbox.pool import Settings
     from .registry import parse_tasks
-    from .runner import grade
-    from .submission import trusted_student_src
+    from .grading.runner import grade
+    from .grading.submission import trusted_student_src
 
     if isinstance(tasks, (list, tuple, set)):
         tasks = ",".join(map(str, tasks))

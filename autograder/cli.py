@@ -31,12 +31,12 @@ import threading
 import time
 import traceback
 
-from . import results as _results  # light (json, os): the signal handler must not import anything
-from . import leftovers  # light too: what _exit_now kills and removes
+from .results import results as _results  # light (json, os): the signal handler must not import anything
+from .sandbox import leftovers  # light too: what _exit_now kills and removes
 
 
 def _settings(args):
-    from .pool import Settings
+    from .sandbox.pool import Settings
     s = Settings()
     if getattr(args, "timeout", None):  # one fixed CPU deadline for every check, not the derived ones
         s.timeout, s.fixed_timeout = float(args.timeout), True
@@ -254,7 +254,7 @@ def _progress(show: bool, public_only: bool, tasks):
     def progress(c):
         if _STOP["total"] is None:
             try:
-                from .runner import select_checks
+                from .grading.runner import select_checks
                 _STOP["total"] = len(select_checks(tasks, public_only))
             except Exception:
                 _STOP["total"] = 0
@@ -276,7 +276,7 @@ def _progress(show: bool, public_only: bool, tasks):
 
 
 def cmd_grade(args, public_only: bool = False) -> int:
-    from .results import Results, write_json_atomic
+    from .results.results import Results, write_json_atomic
 
     tasks = _tasks(args)  # a bad --tasks is a usage error (exit 2), not a grade
     if not os.path.exists(args.submission):
@@ -293,7 +293,7 @@ def cmd_grade(args, public_only: bool = False) -> int:
         Results.latest = None
         _STOP["grading"] = True
         try:
-            from . import runner
+            from .grading import runner
             results = runner.grade(args.submission, tasks=tasks, settings=_settings(args), public_only=public_only,
                                    progress=_progress(not (args.json_only or args.quiet), public_only, tasks),
                                    sandbox=getattr(args, "sandbox", "auto"))
@@ -331,20 +331,20 @@ def cmd_check(args) -> int:
 
 
 def cmd_grade_all(args) -> int:
-    from .gradebook import grade_all
+    from .results.gradebook import grade_all
     return grade_all(args.folder, out=args.out, jobs=args.jobs, tasks=args.tasks, timeout=args.timeout,
                      sandbox=args.sandbox)
 
 
 def cmd_gradescope(args) -> int:
-    from .gradescope import build_package
+    from .course.gradescope import build_package
     path = build_package(args.out, force=args.force, tasks=args.tasks, extra_credit=args.extra_credit)
     print(f"wrote {path}: upload it as the assignment's autograder on Gradescope")
     return 0
 
 
 def cmd_release(args) -> int:
-    from .release import build_release
+    from .course.release import build_release
     out = build_release(args.out, force=args.force, verify_imports=not args.no_verify, tasks=args.tasks,
                         extra_credit=args.extra_credit)
     print(f"student release written to {out}")
@@ -420,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_sandbox(args) -> int:
     """Print the isolation level grading gets on this host; exit 1 if the asked level is impossible."""
-    from . import sandbox
+    from .sandbox import sandbox
     text = sandbox.report(args.sandbox)
     print(text)
     return 1 if text.startswith("cannot use") else 0

@@ -14,11 +14,11 @@ import json
 import statistics
 from pathlib import Path
 
-from .deadlines import COSTS_FILE, calibration_cpu, load_costs
-from .pool import Settings
+from .grading.runner import grade
+from .grading.submission import trusted_student_src
 from .registry import parse_tasks
-from .runner import grade
-from .submission import trusted_student_src
+from .sandbox.deadlines import COSTS_FILE, calibration_cpu, load_costs
+from .sandbox.pool import Settings
 
 
 def record(repeat: int = 3, path: Path = COSTS_FILE, tasks=None) -> dict:

@@ -58,9 +58,9 @@ def check(*tasks: str, root=None, timeout: float = 60.0):
     Students: public checks; raises ``AssertionError`` when a point is lost; returns None.
     Grading (the trusted copy, see the module docstring): every check; returns the points earned.
     """
-    from .pool import Settings
+    from .sandbox.pool import Settings
     from .registry import parse_tasks
-    from .runner import grade
+    from .grading.runner import grade
 
     wanted = parse_tasks(",".join(str(t) for t in tasks))
     root = Path(root) if root is not None else PACKAGE_ROOT

@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for a model hu
 
 
 # Every sandbox this process (or a grader it starts) opens notes its outer process here
-# (autograder/leftovers.py, SANDBOX_PID_LOG_ENV); _no_sandbox_outlives_the_suite checks them at the end.
+# (autograder/sandbox/leftovers.py, SANDBOX_PID_LOG_ENV); _no_sandbox_outlives_the_suite checks them at the end.
 SANDBOX_PID_LOG = Path(tempfile.gettempdir()) / f"kit-test-sandboxes-{os.getpid()}.txt"
 os.environ["AUTOGRADER_SANDBOX_PID_LOG"] = str(SANDBOX_PID_LOG)
 #: a hang guard only: a grader a test stopped may still be closing its sandbox (its own limit is 10 s)

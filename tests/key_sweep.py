@@ -1,6 +1,6 @@
 """Grade checks of the solution under many grading keys, cheaply (issue 29).
 
-A check's secrets come from the grading key and the submission's digest (``autograder/seeding.py``),
+A check's secrets come from the grading key and the submission's digest (``autograder/grading/seeding.py``),
 so a judge whose tolerance a correct submission can exceed for *some* secrets fails that
 submission for every grading with such a key: deterministic, and unfair. Grading the solution
 hundreds of times would take hours; a check's own work is a fraction of a second. So this
@@ -8,7 +8,7 @@ module starts one group of ranks per world size and, inside it, runs each check'
 ``draws`` times with fresh secrets, exactly as the grader's worker does (a ``RankContext`` with
 the secret, ``torch.manual_seed(0)``, one thread), then calls the check's judge on each draw's
 payloads in this process. The judges record how close each tolerance came
-(``autograder.margins``): the smallest tolerance / observed difference per check is the margin
+(``autograder.judging.margins``): the smallest tolerance / observed difference per check is the margin
 ``benchmarks/grading`` reports.
 
 Used by ``tests/test_key_sweep.py`` (a few hundred draws over every check that compares
@@ -50,7 +50,7 @@ def _rank_side(ctx, check_ids: list, draws: int, label: str, mutant=None) -> dic
     import torch.distributed.distributed_c10d as c10d
 
     from autograder import registry
-    from autograder.worker import RankContext
+    from autograder.sandbox.worker import RankContext
 
     registry.discover()
     if mutant is not None:
@@ -76,7 +76,8 @@ def sweep(check_ids: list, draws: int, label: str = "sweep", timeout: float = 90
 
     Returns ``{check_id: {"failures": [(draw, message)], "margin": smallest tolerance/observed
     over every comparison of every draw (inf if the judge compared nothing), "draws": n}}``."""
-    from autograder import margins, registry
+    from autograder.judging import margins
+    from autograder import registry
     from student_src.kit.ranks.launch import launch
 
     registry.discover()

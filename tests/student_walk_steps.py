@@ -159,7 +159,7 @@ def _results(stdout: str) -> dict:
 
 def walk_to_notebooks(tmp: Path) -> Walk:
     """Steps 1-4: release, fresh venv, public checks (blank, then solved), make data, notebooks."""
-    from autograder.release import build_release
+    from autograder.course.release import build_release
 
     release = build_release(tmp / "release")
     venv = tmp / "venv"

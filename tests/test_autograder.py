@@ -26,9 +26,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autograder.pool import Settings  # noqa: E402
+from autograder.sandbox.pool import Settings  # noqa: E402
 from autograder.registry import parse_tasks  # noqa: E402
-from autograder.runner import grade  # noqa: E402
+from autograder.grading.runner import grade  # noqa: E402
 
 FAST = dict(timeout=8.0, stall=2.0, grace=0.5)
 
@@ -76,7 +76,7 @@ def failed_ids(results) -> set[str]:
 def _one_sandbox_for_the_file():
     """This file's gradings in the test process share one sandbox server (``runner.sandboxes_kept_warm``);
     the CLI's run in their own processes, as ever."""
-    from autograder.runner import sandboxes_kept_warm
+    from autograder.grading.runner import sandboxes_kept_warm
 
     with sandboxes_kept_warm():
         yield
@@ -238,7 +238,7 @@ def test_deadlines_come_from_the_references_cost():
     and a check's own timeout= are fixed; a check with no recorded cost gets the fixed ones."""
     from types import SimpleNamespace
 
-    from autograder.deadlines import limits_for, load_costs
+    from autograder.sandbox.deadlines import limits_for, load_costs
 
     s = Settings()
     costs = {"checks": {"cheap": {"cpu": 0.03, "idle": 0.0}, "heavy": {"cpu": 0.9, "idle": 0.1},
@@ -270,7 +270,7 @@ def test_check_exits_1_when_a_check_that_counts_failed():
     task named in --tasks, or the grader itself; a skipped check is no failure."""
     from types import SimpleNamespace
 
-    from autograder.results import Results, TestResult
+    from autograder.results.results import Results, TestResult
 
     def result(id, passed, extra=False, output=""):
         c = SimpleNamespace(id=id, task=id.split(".")[0], title="t")
@@ -291,7 +291,7 @@ def test_the_students_readme_says_what_make_test_runs_and_what_fails_it():
     """Issue 31, item 14: the student README said Task 5's checks "count only when you ask for
     them", yet the default ``make test`` runs them (only its exit status leaves them out). The
     README now says both, as check_verdict and the Makefile do."""
-    from autograder import runner
+    from autograder.grading import runner
 
     readme = " ".join((ROOT / "autograder" / "student" / "README.md").read_text().split())
     makefile = (ROOT / "autograder" / "student" / "Makefile").read_text()
@@ -308,7 +308,7 @@ def test_check_table_fits_100_columns_and_keeps_everything():
     from types import SimpleNamespace
 
     from autograder import registry
-    from autograder.results import Results, TestResult
+    from autograder.results.results import Results, TestResult
 
     registry.discover()
     checks = registry.all_checks()
@@ -520,7 +520,7 @@ def test_unreadable_zip_loses_every_test_with_the_reason(tmp_path):
 
 
 def test_zip_names_cannot_escape_the_workdir(tmp_path):
-    from autograder.submission import Submission
+    from autograder.grading.submission import Submission
 
     z = tmp_path / "evil.zip"
     with zipfile.ZipFile(z, "w") as zf:
@@ -557,7 +557,7 @@ def _layout(root: Path, folders: list[str]) -> Path:
 def test_close_variants_of_a_submission_are_graded_from_the_right_copy(tmp_path, layout, picks):
     """autograder/README: the export zip unpacked, or close variants (one wrapping folder, modules
     without the student_src folder); each task from its own folder's copy, else the top-level one."""
-    from autograder.submission import Submission
+    from autograder.grading.submission import Submission
 
     root = _layout(tmp_path / "sub", layout)
     if "notes" in layout:
@@ -569,7 +569,7 @@ def test_close_variants_of_a_submission_are_graded_from_the_right_copy(tmp_path,
 
 
 def test_a_zip_inside_the_folder_is_unpacked_and_nothing_found_says_what_was_expected(tmp_path):
-    from autograder.submission import Submission
+    from autograder.grading.submission import Submission
 
     inner = _layout(tmp_path / "made", ["student_src"])
     upload = tmp_path / "upload"
@@ -623,7 +623,7 @@ def test_killing_the_grader_leaves_no_orphans(tmp_path):
         for p in procs:  # ranks are forks of the sandbox's server: same command line
             try:
                 # any steady share of a core: an idle rank uses none, and a busy machine may leave the loop little
-                if "autograder.zygote" in " ".join(p.cmdline()) and p.cpu_percent(interval=0.5) > 10:
+                if "autograder.sandbox.zygote" in " ".join(p.cmdline()) and p.cpu_percent(interval=0.5) > 10:
                     return True
             except psutil.Error:  # ended meanwhile (or a zombie)
                 pass
@@ -649,7 +649,7 @@ def test_killing_the_grader_leaves_no_orphans(tmp_path):
 
 
 def test_task_missing_from_the_kit_is_skipped_with_a_message(monkeypatch):
-    import autograder.runner as runner
+    import autograder.grading.runner as runner
 
     monkeypatch.setattr(runner, "kit_has", lambda module: module != "profiling")
     res = grade(ROOT, tasks=parse_tasks("4"), settings=Settings(**FAST))

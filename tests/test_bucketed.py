@@ -125,7 +125,7 @@ def test_forward_delegates_and_bad_cap():
 
 def test_multi_rank_scenarios_match_single_process_baseline():
     """Every Task 5 check (1, 2 and 4 ranks), run by the grader on the solution, passes with its points."""
-    from autograder.runner import grade
+    from autograder.grading.runner import grade
 
     results = grade(str(ROOT), tasks={"5"})
     scenarios = {f"5.{name}" for name in task5.SCENARIOS}

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autograder import registry  # noqa: E402
-from autograder.runner import grade  # noqa: E402
+from autograder.grading.runner import grade  # noqa: E402
 from autograder.task_table import tasks as task_table  # noqa: E402
 
 STUDENT_MODULES = [f"{m}.py" for m in task_table.modules()]  # every task's module (the task table)
@@ -95,7 +95,7 @@ ZOO = {
     "2b_no_communication_rebuilds_mean": ("sync", "2b", """
         def allreduce_average(model, group=None, comm_log=None):
             # never communicates: rebuilds "every rank's gradient" with the grader's shipped helpers
-            from autograder import fixtures
+            from autograder.judging import fixtures
             n = dist.get_world_size(group)
             for name, p in model.named_parameters():
                 if p.grad is not None:
@@ -409,7 +409,7 @@ ZOO = {
 }
 
 #: checks a zoo entry may fail or pass depending on the secrets (a function of the grading key and the
-#: submission's files, autograder/seeding.py: one outcome per key, repeated on every regrade). Off by 0.01 %, the loss
+#: submission's files, autograder/grading/seeding.py: one outcome per key, repeated on every regrade). Off by 0.01 %, the loss
 #: after 3 SGD steps (lr 0.5) moves by 2e-6 to 7e-4 depending on the secrets' data (measured over
 #: 25 draws: above the loss check's 1e-4 in 8), so the loss check may catch it; the gradient
 #: checks always do. No smaller error is safe from both: 0.002 % still moved the loss by up to
@@ -711,7 +711,7 @@ def _one_sandbox_for_the_zoo():
     """The zoo grades about 45 submissions in a row: one sandbox server serves them all (as one serves
     every check of one grading) instead of one started per grading (torch and transformers imported:
     3 to 7 s each)."""
-    from autograder.runner import sandboxes_kept_warm
+    from autograder.grading.runner import sandboxes_kept_warm
 
     with sandboxes_kept_warm():
         yield
@@ -760,13 +760,13 @@ def test_a_pipeline_that_deadlocks_is_stopped_within_a_minute_naming_rank_peer_a
 
 def test_a_stack_dump_in_a_pipelines_send_or_recv_names_its_peer_and_micro_batch():
     """The spy runs a pipeline check's blocking send/recv under a name that says what it waits for
-    (autograder/spy.py); the deadlock message reads it from the rank's stack dump."""
-    from autograder.capture import where_from_dump
+    (autograder/sandbox/spy.py); the deadlock message reads it from the rank's stack dump."""
+    from autograder.sandbox.capture import where_from_dump
 
     dump = ("Current thread 0x00007f00 (most recent call first):\n"
             '  File "/x/torch/distributed/distributed_c10d.py", line 2500 in recv\n'
-            '  File "/x/autograder/spy.py", line 80 in recv_of_micro_batch_3_gradient_from_rank_2\n'
-            '  File "/x/autograder/spy.py", line 120 in wrapper\n'
+            '  File "/x/autograder/sandbox/spy.py", line 80 in recv_of_micro_batch_3_gradient_from_rank_2\n'
+            '  File "/x/autograder/sandbox/spy.py", line 120 in wrapper\n'
             '  File "/ws/student_src/pipeline.py", line 201 in pipeline_step\n')
     assert where_from_dump(dump) == ("student_src/pipeline.py:201 in pipeline_step "
                                      "(in dist.recv of micro-batch 3's gradient from rank 2)")
@@ -819,7 +819,7 @@ def test_every_task_whose_checks_build_a_bert_has_transformers_imported_before_t
     import importlib
     import inspect
 
-    from autograder.runner import NEEDS_TRANSFORMERS
+    from autograder.grading.runner import NEEDS_TRANSFORMERS
 
     assert not registry.discover()
     builds = set()
@@ -843,7 +843,7 @@ def test_compare_grads_tolerance_is_tight():
     ``judging.TOLERANCE`` (atol 1e-5 -> 1.0 made the n+1 divisor above gain 6 points) fails here."""
     import torch
 
-    from autograder import judging
+    from autograder.judging import judging
 
     g = torch.Generator().manual_seed(0)
     want = {"w": torch.randn(64, 8, generator=g, dtype=torch.float64), "frozen": None}
@@ -878,8 +878,8 @@ def test_expected_mean_is_the_mean_of_every_ranks_gradient():
     float64; None for a frozen parameter (the sync must skip it)."""
     import torch
 
-    from autograder import fixtures as F
-    from autograder import judging
+    from autograder.judging import fixtures as F
+    from autograder.judging import judging
 
     secrets = [5, 6, 7]
     want = judging.expected_mean_grads({"frozen": True}, secrets)
@@ -902,7 +902,7 @@ def test_compare_grads_messages():
     """The hint names the likely cause, and the reported error is the real one."""
     import torch
 
-    from autograder import judging
+    from autograder.judging import judging
 
     w = torch.linspace(-1, 1, 50, dtype=torch.float64).reshape(10, 5)
     want = {"w": w}

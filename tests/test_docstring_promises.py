@@ -7,7 +7,7 @@ every check declares, with ``define_check(..., promise=...)``, the words of the 
 relies on, and this file finds each phrase in the *released* docstrings of the check's task: the
 module docstring of ``student_src/<module>.py`` and the docstrings of the functions and classes
 (and their methods) that the task table (``student_src/kit/tasks.py``) lists for the task, after
-``autograder/strip.py`` has taken the solutions out, exactly as ``python -m autograder release``
+``autograder/course/strip.py`` has taken the solutions out, exactly as ``python -m autograder release``
 does. Phrases match case-insensitively, ignoring runs of whitespace and reStructuredText
 markup (backticks, asterisks, roles such as ``:func:``).
 
@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from autograder import registry  # noqa: E402
 from autograder.points import points_for  # noqa: E402
-from autograder.runner import grade  # noqa: E402
-from autograder.strip import strip_source  # noqa: E402
+from autograder.grading.runner import grade  # noqa: E402
+from autograder.course.strip import strip_source  # noqa: E402
 from autograder.task_table import tasks as task_table  # noqa: E402
 
 HOW_TO_ADD = ("How to fix: a check declares the words of the student's docstring it relies on, "

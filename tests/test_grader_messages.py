@@ -21,8 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from autograder import pool, spy  # noqa: E402
-from autograder.capture import waits_point_to_point, where_from_dump  # noqa: E402
+from autograder.sandbox import endings, spy  # noqa: E402
+from autograder.sandbox.capture import waits_point_to_point, where_from_dump  # noqa: E402
 from test_check_zoo import submission  # noqa: E402
 
 ABORT = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
@@ -32,33 +32,33 @@ ABORT = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n
          "Fatal Python error: Aborted\n\n"
          "Thread 0x00007f00 (most recent call first):\n"
          '  File "/x/torch/distributed/distributed_c10d.py", line 2500 in recv\n'
-         '  File "/x/autograder/spy.py", line 80 in recv_of_micro_batch_1_activations_from_rank_0\n'
-         '  File "/x/autograder/spy.py", line 120 in wrapper\n'
+         '  File "/x/autograder/sandbox/spy.py", line 80 in recv_of_micro_batch_1_activations_from_rank_0\n'
+         '  File "/x/autograder/sandbox/spy.py", line 120 in wrapper\n'
          '  File "/ws/student_src/pipeline.py", line 219 in pipeline_step\n')
 
 
 def test_a_gloo_size_mismatch_abort_is_named_as_that_not_as_exiting():
-    msg = pool._death_message({1: -signal.SIGABRT}, {1: ABORT})
+    msg = endings.death_message({1: -signal.SIGABRT}, {1: ABORT})
     assert msg.startswith("rank 1 expected 256 bytes from rank 0, got 8192: the tensors sent and received at this "
                           "boundary differ in number or shape"), msg
     assert "student_src/pipeline.py:219 in pipeline_step" in msg, msg
     assert "must never end its process" not in msg, msg
     # a plain exit is still the student's exit, and a signal names where the rank was
-    assert "must never end its process" in pool._death_message({0: 3})
-    segv = pool._death_message({0: -signal.SIGSEGV}, {0: ABORT.split("Fatal")[1].replace("8192 vs 256", "")})
+    assert "must never end its process" in endings.death_message({0: 3})
+    segv = endings.death_message({0: -signal.SIGSEGV}, {0: ABORT.split("Fatal")[1].replace("8192 vs 256", "")})
     assert "rank 0 was killed by SIGSEGV at student_src/pipeline.py:219" in segv, segv
 
 
 def test_a_point_to_point_deadlock_gets_a_point_to_point_sentence():
     dump = ABORT.split("Fatal Python error: Aborted\n\n")[1]
     assert waits_point_to_point(dump)
-    msg = pool._stall_message([1], [0], {1: where_from_dump(dump)}, 3.0, point_to_point=True)
+    msg = endings.stall_message([1], [0], {1: where_from_dump(dump)}, 3.0, point_to_point=True)
     assert "every send needs a receive posted by the rank it names" in msg, msg
     assert "same collectives" not in msg, msg
     collective = dump.replace("in recv\n", "in all_reduce\n").replace(
         "recv_of_micro_batch_1_activations_from_rank_0", "_through")
     assert not waits_point_to_point(collective)
-    assert "every rank must call the same collectives" in pool._stall_message([1], [0], {1: "x"}, 3.0)
+    assert "every rank must call the same collectives" in endings.stall_message([1], [0], {1: "x"}, 3.0)
 
 
 def test_a_call_the_grader_makes_after_student_code_names_the_last_student_line():
@@ -76,8 +76,8 @@ def test_a_call_the_grader_makes_after_student_code_names_the_last_student_line(
     assert label == "after_student_student_src/tensor_parallel.py:2:backward", label
     dump = ("Current thread 0x00007f00 (most recent call first):\n"
             '  File "/x/torch/distributed/distributed_c10d.py", line 2800 in all_reduce\n'
-            f'  File "/x/autograder/spy.py", line 60 in {label}\n'
-            '  File "/x/autograder/spy.py", line 90 in trail\n'
+            f'  File "/x/autograder/sandbox/spy.py", line 60 in {label}\n'
+            '  File "/x/autograder/sandbox/spy.py", line 90 in trail\n'
             '  File "/x/autograder/checks/task10.py", line 268 in average\n')
     where = where_from_dump(dump)
     assert where == ("distributed_c10d.py:2800 in all_reduce, in the grader's own code after your code returned "
@@ -88,14 +88,14 @@ def test_a_call_the_grader_makes_after_student_code_names_the_last_student_line(
 # ---------------------------------------------------------------- gradings
 @pytest.fixture(scope="module", autouse=True)
 def _one_sandbox():
-    from autograder.runner import sandboxes_kept_warm
+    from autograder.grading.runner import sandboxes_kept_warm
 
     with sandboxes_kept_warm():
         yield
 
 
 def _grade(tmp_path, module, code, task, public_only=False):
-    from autograder.runner import grade
+    from autograder.grading.runner import grade
 
     res = grade(submission(tmp_path / "s", module, code), tasks={task}, public_only=public_only)
     assert not res.grader_errors, res.grader_errors
@@ -167,11 +167,12 @@ def test_gather_sequence_joined_on_the_batch_dimension_is_told_its_shape(tmp_pat
 _ONE_RANK = r'''
 import functools, json, sys, tempfile
 import torch
-from autograder import fixtures, registry
-from autograder.pool import Outcome
-from autograder.runner import judge
-from autograder.submission import Submission
-from autograder.worker import Rank
+from autograder import registry
+from autograder.grading.runner import judge
+from autograder.grading.submission import Submission
+from autograder.judging import fixtures
+from autograder.sandbox.pool import Outcome
+from autograder.sandbox.worker import Rank
 
 def broken_reference(model):  # a reference of the grader's that raises on its own
     raise RuntimeError("the reference's own bug")

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from autograder import points  # noqa: E402
 from autograder.cli import IMPORT_WAIT, STOP_GRACE  # noqa: E402
-from autograder.results import Results, TestResult  # noqa: E402
+from autograder.results.results import Results, TestResult  # noqa: E402
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
 # seconds a stopped grader may take to exit: a hang guard, not a speed test. By design the slowest
@@ -164,7 +164,7 @@ def test_simple_toml_reader_matches_tomllib(points_file):
 
 
 def test_gradebook_columns_split_required_and_extra_credit(tmp_path, monkeypatch):
-    from autograder import gradebook
+    from autograder.results import gradebook
 
     subs = tmp_path / "subs"
     for name in ("alice", "bob"):
@@ -199,7 +199,7 @@ def test_isolation_is_the_first_line_of_the_table_and_the_output():
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
-    from autograder.gradescope import build_package
+    from autograder.course.gradescope import build_package
 
     out = tmp_path_factory.mktemp("gs")
     src = out / "source"
@@ -385,7 +385,8 @@ def test_a_clean_up_that_overruns_the_grace_still_exits_128_plus_the_signal(tmp_
     143 (faulthandler's own exit, which the grader once relied on, says 1 and removes nothing)."""
     script = "\n".join([
         "import os, signal, sys, time",
-        "from autograder import cli, leftovers",
+        "from autograder import cli",
+        "from autograder.sandbox import leftovers",
         "leftovers.make_temp_dir('autograder-')  # the runner's workspace, whose finally never runs",
         "cli.STOP_GRACE = 0.5",
         "cli._STOP['grading'] = True",
@@ -409,7 +410,7 @@ def test_closing_a_sandbox_that_is_still_starting_does_not_wait_on_it(monkeypatc
     """Before its "ready" the sandbox's server is importing torch and reads no request: a polite
     "stop" then only waited out a 10 s timeout, which on a loaded machine outlasted the grace a
     SIGTERM gives the clean-up (the grader exited 1). Closing it then kills it without asking."""
-    from autograder import sandbox
+    from autograder.sandbox import sandbox
 
     sent = []
     monkeypatch.setattr(sandbox.socket, "send_fds", lambda sock, msgs, fds, *a: sent.append(msgs))
@@ -436,7 +437,7 @@ def _hostile_autograder(folder: Path) -> Path:
 
 def test_grade_all_runs_its_own_grader_from_a_cwd_with_a_hostile_autograder(tmp_path, monkeypatch):
     """grade-all starts one grader per submission; it pins that grader's folder, not the caller's cwd."""
-    from autograder import gradebook
+    from autograder.results import gradebook
 
     marker = _hostile_autograder(tmp_path / "cwd")
     monkeypatch.chdir(tmp_path / "cwd")

@@ -13,7 +13,7 @@ import math
 import pytest
 
 import key_sweep
-from autograder import stepwise
+from autograder.judging import stepwise
 
 #: every check that compares parameters or losses after AdamW steps (Task 8 resumes in one
 #: process, exact to the bit: its own sweep is in the benchmark)
@@ -46,7 +46,7 @@ def test_the_sweep_sees_a_tolerance_too_tight(monkeypatch):
 @pytest.mark.parametrize("observed,tolerance,margin", [(0.0, 1e-5, math.inf), (1e-6, 1e-5, 10.0),
                                                        (float("nan"), 1e-5, 0.0)])
 def test_margins_are_tolerance_over_observed(observed, tolerance, margin):
-    from autograder import margins
+    from autograder.judging import margins
 
     with margins.recording() as seen:
         ok = margins.within(observed, tolerance, "x")

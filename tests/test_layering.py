@@ -179,6 +179,57 @@ def test_the_grader_has_no_import_loop():
     assert not loops, "\n".join(describe(loop, edges) for loop in loops)
 
 
+#: the grader's rooms from the ground floor up (autograder/README.md, "Files"): at the top of autograder/ the
+#: contract (GRADER_CONTRACT), the notebooks' entry point, and the commands; the rest are its subpackages.
+#: Rooms on one floor (a tuple) may not import each other.
+GRADER_ROOMS = ("contract", ("sandbox", "judging", "results"), "grading", "public", "checks", "notebook", "course",
+                "commands")
+GRADER_CONTRACT = {"registry", "points", "task_table"}
+
+
+def grader_rooms() -> dict[str, str]:
+    """``{module: room}`` of the grader: a subpackage is a room; at the top, the contract, ``notebook`` and
+    the commands (``cli``, ``__main__``, ``costs``, the package's ``__init__``)."""
+    out = {}
+    for name, room in rooms_of(ROOT / "autograder", "autograder").items():
+        if room == "contract":
+            top = name.split(".")[-1]
+            room = "contract" if top in GRADER_CONTRACT else "notebook" if top == "notebook" else "commands"
+        out[name] = room
+    return out
+
+
+def grader_against_order(edges: list[Import], where: dict[str, str]) -> list[Import]:
+    floor = {r: i for i, f in enumerate(GRADER_ROOMS) for r in (f if isinstance(f, tuple) else (f,))}
+    return [e for e in edges if where[e.source] != where[e.target]
+            and floor.get(where[e.target], len(GRADER_ROOMS)) >= floor.get(where[e.source], -1)]
+
+
+def test_grader_imports_run_down_the_rooms():
+    """Every room of the grader says in its ``__init__`` which rooms it may import; the order here is that map."""
+    where = grader_rooms()
+    folders = {p.name for p in (ROOT / "autograder").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    named = {r for f in GRADER_ROOMS for r in (f if isinstance(f, tuple) else (f,))}
+    assert folders == named - {"contract", "notebook", "commands"}
+    for r in folders:
+        doc = ast.get_docstring(ast.parse((ROOT / "autograder" / r / "__init__.py").read_text())) or ""
+        assert r in ("public", "checks") or "may import" in doc, f"autograder/{r}/__init__.py does not say what it may import"
+    wrong = grader_against_order(imports(ROOT / "autograder", "autograder"), where)
+    assert not wrong, "imports against the grader's rooms " + str(GRADER_ROOMS) + ":\n" + "\n".join(map(str, wrong))
+
+
+def test_the_grader_order_checker_sees_an_upward_and_a_sideways_arrow(tmp_path):
+    copy = tmp_path / "autograder"
+    shutil.copytree(ROOT / "autograder", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    spy = copy / "sandbox" / "spy.py"
+    spy.write_text(spy.read_text() + "\n\ndef _planted():\n    from ..judging import fixtures  # planted\n"
+                   "    from ..grading import runner  # planted\n    return fixtures, runner\n")
+    where = {n: r for n, r in grader_rooms().items()}
+    wrong = grader_against_order(imports(copy, "autograder"), where)
+    assert sorted((e.source, e.target) for e in wrong) == [("autograder.sandbox.spy", "autograder.grading.runner"),
+                                                          ("autograder.sandbox.spy", "autograder.judging.fixtures")]
+
+
 def test_every_room_is_in_the_order_and_the_map():
     """A new folder in the kit needs its place in ``ROOMS`` and on the map (kit/__init__.py)."""
     folders = {p.name for p in KIT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}

@@ -12,7 +12,7 @@ In a temporary course folder (``python -m autograder.course init/release``):
 * one submission, one score: three submissions (all done, the raw release, part done with a
   ``train_step`` that clips before the sync) get, task by task, the same automatic points from
   ``nbgrader autograde`` (check cells restore their hidden tests and run every check of their
-  task in the instructor's grader) as from the grader itself (``autograder.runner.grade``);
+  task in the instructor's grader) as from the grader itself (``autograder.grading.runner.grade``);
 * ``autograde`` never overwrites a submission's ``student_src``;
 * feedback is generated for both.
 
@@ -182,7 +182,7 @@ def test_nbgrader_and_the_grader_give_the_same_points_task_by_task(course):
     """One submission, one score: a check cell scores what the grader gives its tasks."""
     from nbgrader.api import Gradebook
 
-    from autograder.runner import grade
+    from autograder.grading.runner import grade
 
     course_dir, cell_tasks = course["course"], _cell_tasks(course["src"])
     tasks = {t for ts in cell_tasks.values() for t in ts}

@@ -2,7 +2,7 @@
 prints one line naming them, starts no rank, and leaves no earlier run's numbers on display.
 
 The student here has done Task 2b only: ``student_src`` is the release's (every solution replaced
-by the stub ``autograder/strip.py`` writes) except ``sync.py``. One test executes notebook 2b on
+by the stub ``autograder/course/strip.py`` writes) except ``sync.py``. One test executes notebook 2b on
 it headless, as the student would (quick mode, the venv's kernel), without its check cell (that
 starts a sandboxed 4-rank group: ``test_notebooks.py`` and the student walk run it): the run cell
 stops before any rank starts, so the whole notebook takes a kernel start and seconds. The other
@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.strip import strip_source
+from autograder.course.strip import strip_source
 from student_src.kit import student_api, tasks
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -138,7 +138,7 @@ def test_the_kit_never_imports_the_grader():
 
 def test_release_stripping_of_the_notebooks():
     """The autograder's release stripper leaves an answer stub and no marker in our notebooks."""
-    from autograder import strip
+    from autograder.course import strip
     for name in NOTEBOOKS:
         text = strip.strip_notebook((ROOT / "notebooks" / f"{name}.ipynb").read_text(), f"{name}.ipynb")
         assert not strip.has_markers(text) and "YOUR ANSWER HERE" in text

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from autograder import fixtures as F
-from autograder import references as R
+from autograder.judging import fixtures as F
+from autograder.judging import references as R
 from autograder.registry import CheckFailure
 from student_src.kit.report import build as report
 from student_src.kit.core import timing

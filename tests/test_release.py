@@ -14,8 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autograder.pool import Settings  # noqa: E402
-from autograder.strip import StripError, strip_notebook, strip_source  # noqa: E402
+from autograder.sandbox.pool import Settings  # noqa: E402
+from autograder.course.strip import StripError, strip_notebook, strip_source  # noqa: E402
 
 SOURCE = '''"""Module docstring."""
 import torch
@@ -100,9 +100,12 @@ def release(tmp_path_factory):
 def test_release_ships_the_right_things(release):
     assert (release / "student_src" / "kit").is_dir()
     assert (release / "autograder" / "public").is_dir() and (release / "autograder" / "__main__.py").exists()
-    for hidden in ("autograder/checks", "autograder/references.py", "autograder/release.py",
-                   "autograder/gradescope.py", "autograder/nbgrader", "autograder/course"):
+    for hidden in ("autograder/checks", "autograder/judging/references.py", "autograder/course/release.py",
+                   "autograder/course/gradescope.py", "autograder/nbgrader", "autograder/course",
+                   "autograder/results/gradebook.py", "autograder/README.md"):
         assert not (release / hidden).exists(), hidden
+    for room in ("sandbox", "judging", "results", "grading"):  # the rooms the public checks need ship
+        assert (release / "autograder" / room / "__init__.py").exists(), room
     for path in release.rglob("*"):
         if path.is_file() and path.suffix in (".py", ".ipynb"):
             text = path.read_text(errors="replace")
@@ -154,7 +157,7 @@ def test_release_refuses_non_empty_out_without_force(release, tmp_path):
 
 
 def test_grading_the_release_gives_zero_with_messages(release):
-    from autograder.runner import grade
+    from autograder.grading.runner import grade
 
     res = grade(release, settings=Settings(timeout=60.0, stall=5.0))
     assert not res.grader_errors
@@ -188,7 +191,7 @@ def test_gradescope_package(tmp_path):
     import stat
     import zipfile
 
-    from autograder.gradescope import build_package
+    from autograder.course.gradescope import build_package
 
     path = build_package(tmp_path / "gs")
     with zipfile.ZipFile(path) as zf:
@@ -212,7 +215,7 @@ from mentions import check_tree, makefile_targets, problems_in  # noqa: E402
 
 
 def test_release_is_a_repository_of_its_own(release):
-    from autograder.release import shared_sections
+    from autograder.course.release import shared_sections
 
     readme = (release / "README.md").read_text()
     assert "For instructors" not in readme and "solutions" not in readme.lower()

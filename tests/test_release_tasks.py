@@ -25,8 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autograder.release import build_release, student_readme  # noqa: E402
-from autograder.selection import resolve  # noqa: E402
+from autograder.course.release import build_release, student_readme  # noqa: E402
+from autograder.course.selection import resolve  # noqa: E402
 from autograder.task_table import tasks as task_table  # noqa: E402
 
 #: a task id the table does not have (a number past every id in it)
@@ -113,7 +113,7 @@ def test_the_release_folder_has_the_umask_mode(selected, tmp_path):
 
 
 def _public_checks(env_root: Path, env: dict) -> dict:
-    code = ("import json; from autograder.runner import select_checks; from autograder.points import points_for\n"
+    code = ("import json; from autograder.grading.runner import select_checks; from autograder.points import points_for\n"
             "print(json.dumps({c.id: [c.task, points_for(c)] for c in select_checks(None, public_only=True)}))")
     proc = _python(code, env_root, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -135,7 +135,7 @@ def test_make_test_runs_only_the_courses_public_checks(selected):
 
 
 def _grading_plan(env: dict) -> dict:
-    code = ("import json; from autograder.runner import select_checks; from autograder.points import points_for, "
+    code = ("import json; from autograder.grading.runner import select_checks; from autograder.points import points_for, "
             "is_extra_credit\n"
             "print(json.dumps({c.id: [c.task, points_for(c), is_extra_credit(c)] for c in select_checks(None, False)}))")
     proc = _python(code, ROOT, {"PYTHONPATH": str(ROOT), **env})
@@ -214,7 +214,7 @@ def test_the_full_release_is_unchanged(tmp_path):
 
 
 def test_the_gradescope_package_follows_the_selection(tmp_path):
-    from autograder.gradescope import build_package
+    from autograder.course.gradescope import build_package
 
     path = build_package(tmp_path / "gs", tasks="0,1,2,2a,2b,6", extra_credit="6")
     with zipfile.ZipFile(path) as zf:
@@ -255,7 +255,7 @@ def test_public_checks_of_the_release_pass_with_ranks_as_nobody(selected, world_
     sub = world_readable_parent / "solved"
     shutil.copytree(selected, sub, ignore=shutil.ignore_patterns("notebooks"))
     shutil.copy2(ROOT / "student_src" / "sync.py", sub / "student_src" / "sync.py")
-    # 2b's checks watch the collectives through autograder/spy.py, which each rank (nobody) imports
+    # 2b's checks watch the collectives through autograder/sandbox/spy.py, which each rank (nobody) imports
     proc = subprocess.run([str(py), "-m", "autograder", "check", ".", "--tasks", "2b", "--sandbox", "user",
                            "--json-only"], cwd=sub, capture_output=True, text=True, timeout=600,
                           env={**env, "PYTHONPATH": str(sub)})
@@ -296,7 +296,7 @@ def test_release_follows_the_course_in_points_toml(selected, tmp_path, monkeypat
         sorted(p.name for p in (selected / "notebooks").glob("*.ipynb"))
     assert (out / "autograder" / "points.toml").read_text() == (selected / "autograder" / "points.toml").read_text()
     # a points.toml that already says a course (its lines copied from a release) is rewritten, not added to
-    from autograder.selection import points_text
+    from autograder.course.selection import points_text
 
     text = (selected / "autograder" / "points.toml").read_text()
     assert points_text(text, resolve(None, None, selected / "autograder" / "points.toml")) == text

@@ -26,7 +26,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autograder import registry, runner, sandbox  # noqa: E402
+from autograder import registry  # noqa: E402
+from autograder.grading import runner  # noqa: E402
+from autograder.sandbox import sandbox  # noqa: E402
 
 STUDENT_MODULES = ["train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py"]
 HANG_GUARD = 600  # seconds; a guard against hangs only, never a speed assertion
@@ -331,7 +333,7 @@ import gc, json, os, sys
 from multiprocessing.connection import Connection
 # A determined cheat: report "ok" for this check before the grader's own code can, with a
 # payload shaped like a real one, then leave; and patch the rank's job runner for good measure.
-_w = sys.modules.get("autograder.worker")
+_w = sys.modules.get("autograder.sandbox.worker")
 if _w is not None:
     _w.Rank.run_job = lambda self, msg: {"rank": self.rank, "status": "ok", "payload": {}, "elapsed": 0.0}
 for _obj in gc.get_objects():
@@ -377,8 +379,8 @@ def test_a_check_that_breaks_the_sandbox_starts_no_new_one_when_it_ends(tmp_path
     then) and at interpreter exit (``_kill_all_groups``), so the new sandbox outlived the grader:
     the bwrap left running after ``make test``. Now kill() closes the broken sandbox; the next
     check's ``Pools.group`` starts one; once the grader stops, none starts."""
-    from autograder import leftovers
-    from autograder.pool import Settings
+    from autograder.sandbox import leftovers
+    from autograder.sandbox.pool import Settings
 
     pools = runner.Pools(Settings(), str(tmp_path), sandbox.choose("process"), transformers=False)
     try:
@@ -420,7 +422,7 @@ def test_the_suite_fails_when_a_sandbox_it_started_outlives_it(tmp_path):
     (tmp_path / "test_leak.py").write_text(textwrap.dedent(f"""
         import subprocess, sys
         sys.path.insert(0, {str(ROOT)!r})
-        from autograder import leftovers
+        from autograder.sandbox import leftovers
 
         def test_leaks_a_sandbox_process():
             proc = subprocess.Popen(["sleep", "300"])
@@ -441,7 +443,7 @@ def test_a_warm_sandbox_serves_the_next_submission_and_ends_with_the_block(tmp_p
     """``runner.sandboxes_kept_warm`` (the zoo's many gradings): the second submission is graded by the
     server the first started; a submission whose check kills the server loses that check only, and the
     next grading gets a new server; the block's end stops the server."""
-    from autograder import leftovers
+    from autograder.sandbox import leftovers
 
     bad = make_submission(tmp_path / "bad", profiling="""
         import os as _os, signal as _signal

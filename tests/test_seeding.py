@@ -1,5 +1,5 @@
 """One submission, one grade: a check's secrets come from the grading key, the submission's files,
-the check and the rank (``autograder/seeding.py``), so a regrade repeats every input.
+the check and the rank (``autograder/grading/seeding.py``), so a regrade repeats every input.
 
 The end-to-end tests grade a submission whose ``expected_allreduce_bytes`` raises with the secret
 its rank was given (found among the rank's objects, as a determined student would): the secrets
@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autograder import runner, seeding  # noqa: E402
+from autograder.grading import runner, seeding  # noqa: E402
 from test_sandbox import LEVELS, make_submission  # noqa: E402
 
 #: appended to profiling.py: every Task 4 check that calls it fails with the rank's secret

@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autograder import registry  # noqa: E402
-from autograder.pool import Settings  # noqa: E402
-from autograder.runner import grade  # noqa: E402
-from autograder.strip import strip_source  # noqa: E402
+from autograder.sandbox.pool import Settings  # noqa: E402
+from autograder.grading.runner import grade  # noqa: E402
+from autograder.course.strip import strip_source  # noqa: E402
 
 SOLUTION = (ROOT / "student_src" / "collectives.py").read_text()
 TASK_0 = {"0.init_4_ranks", "0.init_wrong_port_fails", "0.init_world_size_1", "0.ring_pass",
@@ -45,7 +45,7 @@ def by_id(results) -> dict:
 @pytest.fixture(scope="module", autouse=True)
 def _one_sandbox_for_the_file():
     """About a dozen gradings of Task 0 in a row: one sandbox server serves them all."""
-    from autograder.runner import sandboxes_kept_warm
+    from autograder.grading.runner import sandboxes_kept_warm
 
     with sandboxes_kept_warm():
         yield
@@ -69,8 +69,8 @@ def run(path: Path, only: set[str] | None = None, **settings):
 
 
 def test_task0_is_registered_everywhere():
-    from autograder.submission import PREFERRED
-    from autograder.strip import task_for
+    from autograder.grading.submission import PREFERRED
+    from autograder.course.strip import task_for
     assert registry.TASK_ORDER[0] == "0" and registry.TASK_MODULES["0"] == "collectives"
     assert PREFERRED["0"][0] == "task0"  # else the export's task folders (each holds collectives.py)
     assert task_for("student_src/collectives.py", "ring_pass") == "0"

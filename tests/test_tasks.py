@@ -47,7 +47,7 @@ def test_every_task_has_checks_and_every_check_a_task():
 
 
 def test_the_grader_reads_the_kits_table_without_importing_student_src():
-    code = ("import sys; import autograder.registry as r, autograder.submission, autograder.runner; "
+    code = ("import sys; import autograder.registry as r, autograder.grading.submission, autograder.grading.runner; "
             "assert not [m for m in sys.modules if m.startswith('student_src')], 'student_src imported'; "
             "print(r.TASK_ORDER, r.TASK_MODULES)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -8,7 +8,7 @@ function calls are recorded by wrapping ``torch.distributed`` in the rank.
 
 import torch
 
-from autograder import fixtures, judging
+from autograder.judging import fixtures, judging
 from autograder.public._sync import mean_check
 from autograder.registry import define_check
 

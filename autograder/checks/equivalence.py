@@ -11,7 +11,7 @@ trains the single-node reference on all the shares in the grader's own process
 (``references.single_node``; see ``references.py`` for why the shares are secret).
 """
 
-from autograder import fixtures, references
+from autograder.judging import fixtures, references
 from autograder.registry import define_check
 from autograder.task_table import tasks as task_table
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autograder import margins, references
+from autograder.judging import margins, references
 from autograder.public import task10 as shared
 from autograder.registry import CheckFailure, define_check
 

@@ -4,7 +4,7 @@ None gradients, world sizes 1 and 3, non-contiguous and float64 gradients, the c
 (definitions shared with 2a in ``_sync.py``), and the ``comm_log`` records.
 """
 
-from autograder import fixtures, judging
+from autograder.judging import fixtures, judging
 from autograder.checks._sync import WITH_NONE, define_all
 from autograder.registry import define_check
 

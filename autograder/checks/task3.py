@@ -7,7 +7,7 @@ rebuilds both from the secrets.
 
 import torch
 
-from autograder import fixtures
+from autograder.judging import fixtures
 from autograder.registry import CheckFailure, define_check
 
 STEPS, PER_RANK, LR = 3, 4, 0.2

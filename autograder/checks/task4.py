@@ -2,7 +2,7 @@
 
 import torch
 
-from autograder import fixtures
+from autograder.judging import fixtures
 from autograder.registry import CheckFailure, define_check
 
 CASES = [(1000, 4), (1000, 1), (4096, 2), (10, 3), (0, 4), (7, 8), (4 * 30522 * 64, 4), (123457, 3)]

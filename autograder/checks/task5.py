@@ -5,7 +5,7 @@ ranks, every rank on its own slice of a global batch, and each rank reports its 
 *every* optimizer step. The judge, in the grader's own process, trains a plain single-process
 model on the concatenated batch with our own code and requires the two to agree within ``TOL``
 (SGD, whose step is linear in the gradient). With AdamW it judges one step at a time instead
-(``autograder/stepwise.py`` says why a trajectory would fail a correct submission for some
+(``autograder/judging/stepwise.py`` says why a trajectory would fail a correct submission for some
 grading keys): the gradients each rank's optimizer saw against the whole batch's at that rank's
 own weights, and every step against AdamW replayed on them. Nothing the student wrote is used
 to compute what is right.
@@ -47,9 +47,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder import margins, stepwise
+from autograder.judging import margins, stepwise
 from autograder.registry import CheckFailure, define_check
-from autograder.spy import CollectiveSpy
+from autograder.sandbox.spy import CollectiveSpy
 
 #: Max allowed |param - baseline param| after any step, float32 without compression.
 TOL = 1e-5
@@ -180,13 +180,13 @@ def _optimizer(kind, params):
 
 
 def _param_seed(secret: int) -> int:
-    from autograder.fixtures import derive_seed
+    from autograder.judging.fixtures import derive_seed
     return derive_seed(secret, "toy-model")
 
 
 def _rank_batch(secret: int, step: int, micro: int):
     """One rank's share of the global batch of (step, micro-batch), from that rank's secret."""
-    from autograder.fixtures import derive_seed
+    from autograder.judging.fixtures import derive_seed
     g = torch.Generator().manual_seed(derive_seed(secret, "toy-batch", step, micro))
     return (torch.randint(0, VOCAB, (PER_RANK_BATCH, SEQ), generator=g),
             torch.randint(0, VOCAB, (PER_RANK_BATCH, SEQ), generator=g))
@@ -275,7 +275,7 @@ def _unflatten(flat: torch.Tensor) -> dict:
 
 
 def _adamw_problems(payloads: List[dict], secrets: List[int], settings: dict) -> List[str]:
-    """AdamW is judged step by step (``autograder/stepwise.py`` says why a whole trajectory is not):
+    """AdamW is judged step by step (``autograder/judging/stepwise.py`` says why a whole trajectory is not):
     each step's synced gradients against the whole batch's at the rank's own weights, and each
     step against AdamW replayed on those gradients."""
     micro = settings.get("micro", 1)

@@ -5,7 +5,7 @@ layer, a layer the forward never uses, parameters of very different sizes) for a
 with the student's ``ShardedOptimizer`` in two param groups, every rank on its own secret-seeded
 share of the batch, the gradients averaged by the grader's own all_reduce. The rank side and the
 judges are the public check's (``public/task6.py``): the judge checks every step against plain
-AdamW in the grader's own process, one step at a time (``autograder/stepwise.py``), and counts
+AdamW in the grader's own process, one step at a time (``autograder/judging/stepwise.py``), and counts
 the optimizer state from the tensors each rank's optimizer holds.
 
 * ``matches_adamw_4_ranks``: ``step`` calls broadcast (and nothing but the table's collectives);
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from autograder import judging
+from autograder.judging import judging
 from autograder.checks.task5 import ToyModel, _rank_batch
 from autograder.public import task6 as shared
 from autograder.registry import CheckFailure, define_check

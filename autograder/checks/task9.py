@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from autograder import fixtures, judging, margins
+from autograder.judging import fixtures, judging, margins
 from autograder.public import task9 as shared
 from autograder.registry import CheckFailure, define_check
 
@@ -346,7 +346,7 @@ def _(payloads, secrets):
 # ---------------------------------------------------------------- the tiny BERT, trained
 def _tiny_batch(secrets, step: int) -> dict:
     """The global batch: inputs and mask from stage 0's secret, labels from the last stage's."""
-    from autograder import references
+    from autograder.judging import references
 
     first, last = references.rank_batch(secrets[0], step, 1), references.rank_batch(secrets[-1], step, 1)
     return {**first, "labels": last["labels"]}
@@ -358,7 +358,7 @@ def _tiny_batch(secrets, step: int) -> dict:
               promise="training the ``tiny`` BERT cut into 2 stages (``build_stage``, 1F1B, 4 micro-batches, SGD) "
                       "gives the same losses as single-node training on the whole batch (within 1e-4)")
 def tiny_bert(ctx):
-    from autograder import references
+    from autograder.judging import references
 
     student = ctx.student("pipeline")
     model = references.tiny_model()
@@ -375,7 +375,7 @@ def tiny_bert(ctx):
 
 @tiny_bert.judge
 def _(payloads, secrets):
-    from autograder import references
+    from autograder.judging import references
 
     model = references.tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=references.LR)

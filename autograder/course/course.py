@@ -105,7 +105,7 @@ def nbgrader(course, *args: str, check: bool = True, env: dict | None = None) ->
 
 def add_kit(dest, kit: Path = KIT) -> None:
     """Copy the stripped ``student_src`` (and data scripts, public autograder) into ``dest``."""
-    from autograder.release import build_release
+    from autograder.course.release import build_release
 
     dest = Path(dest)
     with tempfile.TemporaryDirectory(prefix="kit-release-") as tmp:

@@ -5,7 +5,7 @@ which no other rank knows: the mean can only be had by communicating. The judge,
 own process, recomputes the exact mean from every rank's secret (``judging.judge_mean``).
 """
 
-from autograder import fixtures, judging
+from autograder.judging import fixtures, judging
 from autograder.registry import define_check
 
 

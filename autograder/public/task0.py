@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from autograder.fixtures import derive_seed
+from autograder.judging.fixtures import derive_seed
 from autograder.registry import CheckFailure, define_check
 
 #: elements of the ring's tensor: large enough that no transport can buffer a blocking send

@@ -5,14 +5,14 @@ the returned loss is this step's, 0-dim and detached; the optimizer and the sche
 each, in that order; each step uses only its own batch's gradient and clears it afterwards;
 ``sync_gradients`` runs once, after backward, before clipping and the step; clipping uses
 ``max_grad_norm`` (None or 0: none). The rank only records what the student's ``train_step``
-did (:func:`autograder.fixtures.record_train_calls`); the judge, in the grader's process,
+did (:func:`autograder.judging.fixtures.record_train_calls`); the judge, in the grader's process,
 replays a correct step on the same secret-seeded model and batches and decides
-(:mod:`autograder.judging`).
+(:mod:`autograder.judging.judging`).
 """
 
 import torch
 
-from autograder import fixtures, judging
+from autograder.judging import fixtures, judging
 from autograder.registry import CheckFailure, define_check
 
 

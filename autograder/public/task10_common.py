@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autograder import fixtures
+from autograder.judging import fixtures
 
 TASK = "10"
 #: the student files every Task 10 check imports (tensor_parallel.py imports the sequence-parallel pair)

@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from autograder import judging, margins
+from autograder.judging import judging, margins
 from autograder.public.task10_common import (BERT, BERT_TOKENS, COLUMN, EXPECTED_CALLS, IN, OUT, ROW, SHAPE, SP_BERT_TOKENS,
                                              SP_CALLS, SP_MARKED, SP_SHAPE, SP_WHY, SP_WIDTH, TASK, TOLERANCE, WHY,
                                              cols, draw, family, full_bert_layer, full_linear, layer_output, rows,

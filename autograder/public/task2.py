@@ -1,6 +1,6 @@
 """Public check for Task 2: ``build_train_loader`` shards do not overlap and cover the data."""
 
-from autograder import fixtures
+from autograder.judging import fixtures
 from autograder.registry import CheckFailure, define_check
 
 N, BATCH = 48, 4

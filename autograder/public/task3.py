@@ -2,7 +2,7 @@
 
 import torch
 
-from autograder import fixtures
+from autograder.judging import fixtures
 from autograder.registry import CheckFailure, define_check
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from autograder import fixtures
+from autograder.judging import fixtures
 from autograder.registry import CheckFailure, define_check
 
 CASES = [((3, 5), "float32"), ((7,), "float16"), ((2, 3), "int64"), ((4, 4), "bfloat16"), ((), "float64"),

@@ -9,7 +9,7 @@ tied and unused parameters, gradient accumulation and compression.)
 
 import torch
 
-from autograder import fixtures
+from autograder.judging import fixtures
 from autograder.registry import CheckFailure, define_check
 
 STEPS = 2

@@ -7,7 +7,7 @@ batch (drawn from the rank's secret), the grader averages the gradients with its
 After every step the judge, in the grader's own process, requires:
 
 * every rank's parameters identical, and every step plain AdamW's on the whole batch, judged one
-  step at a time (``autograder/stepwise.py`` says why): the gradients the optimizer was given
+  step at a time (``autograder/judging/stepwise.py`` says why): the gradients the optimizer was given
   against the whole batch's at the rank's weights, the parameters against AdamW replayed on them;
 * every parameter's optimizer state on one rank only, counted from the tensors the optimizer
   holds (``held_state``), not from anything the student reports.
@@ -22,7 +22,7 @@ import types
 
 import torch
 
-from autograder import fixtures, stepwise
+from autograder.judging import fixtures, stepwise
 from autograder.registry import CheckFailure, define_check
 
 LR = 0.02
@@ -188,7 +188,7 @@ def judge_identical(payloads, shapes: dict, steps: int, dtype=torch.float32) -> 
 
 def judge_matches(payloads, make_model, loss_of_rank, steps: int, dtype=torch.float32) -> None:
     """Every rank's parameters identical after every step, and each step plain AdamW's on the
-    whole batch: judged one step at a time (``autograder/stepwise.py`` says why): the gradients
+    whole batch: judged one step at a time (``autograder/judging/stepwise.py`` says why): the gradients
     the optimizer was given against the whole batch's at the rank's weights, the parameters
     against plain AdamW replayed on those gradients from the model's initial weights.
     ``make_model()`` builds the initial model; ``loss_of_rank(model, rank, step)`` a rank's loss."""

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from autograder import fixtures, judging, margins
+from autograder.judging import fixtures, judging, margins
 from autograder.public.task6 import _walk
 from autograder.registry import CheckFailure, define_check
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from autograder import fixtures, margins
+from autograder.judging import fixtures, margins
 from autograder.registry import CheckFailure, define_check
 
 EXAMPLES = 24

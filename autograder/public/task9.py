@@ -11,7 +11,7 @@ stage's optimizer is the grader's ``RecordingSGD``, which notes the gradients it
 The judge, in the grader's process, rebuilds the batch from the secrets and runs the whole model
 in one process (each micro-batch's loss scaled by 1/m, gradients accumulated, one SGD step) and
 requires, after every step and on every stage, the gradients the optimizer saw and the parameters
-after its step to equal that run's (SGD: a trajectory comparison is safe, ``autograder/stepwise.py``
+after its step to equal that run's (SGD: a trajectory comparison is safe, ``autograder/judging/stepwise.py``
 says why AdamW's is not). The hidden checks (``autograder/checks/task9.py``) reuse this module's
 rank side and judges for 1F1B on 2 and 4 stages, float64, the schedule's order, the activations
 a stage holds and the calls it makes.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autograder import fixtures, margins
+from autograder.judging import fixtures, margins
 from autograder.registry import CheckFailure, define_check
 
 WIDTH, CLASSES, BATCH = 6, 3, 12

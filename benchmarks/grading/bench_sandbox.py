@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from autograder import sandbox  # noqa: E402
-from autograder.pool import SandboxGroup, Settings  # noqa: E402
+from autograder.sandbox import sandbox  # noqa: E402
+from autograder.sandbox.pool import SandboxGroup, Settings  # noqa: E402
 
 
 def bench_level(level: str, sizes, repeat: int) -> dict:

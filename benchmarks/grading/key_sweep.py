@@ -1,6 +1,6 @@
 """Grade the solution's numeric checks under many grading keys; the smallest margin per check.
 
-A check's secrets derive from the grading key (``autograder/seeding.py``), so a check whose
+A check's secrets derive from the grading key (``autograder/grading/seeding.py``), so a check whose
 tolerance the solution exceeds for some keys fails a correct submission for every grading with
 such a key (issue 29). This runs each check's rank side ``--draws`` times with fresh secrets
 (``tests/key_sweep.py``) and reports, per check, the failures and the smallest margin

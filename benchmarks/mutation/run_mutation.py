@@ -80,19 +80,19 @@ TARGETS = {
                                "tests/test_bucketed.py -k 'without_process_group or hooks_mark_stale or tied_weight "
                                "or forward_delegates or multi_rank'", timeout=240.0),
     "collectives": Target("student_src/collectives.py", (), "tests/test_task0.py -k solution"),
-    "judging": Target("autograder/judging.py", ("_close", "compare_grads", "expected_mean_grads", "rank_grads"),
+    "judging": Target("autograder/judging/judging.py", ("_close", "compare_grads", "expected_mean_grads", "rank_grads"),
                       "tests/test_check_zoo.py -k tolerance_is_tight"),
     # the verdict (tolerance, steps, the judge and the single-node reference it compares with)
-    "references": Target("autograder/references.py",
+    "references": Target("autograder/judging/references.py",
                          ("STEPS", "TOL", "rank_batch", "single_node", "judge_equivalence"),
                          f"{NUMBERS} -k 'equivalence'"),
     # the rank side of the same run: the batches, the probe and the run each rank makes
-    "references-rank": Target("autograder/references.py", ("_batch", "probe_batch", "probe_loss", "distributed_run"),
+    "references-rank": Target("autograder/judging/references.py", ("_batch", "probe_batch", "probe_loss", "distributed_run"),
                               f"{NUMBERS} -k 'single_node or rank_side'"),
     # the model the reference trains must be the kit's tiny one (a fast test of its own)
-    "references-model": Target("autograder/references.py", ("VOCAB", "tiny_model"),
+    "references-model": Target("autograder/judging/references.py", ("VOCAB", "tiny_model"),
                                f"{NUMBERS} -k 'kits_tiny_model'"),
-    "fixtures": Target("autograder/fixtures.py", ("derive_seed", "rank_grad", "non_contiguous", "trainable_names",
+    "fixtures": Target("autograder/judging/fixtures.py", ("derive_seed", "rank_grad", "non_contiguous", "trainable_names",
                                                   "set_rank_grads", "grads_payload", "trusted_step"),
                        f"{NUMBERS} -k 'seed or rank_grad or trainable or non_contiguous or trusted_step'"),
     "data-cache": Target("student_src/kit/core/data.py",

@@ -131,7 +131,7 @@ class Todo:
 
 
 def _stub_tag(node) -> str | None:
-    """``"TODO(task 2)"`` if ``node`` is the release's stub (``autograder/strip.py`` writes it), else None."""
+    """``"TODO(task 2)"`` if ``node`` is the release's stub (``autograder/course/strip.py`` writes it), else None."""
     if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
             and getattr(node.exc.func, "id", None) == "NotImplementedError" and node.exc.args):
         return None

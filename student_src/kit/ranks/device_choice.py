@@ -16,7 +16,7 @@ it), and on nodes with several GPUs. One rule covers them all:
 
 ``--backend nccl`` with more local ranks than GPUs is refused in one line, before any rank
 starts. Work that touches CPU tensors only gets gloo, always: ``launch()`` without a run config
-(benchmarks, demos) and the grader's ranks (``autograder/worker.py``).
+(benchmarks, demos) and the grader's ranks (``autograder/sandbox/worker.py``).
 
 Local ranks are the ranks of the run on this machine: ``--world_size`` under ``--spawn``,
 torchrun's ``LOCAL_WORLD_SIZE``, else 1 (the course's one process per node with ``--master_ip``;

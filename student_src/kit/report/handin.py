@@ -11,7 +11,7 @@ both next to the task folders so one upload holds everything:
   (else ``runs/quick``), always with ``report/index.html``: one page, the plots embedded.
 
 It says in one line each what it packed and what is missing (``Packed.lines``). The grader
-ignores both folders: it grades only the student modules it finds (``autograder/submission.py``).
+ignores both folders: it grades only the student modules it finds (``autograder/grading/submission.py``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import time
 import traceback
 
 from . import wire
-from .registry import CheckFailure
+from ..registry import CheckFailure
 
 STUDENT_PACKAGE = "student_src"
 KIT_PACKAGE = "student_src.kit"
@@ -90,7 +90,7 @@ def _redirect_output(out_conn) -> None:
     sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=False)
     # a fatal signal (gloo's SIGABRT on a size mismatch, a segfault) dumps every thread's stack: the death
-    # message names the student line the rank was at (pool._death_message)
+    # message names the student line the rank was at (endings.death_message)
     faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
@@ -132,7 +132,7 @@ def students_fault(exc: BaseException, workspace: str | None) -> bool:
 def _grader_path(filename: str) -> str:
     """``autograder/...``, ``student_src/kit/...``, ``torch/...`` (from site-packages on), else the file's name."""
     path = filename.replace(os.sep, "/")
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace(os.sep, "/") + "/"
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).replace(os.sep, "/") + "/"
     if path.startswith(here):
         return path[len(here):]
     for marker in ("/student_src/kit/", "/site-packages/", "/dist-packages/"):
@@ -240,7 +240,7 @@ class Rank:
     # --- jobs ------------------------------------------------------------------------------
     def run_job(self, msg: dict) -> dict:
         import torch
-        from . import registry
+        from .. import registry
 
         t0 = time.perf_counter()
         self.enter_workspace(msg.get("workspace"))

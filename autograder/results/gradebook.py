@@ -54,7 +54,7 @@ def _grade_one(sub: Path, out_dir: Path, tasks, timeout, sandbox=None) -> dict:
         # cwd: this grader's own folder, which `-m` puts first on sys.path (never the caller's
         # folder, which may be a submission with an autograder/ of its own)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=Path(__file__).resolve().parent.parent)
+                                cwd=Path(__file__).resolve().parents[2])
         _running.add(proc)
     try:
         stdout, stderr = proc.communicate()

@@ -9,7 +9,7 @@ stripped, hidden tests removed, outputs cleared), the public tests, and the part
 autograder that runs the public checks (``python -m autograder check``).
 
 What never ships: the hidden checks (``autograder/checks/``), the reference runs
-(``autograder/references.py``), the instructor tools (release, strip, gradescope, gradebook),
+(``autograder/judging/references.py``), the instructor tools (release, strip, gradescope, gradebook),
 the nbgrader course (``autograder/nbgrader/``, ``autograder/course/``), any other test.
 
 The release is built in a temporary folder next to OUT and renamed into place only when it is
@@ -34,22 +34,23 @@ from pathlib import Path
 
 from .selection import apply as apply_course, resolve, source_points
 from .strip import has_markers, strip_notebook, strip_source
-from .task_table import tasks as task_table
+from ..task_table import tasks as task_table
 
-SOURCE_ROOT = Path(__file__).resolve().parent.parent
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 #: top-level files and folders that ship (missing ones are skipped)
 MANIFEST = ["LICENSE", "LICENSE.md", "pyproject.toml", "environment.yml", "requirements.txt",
             "run_glue.py", "student_src", "data_scripts", "notebooks", "tests/public"]
 #: the students' README (a template), Makefile and .gitignore
-STUDENT_DIR = Path(__file__).resolve().parent / "student"
+STUDENT_DIR = Path(__file__).resolve().parents[1] / "student"
 SHARED = re.compile(r"<!-- shared:(\w+)[^>]*-->\n(.*?)<!-- /shared -->", re.S)
 PLACEHOLDER = re.compile(r"\{\{shared:(\w+)\}\}")
-#: what of autograder/ never ships (everything else does: the public checks need the runner, the
-#: sandbox, the judges, ...; new grader modules ship without editing this file, and ``verify``
-#: imports the check command in the release to prove it is complete)
-INSTRUCTOR_ONLY = {"checks", "references.py", "release.py", "strip.py", "gradescope.py", "gradebook.py", "course",
-                   "nbgrader", "student", "README.md", "selection.py"}
+#: what of autograder/ never ships, as paths inside it (everything else does: the public checks need the
+#: runner, the sandbox, the judges, ...; new grader modules ship without editing this file, and ``verify``
+#: imports the check command in the release to prove it is complete). ``course/`` holds the release,
+#: stripping, task selection, Gradescope and nbgrader tools: all of it stays out
+INSTRUCTOR_ONLY = {"checks", "course", "judging/references.py", "results/gradebook.py", "nbgrader", "student",
+                   "README.md"}
 #: public test files at the top of tests/ (glob patterns)
 PUBLIC_TESTS = ["test_public*.py"]
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info", ".pytest_cache",
@@ -64,6 +65,16 @@ def _copy(src: Path, dst: Path) -> None:
     else:
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dst)
+
+
+def _copy_grader(src: Path, dst: Path) -> None:
+    """``autograder/`` less what ``INSTRUCTOR_ONLY`` names (at any depth: ``judging/references.py``)."""
+    def ignore(folder, names):
+        rel = Path(folder).relative_to(src)
+        hidden = {n for n in names if (rel / n).as_posix() in INSTRUCTOR_ONLY or n.startswith(".")}
+        return hidden | set(IGNORE(folder, names))
+
+    shutil.copytree(src, dst, ignore=ignore, symlinks=False)
 
 
 def shared_sections(readme_text: str) -> dict[str, str]:
@@ -143,7 +154,7 @@ def build_release(out, force: bool = False, verify_imports: bool = True, source:
     """Build the student release into ``out`` (see the module docstring); returns its path.
 
     ``tasks`` ("0,1,2,2a,2b,3,4" or a list) and ``extra_credit`` pick the course's tasks
-    (``autograder/selection.py``; default: points.toml's ``[tasks]``, else every task)."""
+    (``autograder/course/selection.py``; default: points.toml's ``[tasks]``, else every task)."""
     course = resolve(tasks, extra_credit, source_points(source))  # a bad selection fails before anything is written
     out = Path(out).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
@@ -159,9 +170,7 @@ def build_release(out, force: bool = False, verify_imports: bool = True, source:
         (tmp / "README.md").write_text(student_readme(source), encoding="utf-8")
         shutil.copy2(STUDENT_DIR / "Makefile", tmp / "Makefile")
         shutil.copy2(STUDENT_DIR / "gitignore", tmp / ".gitignore")  # named so it does not apply to autograder/student/
-        for item in sorted((source / "autograder").iterdir()):
-            if item.name not in INSTRUCTOR_ONLY and item.name != "__pycache__" and not item.name.startswith("."):
-                _copy(item, tmp / "autograder" / item.name)
+        _copy_grader(source / "autograder", tmp / "autograder")
         for pattern in PUBLIC_TESTS:
             for f in sorted((source / "tests").glob(pattern)):
                 _copy(f, tmp / "tests" / f.name)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 
-from .task_table import tasks as task_table
+from ..task_table import tasks as task_table
 
 BEGIN = re.compile(r"^([ \t]*)### BEGIN SOLUTION[ \t]*\r?\n?$")
 END = re.compile(r"^[ \t]*### END SOLUTION[ \t]*\r?\n?$")

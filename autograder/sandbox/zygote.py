@@ -1,6 +1,6 @@
 """The sandbox's own server: the one trusted process inside the sandbox, parent of every rank.
 
-``autograder.sandbox`` starts it (under bubblewrap, or directly in the fallback) with one end of
+``autograder.sandbox.sandbox`` starts it (under bubblewrap, or directly in the fallback) with one end of
 a Unix socket pair. It imports torch (and the checks) once, then answers requests:
 
 * ``spawn``: fork ``world_size`` fresh rank processes for one check. The request carries, as

@@ -2,7 +2,7 @@
 
 The judges run in the grader's own process, which never runs student code, and they get every
 rank's secret (``judge(payloads, secrets)``). From the secrets they rebuild each rank's
-inputs (gradients, models, batches: :mod:`autograder.fixtures` derives them from the secret)
+inputs (gradients, models, batches: :mod:`autograder.judging.fixtures` derives them from the secret)
 and recompute what the right answer is. A rank's payload is only *observations*; nothing in it
 is trusted to say "passed": to forge a passing payload a rank would need every other rank's
 secret, i.e. it would have to communicate, which is the work the checks ask for.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import fixtures as F
-from .registry import CheckFailure
+from ..registry import CheckFailure
 
 SYNC_FUNCTIONS = F.SYNC_FUNCTIONS
 #: per task, the collectives its code may call and those it must call (the kit's task table)
@@ -136,7 +136,7 @@ def _clip(grads, max_norm):
 
 
 def replay_train_calls(secret: int, calls: list[dict], lr: float, salt: str) -> list[dict]:
-    """What a correct ``train_step`` does in :func:`autograder.fixtures.record_train_calls`.
+    """What a correct ``train_step`` does in :func:`autograder.judging.fixtures.record_train_calls`.
 
     Per call: the loss of the batch before the step, this batch's own gradient (``local``),
     what the sync must see, what ``optimizer.step()`` must see, and the gradient that

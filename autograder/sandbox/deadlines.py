@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-COSTS_FILE = Path(__file__).resolve().parent / "check_costs.json"
+COSTS_FILE = Path(__file__).resolve().parents[1] / "check_costs.json"
 
 
 @dataclass

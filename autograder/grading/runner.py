@@ -16,12 +16,13 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from .task_table import tasks as task_table
-
-from . import deadlines, leftovers, registry, seeding
-from .points import PointsError, check_file as check_points_file, course_tasks, in_course, points_for, visibility_for
-from .pool import PoolError, SandboxGroup, Settings
-from .results import Results, TestResult
+from .. import registry
+from ..points import PointsError, check_file as check_points_file, course_tasks, in_course, points_for, visibility_for
+from ..results.results import Results, TestResult
+from ..sandbox import deadlines, leftovers
+from ..sandbox.pool import PoolError, SandboxGroup, Settings
+from ..task_table import tasks as task_table
+from . import seeding
 from .submission import Submission, SubmissionError, kit_has
 
 #: tasks whose checks build a BERT (the task table's ``single_node_equivalence`` and ``checks_build_bert``):
@@ -40,7 +41,7 @@ class Pools:
     """Fresh rank groups for every check, forked inside one sandbox (``sandbox.py``)."""
 
     def __init__(self, settings: Settings, workdir: str, isolation, transformers: bool = True):
-        from .sandbox import Sandbox
+        from ..sandbox.sandbox import Sandbox
 
         self.settings = settings
         self.sandbox = Sandbox(isolation, readable=[workdir], transformers=transformers,
@@ -49,7 +50,7 @@ class Pools:
 
     def group(self, world_size: int) -> SandboxGroup:
         """``world_size`` new ranks for one check (killed, with all they started, by ``kill()``)."""
-        from .sandbox import SandboxError
+        from ..sandbox.sandbox import SandboxError
         try:
             if self.sandbox.proc is None:  # closed after a check broke it (SandboxGroup.kill): a new one
                 self.sandbox.start(wait=True)
@@ -129,11 +130,11 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     """Grade ``submission_path``; never raises for anything the student's code does.
 
     ``sandbox``: the isolation level for student code (``auto`` takes the strongest this host
-    allows; see ``autograder.sandbox``). Every check gets fresh ranks, with deadlines from the
+    allows; see ``autograder.sandbox.sandbox``). Every check gets fresh ranks, with deadlines from the
     reference solution's own cost (``deadlines.py``). ``observe(check, outcome)``, if given, sees
     what every check's ranks did (``costs.record`` measures the costs with it).
     """
-    from .sandbox import GraderFiles, choose, SandboxError
+    from ..sandbox.sandbox import GraderFiles, choose, SandboxError
     settings = settings or Settings()
     t0 = time.monotonic()
     results = Results()
@@ -284,7 +285,7 @@ def _grader_roots() -> list:
     """The grader's own files: the autograder package and the trusted kit."""
     from pathlib import Path
     from .submission import SubmissionError, trusted_student_src
-    roots = [Path(__file__).resolve().parent]
+    roots = [Path(__file__).resolve().parents[1]]
     try:
         roots.append(trusted_student_src() / "kit")
     except SubmissionError:

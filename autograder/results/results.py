@@ -23,8 +23,8 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import points as _points
-from .task_table import tasks as task_table
+from .. import points as _points
+from ..task_table import tasks as task_table
 
 MAX_TEST_OUTPUT = 8000
 #: the table's width in columns (JupyterLab wraps wider output; so do 100-column terminals)

@@ -1,6 +1,6 @@
 """Where student code runs: a bubblewrap sandbox, or the strongest fallback the host allows.
 
-Every process that runs student code is a rank forked by ``autograder.zygote``, the one trusted
+Every process that runs student code is a rank forked by ``autograder.sandbox.zygote``, the one trusted
 server inside the sandbox. The grader (this side) decides every verdict; the sandbox only keeps
 student code away from what it must not touch, and makes sure nothing it starts outlives its
 check.
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .task_table import ENV as TASK_TABLE_ENV, table_path
+from ..task_table import ENV as TASK_TABLE_ENV, table_path
 from . import leftovers
 
 LEVELS = ("bwrap", "user", "process")
@@ -56,7 +56,7 @@ SCRATCH_BYTES = 1 << 30   # the sandbox's /tmp (memory-backed): a submission can
 ENV_KEEP = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LC_", "OMP_", "MKL_", "TORCH_", "GLOO_", "HF_",
             "TRANSFORMERS_", "TOKENIZERS_", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "KMP_")
 NOBODY = 65534
-GRADER_PACKAGE = Path(__file__).resolve().parent
+GRADER_PACKAGE = Path(__file__).resolve().parents[1]
 
 DESCRIPTIONS = {
     "bwrap": ("bubblewrap sandbox: own PID, network (loopback only), IPC and mount namespaces, no "
@@ -306,7 +306,7 @@ class Sandbox:
             if level == "user":
                 os.chmod(self.host_scratch, 0o711)
         env["HOME"] = env["TMPDIR"] = self.scratch
-        cmd = prefix + [sys.executable, "-m", "autograder.zygote", str(theirs.fileno()), self.scratch, in_ns, run_as]
+        cmd = prefix + [sys.executable, "-m", "autograder.sandbox.zygote", str(theirs.fileno()), self.scratch, in_ns, run_as]
         try:
             self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -25,6 +25,7 @@ if os.environ.get("AUTOGRADER_PRELOAD_TRANSFORMERS", "1") == "1":
     except Exception:  # pragma: no cover
         pass
 
-from . import registry, worker  # noqa: F401,E402
+from .. import registry  # noqa: E402
+from . import worker  # noqa: F401,E402
 
 registry.discover()

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from autograder import margins
-from autograder.fixtures import derive_seed, trusted_step
+from autograder.judging import margins
+from autograder.judging.fixtures import derive_seed, trusted_step
 
 STEPS = 3
 GLOBAL_BATCH = 8

@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import points as _points
-from .task_table import tasks as task_table
+from .. import points as _points
+from ..task_table import tasks as task_table
 
 
 @dataclass(frozen=True)

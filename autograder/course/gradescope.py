@@ -58,8 +58,8 @@ fi
 # torch first, pinned, CPU build: the kit and the checks are written against this version
 "$PREFIX/bin/python" -m pip install "{TORCH_PIN}" --index-url https://download.pytorch.org/whl/cpu
 "$PREFIX/bin/python" -m pip install psutil "$SOURCE/kit"
-# the grading key (autograder/seeding.py), made once in this image: a regrade repeats every input
-"$PREFIX/bin/python" -c "from autograder.seeding import grading_key; grading_key()"
+# the grading key (autograder/grading/seeding.py), made once in this image: a regrade repeats every input
+"$PREFIX/bin/python" -c "from autograder.grading.seeding import grading_key; grading_key()"
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash

@@ -25,9 +25,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .task_table import tasks as task_table
+from ..task_table import tasks as task_table
 
-from .registry import TASK_MODULES
+from ..registry import TASK_MODULES
 
 STUDENT_FILES = {f"{m}.py" for m in TASK_MODULES.values()}
 SKIP_DIRS = {"__pycache__", "__MACOSX", ".git", ".venv", "venv", "node_modules", ".ipynb_checkpoints", "kit"}
