@@ -26,8 +26,10 @@ KIT = ROOT / "student_src" / "kit"
 
 #: the kit's rooms from the ground floor up; "contract" = the modules at the top of the kit
 #: (errors, tasks, student_api, compression). A room may import itself and the rooms before it.
-ROOMS = ("contract", "plots", "core", "ranks", "measure", "resume", "train", "whatif", "report", "cluster",
-         "notebook", "demo")
+ROOMS = ("contract", "plots", "core", "ranks", "measure", "resume", "parallel", "train", "whatif", "report",
+         "cluster", "notebook", "demo")
+#: the parallelisms of ``parallel/``, each a room of its own: none imports another (they share ``registry``)
+PARALLELISMS = ("pipeline", "tensor")
 
 
 @dataclass(frozen=True)
@@ -243,6 +245,36 @@ def test_every_room_is_in_the_order_and_the_map():
 def test_kit_imports_run_down_the_rooms():
     wrong = against_order(imports(KIT, "student_src.kit"), KIT, "student_src.kit")
     assert not wrong, "imports against the order of rooms " + str(ROOMS) + ":\n" + "\n".join(map(str, wrong))
+
+
+def test_each_parallelism_is_a_room_of_its_own():
+    """``parallel/pipeline`` and ``parallel/tensor`` (and the next ones) import neither each other nor the
+    package's face (``parallel/__init__.py``, which imports them all): only ``parallel.registry``."""
+    folders = {p.name for p in (KIT / "parallel").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(PARALLELISMS)
+    face = "student_src.kit.parallel"
+
+    def parallelism(module):
+        parts = module.split(".")
+        return parts[3] if module.startswith(face + ".") and len(parts) > 3 and parts[3] in PARALLELISMS else None
+
+    wrong = [e for e in imports(KIT, "student_src.kit") if parallelism(e.source)
+             and (e.target == face or parallelism(e.target) not in (None, parallelism(e.source)))]
+    assert not wrong, "a parallelism imports another one, or parallel/__init__:\n" + "\n".join(map(str, wrong))
+
+
+def test_the_generic_layers_name_no_parallelism():
+    """``train/``, ``measure/`` and ``resume/`` compare no ``sync`` kind with a parallelism's
+    (``"pipeline"``, ``"tensor_parallel"``): they look the task up in what the rooms register."""
+    named = []
+    for room in ("train", "measure", "resume"):
+        for path in sorted((KIT / room).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Compare) and any(
+                        isinstance(c, ast.Constant) and c.value in ("pipeline", "tensor_parallel")
+                        for c in [node.left, *node.comparators]):
+                    named.append(f"{path.relative_to(KIT)}:{node.lineno}")
+    assert not named, named
 
 
 def test_kit_imports_inside_functions_say_why():

@@ -10,6 +10,7 @@ from student_src.kit.measure import memory_model as mm
 from student_src.kit import tasks
 from student_src.kit.errors import KitError
 from student_src.kit.measure.memory_meter import RunMemoryMeter, measure, optimizer_kind, optimizers_in
+from student_src.kit.parallel.pipeline import memory as pipeline_memory
 
 
 # --------------------------------------------------------------------------- the model
@@ -216,12 +217,12 @@ def test_the_plot_puts_measured_beside_predicted_per_task_and_world_size():
 # --------------------------------------------------------------------------- Task 9: a pipeline's stages and activations
 def test_pipeline_held_micro_batches():
     """AFAB holds m micro-batches on every stage; 1F1B at most p - stage, fewer when m is smaller."""
-    assert [mm.pipeline_held("afab", s, 4, 8) for s in range(4)] == [8, 8, 8, 8]
-    assert [mm.pipeline_held("1f1b", s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
-    assert [mm.pipeline_held("1f1b", s, 4, 2) for s in range(4)] == [2, 2, 2, 1]
+    assert [pipeline_memory.pipeline_held("afab", s, 4, 8) for s in range(4)] == [8, 8, 8, 8]
+    assert [pipeline_memory.pipeline_held("1f1b", s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
+    assert [pipeline_memory.pipeline_held("1f1b", s, 4, 2) for s in range(4)] == [2, 2, 2, 1]
     with pytest.raises(KitError, match="unknown schedule"):
-        mm.pipeline_held("gpipe", 0, 2, 4)
-    rows = mm.pipeline_rows([{"groups": [[10, 5]]}, {"groups": [[3], [2]]}], [0, 1, 0, 1])
+        pipeline_memory.pipeline_held("gpipe", 0, 2, 4)
+    rows = pipeline_memory.pipeline_rows([{"groups": [[10, 5]]}, {"groups": [[3], [2]]}], [0, 1, 0, 1])
     assert [(r["rank"], r["stage"], r["states"]) for r in rows] == [(0, 0, 16 * 15), (1, 1, 16 * 5), (2, 0, 240), (3, 1, 80)]
 
 

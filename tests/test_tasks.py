@@ -30,8 +30,8 @@ def test_every_row_names_what_exists(task):
         assert task.sync in tasks.SYNC_KINDS
     assert task.traffic in traffic_model.PATTERNS
     # a pipeline (Task 9) is distributed but syncs no gradients: its stages send activations (its setup names the
-    # step's sends for the traffic model, traffic_model.pipeline_calls, not a gradient pattern);
-    # tensor parallelism (Task 10) sends activations too (its setup names them: traffic_model.tp_calls)
+    # step's sends for the traffic model, parallel/pipeline/traffic.py's pipeline_calls, not a gradient pattern);
+    # tensor parallelism (Task 10) sends activations too (its setup names them: parallel/tensor/traffic.py's tp_calls)
     syncs = task.distributed and task.sync not in ("pipeline", "tensor_parallel")
     assert (task.traffic is None) == (not syncs), "a task that syncs gradients needs a traffic pattern"
     if task.must_call:

@@ -1,4 +1,4 @@
-"""Task 10 measured: tensor parallelism's bytes on the wire (traffic_model.tp_calls) and what a rank
+"""Task 10 measured: tensor parallelism's bytes on the wire (parallel/tensor/traffic.py's tp_calls) and what a rank
 holds (memory_model's "tensor_parallel"), predicted and measured by the kit's meters; and the kit's
 check of the student's 2-D mesh."""
 
@@ -16,7 +16,9 @@ import pytest
 from student_src.kit.errors import KitError
 from student_src.kit.measure import memory_model as mm
 from student_src.kit.measure import traffic_model as model
-from student_src.kit.train import tp_helpers
+from student_src.kit.parallel.tensor import layers as tp_helpers
+from student_src.kit.parallel.tensor import memory as tp_memory  # importing the room registers "tensor_parallel" with mm
+from student_src.kit.parallel.tensor import traffic as tp_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,20 +28,20 @@ def test_tp_calls_four_activation_all_reduces_per_layer_and_the_dp_gradients():
     """Per TP group and layer 2 all_reduces forward and 2 backward of b x s x h x 4 bytes, the clip's
     float32; with replicas every gradient of a rank's model all_reduced over its DP group."""
     act, grads = 8 * 32 * 64 * 4, [1000, 40, 4]
-    pure = model.tp_calls(2, 2, 2, act, grads)
+    pure = tp_traffic.tp_calls(2, 2, 2, act, grads)
     assert pure == [("all_reduce", act, (0, 1))] * 8 + [("all_reduce", 4, (0, 1))]
     t = model.ranked_calls_traffic(pure, 2)
     assert t.total_payload == 8 * model.allreduce_traffic(act, 2).total_payload + model.allreduce_traffic(4, 2).total_payload
     # TP 2 x DP 2: TP groups (0, 1) and (2, 3), DP groups (0, 2) and (1, 3)
-    calls = model.tp_calls(4, 2, 2, act, grads, clip=False)
+    calls = tp_traffic.tp_calls(4, 2, 2, act, grads, clip=False)
     assert calls.count(("all_reduce", act, (0, 1))) == calls.count(("all_reduce", act, (2, 3))) == 8
     assert [c for c in calls if c[2] == (1, 3)] == [("all_reduce", s, (1, 3)) for s in grads]
     four = model.ranked_calls_traffic(calls, 4)
     dp = sum((model.allreduce_traffic(s, 2) for s in grads), model.Traffic.zero(2))
     assert four.sent[2] == 8 * model.allreduce_traffic(act, 2).sent[0] + dp.sent[1]
     # T = 1 is Task 2b (no activation crosses a rank); T = world sends no gradient
-    assert model.tp_calls(2, 1, 2, act, grads) == [("all_reduce", s, (0, 1)) for s in grads]
-    assert all(c[1] in (act, 4) for c in model.tp_calls(4, 4, 2, act, grads))
+    assert tp_traffic.tp_calls(2, 1, 2, act, grads) == [("all_reduce", s, (0, 1)) for s in grads]
+    assert all(c[1] in (act, 4) for c in tp_traffic.tp_calls(4, 4, 2, act, grads))
     # a step with the trainer's logging all_gather over every rank
     assert model.step_traffic("10", 2, [], calls=pure).total_payload == t.total_payload + 2 * model.LOGGING_COLLECTIVE[1]
 
@@ -50,16 +52,16 @@ def test_tp_calls_with_sequence_parallelism_gathers_and_scatters_in_place_of_all
     parameter used on a chunk only, the clip's; the DP groups as without it. On gloo a reduce_scatter is a
     whole all_reduce: SP sends TP's bytes plus the all_gathers."""
     act, grads, marked = 8 * 32 * 64 * 4, [1000, 40, 4], [256, 256]
-    sp = model.tp_calls(2, 2, 2, act, grads, sequence_parallel=True, sp_grad_nbytes=marked)
+    sp = tp_traffic.tp_calls(2, 2, 2, act, grads, sequence_parallel=True, sp_grad_nbytes=marked)
     assert sp.count(("all_gather", act // 2, (0, 1))) == 4 * 2 + 2
     assert sp.count(("reduce_scatter", act, (0, 1))) == 4 * 2
     assert [c for c in sp if c[0] == "all_reduce"] == [("all_reduce", 256, (0, 1))] * 2 + [("all_reduce", 4, (0, 1))]
-    plain = model.ranked_calls_traffic(model.tp_calls(2, 2, 2, act, grads, clip=False), 2)
+    plain = model.ranked_calls_traffic(tp_traffic.tp_calls(2, 2, 2, act, grads, clip=False), 2)
     t = model.ranked_calls_traffic(sp, 2)
     gathers = 10 * model.allgather_traffic(act // 2, 2).total_payload
     assert t.total_payload == (plain.total_payload + gathers + sum(model.allreduce_traffic(n, 2).total_payload
                                                                    for n in marked + [4]))
-    four = model.tp_calls(4, 2, 2, act, grads, clip=False, sequence_parallel=True, sp_grad_nbytes=marked)
+    four = tp_traffic.tp_calls(4, 2, 2, act, grads, clip=False, sequence_parallel=True, sp_grad_nbytes=marked)
     assert [c for c in four if c[2] == (1, 3)] == [("all_reduce", n, (1, 3)) for n in grads]
 
 
@@ -68,10 +70,10 @@ def test_tp_calls_with_a_vocab_parallel_embedding_add_one_forward_all_reduce_per
     with or without --sequence_parallel; the DP groups as without it (the table's shard is in grad_nbytes)."""
     act, grads = 8 * 32 * 64 * 4, [1000, 40, 4]
     for sp in (False, True):
-        plain = model.tp_calls(4, 2, 2, act, grads, sequence_parallel=sp, sp_grad_nbytes=[256])
-        vp = model.tp_calls(4, 2, 2, act, grads, sequence_parallel=sp, sp_grad_nbytes=[256], vocab_parallel=True)
+        plain = tp_traffic.tp_calls(4, 2, 2, act, grads, sequence_parallel=sp, sp_grad_nbytes=[256])
+        vp = tp_traffic.tp_calls(4, 2, 2, act, grads, sequence_parallel=sp, sp_grad_nbytes=[256], vocab_parallel=True)
         assert sorted(vp) == sorted(plain + [("all_reduce", act, (0, 1)), ("all_reduce", act, (2, 3))])
-    assert model.tp_calls(2, 1, 2, act, grads, vocab_parallel=True) == model.tp_calls(2, 1, 2, act, grads)  # T = 1
+    assert tp_traffic.tp_calls(2, 1, 2, act, grads, vocab_parallel=True) == tp_traffic.tp_calls(2, 1, 2, act, grads)  # T = 1
 
 
 class _FakeDist:
@@ -123,13 +125,13 @@ def test_tp_holds_one_tth_of_each_cut_weight_and_the_rest_whole():
     assert len(rows) == 4 and rows[0]["states"] == 16 * (cut / 2 + rest) == rows[3]["states"]
     assert mm.for_model("tp", 4, layout, tp_size=2, partition=None) == rows
     assert mm.per_rank("tensor_parallel", 2, 1000, tp_size=2)[0]["params"] == 4 * 500
-    assert mm.is_tp_cut("bert.encoder.layer.1.attention.output.dense.weight")
-    assert not mm.is_tp_cut("bert.encoder.layer.1.attention.output.dense.bias")
-    assert mm.is_tp_cut("bert.encoder.layer.0.intermediate.dense.bias")
-    assert not mm.is_tp_cut("bert.encoder.layer.0.output.LayerNorm.weight")
+    assert tp_memory.is_tp_cut("bert.encoder.layer.1.attention.output.dense.weight")
+    assert not tp_memory.is_tp_cut("bert.encoder.layer.1.attention.output.dense.bias")
+    assert tp_memory.is_tp_cut("bert.encoder.layer.0.intermediate.dense.bias")
+    assert not tp_memory.is_tp_cut("bert.encoder.layer.0.output.LayerNorm.weight")
     # --vocab_parallel: the word embeddings (30522 x 64, most of tiny) cut too
-    assert not mm.is_tp_cut("bert.embeddings.word_embeddings.weight")
-    assert mm.is_tp_cut("bert.embeddings.word_embeddings.weight", vocab_parallel=True)
+    assert not tp_memory.is_tp_cut("bert.embeddings.word_embeddings.weight")
+    assert tp_memory.is_tp_cut("bert.embeddings.word_embeddings.weight", vocab_parallel=True)
     assert layout["tp_vocab"] == [30522 * 64]
     vp = mm.for_model("tp", 4, layout, tp_size=2, vocab_parallel=True)
     assert vp[0]["states"] == 16 * ((cut + 30522 * 64) / 2 + rest - 30522 * 64)

@@ -1,4 +1,4 @@
-"""Task 10's checkpoints (kit/resume/tp_state.py): each TP rank saves its own shards under its TP rank's
+"""Task 10's checkpoints (kit/parallel/tensor/checkpoint.py): each TP rank saves its own shards under its TP rank's
 prefix, a run resumed on the same layout gives the uninterrupted run's losses exactly, another layout
 is refused in one line before any rank starts."""
 

@@ -1,4 +1,4 @@
-"""``--torch_tp`` (kit/train/torch_tp.py): torch's parallelize_module with ColwiseParallel/RowwiseParallel
+"""``--torch_tp`` (kit/parallel/tensor/torch_tp.py): torch's parallelize_module with ColwiseParallel/RowwiseParallel
 over a DeviceMesh on gloo, the reference for Task 10 as DDP is for 2b: the same losses as the
 hand-written tensor parallelism, step by step."""
 

@@ -15,6 +15,7 @@ import pytest
 from student_src.kit.ranks import network_interface as nif
 from student_src.kit.measure import traffic_meter as meter
 from student_src.kit.measure import traffic_model as model
+from student_src.kit.parallel.pipeline import traffic as pipeline_traffic
 from student_src.kit.errors import KitError
 
 
@@ -343,20 +344,20 @@ def test_pipeline_calls_per_boundary_and_with_replicas():
     """Per boundary per step: m x (hidden + mask) forward, m x hidden back; the clip's and the
     loss's scalars in each pipeline; with replicas each stage's gradients all_reduced over them."""
     hidden, mask, m = 4 * 32 * 64 * 4, 4 * 32 * 8, 4
-    calls = model.pipeline_calls(2, 1, m, [hidden, mask], [hidden], [[100, 20], [30]])
+    calls = pipeline_traffic.pipeline_calls(2, 1, m, [hidden, mask], [hidden], [[100, 20], [30]])
     t = model.ranked_calls_traffic(calls, 2)
-    assert model.pipeline_boundary_bytes(m, [hidden, mask], [hidden]) == {"forward": m * (hidden + mask),
+    assert pipeline_traffic.pipeline_boundary_bytes(m, [hidden, mask], [hidden]) == {"forward": m * (hidden + mask),
                                                                           "backward": m * hidden}
     clip, loss = model.allreduce_traffic(4, 2), model.broadcast_traffic(4, 2, root=1)
     assert t.sent[0] == m * (hidden + mask) + clip.sent[0] + loss.sent[0]
     assert t.sent[1] == m * hidden + clip.sent[1] + loss.sent[1]
     assert t.msgs_sent[0] == 2 * m + clip.msgs_sent[0] and t.msgs_sent[1] == m + clip.msgs_sent[1] + loss.msgs_sent[1]
     # 2 stages x 2 replicas: ranks 0-1 and 2-3 pipelines, {0, 2} and {1, 3} average their stage's gradients
-    four = model.ranked_calls_traffic(model.pipeline_calls(2, 2, m, [hidden, mask], [hidden], [[100, 20], [30]]), 4)
+    four = model.ranked_calls_traffic(pipeline_traffic.pipeline_calls(2, 2, m, [hidden, mask], [hidden], [[100, 20], [30]]), 4)
     dp0 = model.allreduce_traffic(100, 2) + model.allreduce_traffic(20, 2)
     assert four.sent[2] == t.sent[0] + dp0.sent[1] and four.sent[3] == t.sent[1] + model.allreduce_traffic(30, 2).sent[1]
     # one stage (Task 2b with micro-batches): no sends, no clip or loss in a pipeline
-    one = model.pipeline_calls(1, 2, m, [hidden, mask], [hidden], [[100]])
+    one = pipeline_traffic.pipeline_calls(1, 2, m, [hidden, mask], [hidden], [[100]])
     assert one == [("all_reduce", 100, (0, 1))]
     # step_traffic takes them for a task without a gradient pattern, with the logging all_gather
     step = model.step_traffic("9", 2, [], calls=calls)

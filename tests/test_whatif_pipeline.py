@@ -1,11 +1,11 @@
-"""The what-if pipeline rows (student_src/kit/whatif/pipeline.py): the schedule's formula, the
+"""The what-if pipeline rows (student_src/kit/parallel/pipeline/whatif.py): the schedule's formula, the
 link, the replicas' all_reduce, a shared core, the calibrated overhead, and a profile of the
 tiny model cut by the solution's build_stage."""
 
 import pytest
 
 from student_src.kit.errors import KitError
-from student_src.kit.whatif.pipeline import StageProfile, overhead_from, pipeline_iteration, pp_or_dp, profile_stages
+from student_src.kit.parallel.pipeline.whatif import StageProfile, overhead_from, pipeline_iteration, pp_or_dp, profile_stages
 from student_src.kit.whatif.scaling import LinkModel
 
 FREE = LinkModel(1e15, latency_s=0.0, efficiency=1.0)  # messages cost nothing

@@ -1,10 +1,10 @@
-"""The what-if model of tensor parallelism's placement (student_src/kit/whatif/tensor_parallel.py):
+"""The what-if model of tensor parallelism's placement (student_src/kit/parallel/tensor/whatif.py):
 its formula on hand-made profiles, and the placement that wins flipping with the links."""
 import pytest
 
 from student_src.kit.errors import KitError
 from student_src.kit.whatif.link import LinkModel
-from student_src.kit.whatif.tensor_parallel import TPProfile, compare, is_cut, shared, tp_step
+from student_src.kit.parallel.tensor.whatif import TPProfile, compare, is_cut, shared, tp_step
 
 # 2 layers, 8 x 64 rows x tokens, hidden 64: one activation all_reduce is 131,072 B (README's tiny row)
 PROF = TPProfile(layers_s=0.008, rest_s=0.004, optimizer_s=0.002, layers=2, rows=8, seq_len=64, hidden=64,

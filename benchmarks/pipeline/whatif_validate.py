@@ -1,4 +1,4 @@
-"""Validate the what-if pipeline rows (``student_src/kit/whatif/pipeline.py``) on the emulated cluster.
+"""Validate the what-if pipeline rows (``student_src/kit/parallel/pipeline/whatif.py``) on the emulated cluster.
 
     sudo .venv/bin/python benchmarks/pipeline/whatif_validate.py              # tiny, 1 Gbit links
     sudo .venv/bin/python benchmarks/pipeline/whatif_validate.py --model minilm --batch 16 --steps 4
@@ -31,7 +31,7 @@ from validate import cluster, fit_link  # noqa: E402  (benchmarks/scaling/valida
 
 from student_src.kit import tasks as task_table  # noqa: E402
 from student_src.kit.ranks.cores import available_cores  # noqa: E402
-from student_src.kit.whatif.pipeline import overhead_from, pipeline_iteration, profile_stages  # noqa: E402
+from student_src.kit.parallel.pipeline.whatif import overhead_from, pipeline_iteration, profile_stages  # noqa: E402
 from student_src.kit.whatif.scaling import (ComputeProfile, LinkModel, iteration, measure_host, parse_rate,  # noqa: E402
                                             tensor_sizes)
 

@@ -1,5 +1,5 @@
 """TP inside a node against TP across nodes (Task 10), measured on the emulated cluster and predicted
-by ``student_src/kit/whatif/tensor_parallel.py``.
+by ``student_src/kit/parallel/tensor/whatif.py``.
 
     sudo .venv/bin/python benchmarks/tensor_parallel/placement.py                  # tiny
     sudo .venv/bin/python benchmarks/tensor_parallel/placement.py --model minilm --steps 4
@@ -119,7 +119,7 @@ def predict(args, links: dict, rows: dict) -> dict:
     (their 4 ranks and whatever else ran), at least the cores over 4 ranks' worth."""
     from student_src.kit.ranks.cores import available_cores
     from student_src.kit.whatif.link import LinkModel
-    from student_src.kit.whatif.tensor_parallel import compare, profile_tp
+    from student_src.kit.parallel.tensor.whatif import compare, profile_tp
     prof = profile_tp(args.model, args.batch // 2, args.seq)  # a replica: global batch / D rows
     load = statistics.fmean(r["load_after"] for r in rows.values())
     share = min(1.0, available_cores() / max(4.0, load))

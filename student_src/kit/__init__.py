@@ -14,7 +14,10 @@ The map, one room per folder, from the ground floor up. A room imports only room
   core/      flags and config, data and slices, models, metrics.json, timing, progress
   ranks/     launch N local ranks, process groups, world-size watch, network interface
   measure/   traffic and memory: models (predicted) and meters (measured); timelines
-  resume/    checkpoints, FSDP state, faults
+  resume/    checkpoints, FSDP state, faults; the checkpoint parts a parallelism registers
+  parallel/  one room per parallelism beyond plain data parallelism: pipeline/ (Task 9), tensor/
+             (Task 10), each its helpers, memory and traffic terms, checkpoint, what-if and setup,
+             registered with the layers that use them
   train/     the training loop, optimizer, per-task setup, FSDP2, the pre-launch checks and start
   whatif/    scaling and memory predictions (``python -m student_src.kit.whatif``)
   report/    tables, HTML page, scaling part, the hand-in (``python -m student_src.kit.report``)

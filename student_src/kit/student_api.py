@@ -21,7 +21,7 @@ student module              what the kit calls                                wh
                             and ``clip_grad_norm_``
 ``resume.py`` (8)           ``capture_training_state``, ``restore_training_state``  checkpoints
 ``pipeline.py`` (9)         ``build_stage(model, rank, p)``, ``pipeline_step``  ``setup_task``, the
-                            (``pipeline_helpers.make_train_step`` around it)  Task 9 notebook
+                            (``parallel/pipeline/stages.make_train_step`` around it)  Task 9 notebook
 ==========================  ================================================  =================
 
 Which function belongs to which task comes from the task table (``tasks.py``).

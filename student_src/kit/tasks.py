@@ -44,8 +44,8 @@ student package.
                   stage's AdamW, broadcasts the last stage's loss, and gathers the stages' weights on
                   every rank before evaluating. Its ``memory`` is ``"pipeline"``: a rank holds its stage's
                   parameters, gradients and AdamW state, and the activations of the micro-batches its
-                  schedule keeps (``memory_model.pipeline_held``). It has no gradient ``traffic``
-                  pattern: its setup names the step's sends (``traffic_model.pipeline_calls``).
+                  schedule keeps (``parallel/pipeline/memory.py``). It has no gradient ``traffic``
+                  pattern: its setup names the step's sends (``parallel/pipeline/traffic.py``).
 * ``"tensor_parallel"``  the task's first function is ``parallelize_bert_layer``: the ranks are
                   ``--tp_size`` T ranks per TP group x world/T replicas (rank = replica * T + tp_rank);
                   a copy of the model, each encoder layer rewritten by it on the TP group, trains on
@@ -53,7 +53,7 @@ student package.
                   replicas, the first ``"function"`` task of ``needs_tasks`` (2b) averages every
                   gradient on the DP group; the kit clips by the global norm (the shards' squares
                   summed over the TP group) and refills the whole model from the shards before
-                  evaluating (``train/tp_helpers.py``).
+                  evaluating (``parallel/tensor/``).
 """
 
 from __future__ import annotations

@@ -70,12 +70,12 @@ class TrainConfig:
     bucket_cap_mb: float = 25.0
     grad_compression: str = "none"
     torch_sharding: bool = False
-    # Task 9: pipeline parallelism (student_src/pipeline.py; kit/train/pipeline_helpers.py)
+    # Task 9: pipeline parallelism (student_src/pipeline.py; kit/parallel/pipeline/)
     pipeline_stages: int | None = None  # None: one stage per rank; fewer: stages x data-parallel replicas
     micro_batches: int = 4
     schedule: str = "1f1b"
     torch_pipelining: bool = False  # torch.distributed.pipelining's schedules in place of the student's pipeline_step
-    # Task 10: tensor parallelism (student_src/tensor_parallel.py; kit/train/tp_helpers.py)
+    # Task 10: tensor parallelism (student_src/tensor_parallel.py; kit/parallel/tensor/)
     tp_size: int | None = None  # None: every rank in one TP group; fewer: TP groups x data-parallel replicas
     torch_tp: bool = False  # torch's parallelize_module (ColwiseParallel/RowwiseParallel) in place of the student's
     sequence_parallel: bool = False  # Megatron-SP: LayerNorms, dropouts and residuals on 1/T of the sequence (student's)

@@ -1,28 +1,13 @@
-"""A pipeline stage's activations, counted in the run (Task 9): the bytes autograd keeps for backward.
-
-``ActivationMeter.counting(stage_module)`` wraps one training step. Every tensor autograd saves for
-backward passes through ``torch.autograd.graph.saved_tensors_hooks``: it is counted once per
-storage (parameters, buffers and the batch left out: they are the model and its input, held
-whatever the schedule, not activations) and uncounted when
-autograd lets it go. A forward pre- and post-hook on the stage module notes how many bytes each
-micro-batch's forward left saved. After the step ``result`` holds this rank's figures:
-
-* ``peak_bytes``: the most the stage held at once during the step (what the schedule decides);
-* ``per_micro_batch_bytes``: what one micro-batch's forward saves (the largest of the step's);
-* ``held``: micro-batches the schedule keeps at its peak (``memory_model.pipeline_held``: AFAB m,
-  1F1B at most p - stage) and ``predicted_bytes`` = held x per micro-batch;
-* ``left_bytes``: still held after the step (0: every backward let its micro-batch go).
-
-The training loop measures the first step only (the hooks cost a Python call per saved tensor).
+"""Activations counted in the run: the bytes autograd keeps for backward (``SavedBytes``). Every tensor
+autograd saves for backward passes through ``torch.autograd.graph.saved_tensors_hooks``: it is counted
+once per storage (the tensors given to skip left out: a model's parameters and buffers, its input)
+and uncounted when autograd lets it go. A pipeline stage's meter (Task 9,
+``parallel/pipeline/activations.py``) counts with it.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
-
-from student_src.kit.measure import memory_model
 
 
 class SavedBytes:
@@ -65,30 +50,3 @@ class _Held:
 
     def __del__(self):
         self.meter.release(self.ptr)
-
-
-class ActivationMeter:
-    """This rank's stage's activations over one step (module docstring)."""
-
-    def __init__(self, schedule: str, stage: int, stages: int, micro_batches: int):
-        self.schedule, self.stage, self.stages, self.micro_batches = schedule, stage, stages, micro_batches
-        self.result: dict | None = None
-
-    @contextlib.contextmanager
-    def counting(self, module, inputs=()):
-        """Count over the ``with`` block; ``inputs``: the batch's tensors (held anyway: not activations)."""
-        counter = SavedBytes([*module.parameters(), *module.buffers(), *(t for t in inputs if isinstance(t, torch.Tensor))])
-        starts, saved = [], []
-        pre = module.register_forward_pre_hook(lambda mod, args: starts.append(counter.now))
-        post = module.register_forward_hook(lambda mod, args, out: saved.append(counter.now - starts.pop()))
-        try:
-            with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
-                yield
-        finally:
-            pre.remove()
-            post.remove()
-        held = memory_model.pipeline_held(self.schedule, self.stage, self.stages, self.micro_batches)
-        per = max(saved, default=0)
-        self.result = {"stage": self.stage, "schedule": self.schedule, "micro_batches": self.micro_batches,
-                       "peak_bytes": counter.peak, "per_micro_batch_bytes": per, "held": held,
-                       "predicted_bytes": held * per, "left_bytes": counter.now}

@@ -179,11 +179,12 @@ class RunMemoryMeter:
         self.when = None
         self._handle = None
 
-    def watch(self, model, optimizer, stages: Optional[dict] = None, activations=None) -> None:
-        """``stages`` (a pipeline, Task 9): ``{"layouts": [model_layout of each stage], "of_rank": [its
-        stage per rank]}``; ``activations``: its ``measure.activations.ActivationMeter``."""
+    def watch(self, model, optimizer, predict=None, activations=None) -> None:
+        """``predict`` (a parallelism's setup may give it: a pipeline's, Task 9): ``predict(optimizer_kind)``
+        -> the ``"predicted"`` block in place of the task's memory strategy; ``activations``: a meter
+        whose ``result`` holds this rank's activations (a pipeline's ``ActivationMeter``)."""
         self.model, self.optimizer = model, optimizer
-        self.stages, self.activations = stages, activations
+        self.predict, self.activations = predict, activations
         for opt in optimizers_in(optimizer):
             if hasattr(opt, "register_step_post_hook"):
                 self._handle = opt.register_step_post_hook(self._after_step)
@@ -199,12 +200,7 @@ class RunMemoryMeter:
             return None
         kind = optimizer_kind(self.optimizer)
         strategy, partition = memory_model.parse_spec(self.strategy)
-        extra = {}
-        if strategy == memory_model.TENSOR_PARALLEL:  # T from the cut model's mark (train/task_setup.py)
-            mark = getattr(self.model, "kit_tp", None) or {}
-            extra["tp_size"] = mark.get("tp_size", self.ctx.world_size)
-            if mark.get("vocab_parallel"):  # --vocab_parallel: the word embeddings cut too
-                extra["vocab_parallel"] = True
+        extra = memory_model.model_terms(strategy, self.model, self.ctx.world_size)  # tensor parallelism: T, ...
         rows = memory_model.for_model(strategy, self.ctx.world_size, self.layout, optimizer=kind, partition=partition,
                                       **extra)
         return {"strategy": strategy, "partition": partition or "default", "precision": "fp32", "optimizer": kind,
@@ -227,9 +223,9 @@ class RunMemoryMeter:
             everyone = [torch.zeros_like(local) for _ in range(self.ctx.world_size)]
             dist.all_gather(everyone, local)
             per_rank = [dict(zip(keys, (int(v) for v in t.tolist()))) for t in everyone]
-        stages = getattr(self, "stages", None)
+        predict = getattr(self, "predict", None)
         out = {"per_rank": per_rank, "when": self.when,
-               "predicted": self._stages_predicted(stages) if stages is not None else self.predicted()}
+               "predicted": predict(optimizer_kind(self.optimizer)) if predict is not None else self.predicted()}
         if out["predicted"] is not None:
             out["rel_error"] = [
                 (m["params"] + m["grads"] + m["optimizer"]) / p["states"] - 1 if p["states"] else 0.0
@@ -240,14 +236,8 @@ class RunMemoryMeter:
             out["activations"] = self._activations(activations.result)
         return out
 
-    def _stages_predicted(self, stages: dict) -> dict:
-        """A pipeline's prediction: each rank its stage's parameters, gradients and optimizer state."""
-        kind = optimizer_kind(self.optimizer)
-        rows = memory_model.pipeline_rows(stages["layouts"], stages["of_rank"], optimizer=kind)
-        return {"strategy": "pipeline", "partition": "stages", "precision": "fp32", "optimizer": kind, "per_rank": rows}
-
     def _activations(self, mine: dict) -> dict:
-        """Every rank's activations (``measure/activations.py``), gathered, with the prediction's error."""
+        """Every rank's activations (a pipeline's: ``parallel/pipeline/activations.py``), gathered, with the prediction's error."""
         keys = ("stage", "micro_batches", "peak_bytes", "per_micro_batch_bytes", "held", "predicted_bytes", "left_bytes")
         rows = [{k: mine[k] for k in keys}]
         if torch.distributed.is_initialized() and self.ctx.world_size > 1:

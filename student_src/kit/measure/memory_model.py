@@ -41,16 +41,10 @@ the state is really cut, not Ψ/N:
 * ``partition="even"`` (the default when only Ψ is given): exactly Ψ/N per rank, the paper's
   arithmetic.
 
-Tensor parallelism (Task 10, ``"tensor_parallel"``) is not a ZeRO stage: each of T ranks of a TP
-group holds 1/T of every weight it cuts (Q, K, V and the MLP's first layer by rows, with their
-biases; the attention's output and the MLP's second layer by columns; with ``--vocab_parallel`` the
-word-embedding table by rows, its fewer than T padding rows not counted) and the rest whole (the
-embeddings, LayerNorms, the row-parallel biases, the pooler and the classifier), with their
-gradients and optimizer state alike: (P + G + K) (Ψ_cut / T + Ψ_replicated) per rank, whatever the
-number of data-parallel replicas. ``model_layout`` finds the cut tensors by BERT's names
-(``TP_COLUMN``, ``TP_ROW``); ``per_rank("tensor_parallel", world, cut=..., replicated=...,
-tp_size=T)``. The activations, which TP does not cut outside the attention and the MLP, are not
-counted (nor are they for the other strategies).
+Strategies beyond these four come from a parallelism's room (``student_src/kit/parallel/``), which
+registers them here (``register``) when it is imported: tensor parallelism (Task 10,
+``"tensor_parallel"``, ``parallel/tensor/memory.py``) and the pipeline's alias (Task 9,
+``parallel/pipeline/memory.py``).
 
     from student_src.kit.measure.memory_model import per_rank, paper_example
     per_rank("zero1", 4, tensors=[p.numel() for p in model.parameters()])   # one dict per rank
@@ -60,7 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from student_src.kit.errors import KitError
 
@@ -79,12 +73,6 @@ PAPER_NAMES = {"ddp": "baseline", "zero1": "P_os", "zero2": "P_os+g", "fsdp": "P
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd_momentum": 1, "sgd": 0}
 PARTITIONS = ("even", "flat", "greedy")
 #: tensor parallelism (module docstring): not one of the ZeRO stages of ``STRATEGIES``
-TENSOR_PARALLEL = "tensor_parallel"
-#: the modules of a BERT encoder layer that TP cuts by rows (weight and bias) and by columns (weight only)
-TP_COLUMN = ("attention.self.query", "attention.self.key", "attention.self.value", "intermediate.dense")
-TP_ROW = ("attention.output.dense", "output.dense")
-
-
 @dataclass(frozen=True)
 class Precision:
     """Bytes per parameter of each piece of the training state."""
@@ -110,8 +98,9 @@ def strategy_name(strategy: str) -> str:
     """``"replicated"``, ``"zero3"``, ``"P_os"`` ... -> one of ``STRATEGIES``."""
     key = str(strategy).strip().lower()
     key = ALIASES.get(key, key)
-    if key in (TENSOR_PARALLEL, "tp"):
-        return TENSOR_PARALLEL
+    for added in REGISTERED.values():
+        if key == added.name or key in added.aliases:
+            return added.name
     if key not in STRATEGIES:
         raise KitError(f"unknown memory strategy {strategy!r}; choose one of {', '.join(STRATEGIES)} "
                        f"(or {', '.join(ALIASES)})")
@@ -180,8 +169,7 @@ def _as_units(tensors, units, replicated) -> tuple[list[list[int]], list[int]]:
 def per_rank(strategy: str, world_size: int, params: Optional[float] = None, *, tensors: Optional[Sequence[int]] = None,
              groups: Optional[Sequence[Sequence[int]]] = None, units: Optional[Sequence[Sequence[int]]] = None,
              replicated: Optional[Sequence[int]] = None, precision="fp32", optimizer: str = "adamw",
-             partition: Optional[str] = None, units_in_flight: int = 1, cut: Optional[Sequence[int]] = None,
-             tp_size: int = 1) -> list[dict]:
+             partition: Optional[str] = None, units_in_flight: int = 1, **terms) -> list[dict]:
     """Predicted bytes on each rank: ``[{"rank", "params", "grads", "optimizer", "states",
     "working_set", "peak"}]`` (``states`` = params + grads + optimizer, what the paper counts).
 
@@ -189,7 +177,8 @@ def per_rank(strategy: str, world_size: int, params: Optional[float] = None, *, 
     as ``tensors`` (every trainable tensor's numel), ``groups`` (the optimizer's parameter groups,
     each a list of numels: ZeRO's greedy partition keeps them) or, for FSDP, ``units`` (the
     sharded units, each a list of numels) plus ``replicated`` (the tensors it does not shard);
-    for tensor parallelism, ``cut`` (the tensors cut across ``tp_size`` ranks) plus ``replicated``.
+    a registered strategy takes its own ``terms`` (tensor parallelism: ``cut``, the tensors cut
+    across ``tp_size`` ranks, plus ``replicated``); the four above ignore them.
     ``partition`` defaults to "even" for Ψ, "greedy" for ZeRO-1/2 and "flat" for FSDP."""
     kind = strategy_name(strategy)
     if not isinstance(world_size, int) or world_size < 1:
@@ -199,8 +188,8 @@ def per_rank(strategy: str, world_size: int, params: Optional[float] = None, *, 
     prec = get_precision(precision)
     P, G, K = prec.param_bytes, prec.grad_bytes, prec.optimizer_bytes(optimizer)
     n = world_size
-    if kind == TENSOR_PARALLEL:
-        return _tensor_parallel_rows(n, tp_size, params, cut, replicated, P, G, K)
+    if kind in REGISTERED:
+        return REGISTERED[kind].rows(n, P, G, K, params=params, replicated=replicated, **terms)
     if params is None and tensors is None and groups is None and units is None:
         raise KitError("give the model's size: params (Ψ), tensors, groups or units")
     exact = params is None
@@ -245,19 +234,6 @@ def per_rank(strategy: str, world_size: int, params: Optional[float] = None, *, 
     return rows
 
 
-def _tensor_parallel_rows(n: int, tp_size: int, params, cut, replicated, P: int, G: int, K: int) -> list[dict]:
-    """Every rank of TP ``tp_size`` x DP: 1/T of the cut tensors (or of Ψ) plus the replicated ones."""
-    if not isinstance(tp_size, int) or tp_size < 1 or n % tp_size:
-        raise KitError(f"the TP size must be a positive divisor of the world size {n}, got {tp_size!r}")
-    if params is None and cut is None:
-        raise KitError("give the model's size for tensor parallelism: params (Ψ) or cut (and replicated)")
-    held = params / tp_size if cut is None else sum(cut) / tp_size + sum(replicated or [])
-    row = {"params": P * held, "grads": G * held, "optimizer": K * held, "working_set": 0}
-    row["states"] = row["params"] + row["grads"] + row["optimizer"]
-    row["peak"] = row["states"]
-    return [{"rank": r, **row} for r in range(n)]
-
-
 def paper_figures(params: float, world_size: int) -> dict:
     """Bytes per rank of the paper's Figure 1 (mixed-precision Adam, K = 12) for each strategy."""
     return {PAPER_NAMES[s]: per_rank(s, world_size, params, precision="mixed", optimizer="adam")[0]["states"]
@@ -295,70 +271,60 @@ def model_layout(model, fsdp_policy=None) -> dict:
                 units.append([p.numel() for p in unit])
                 in_unit.update(id(p) for p in unit)
     replicated = [p.numel() for p in model.parameters() if p.requires_grad and id(p) not in in_unit]
-    tp_cut, tp_replicated, tp_vocab = [], [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (tp_cut if is_tp_cut(name) else tp_replicated).append(p.numel())
-            if is_tp_cut(name, vocab_parallel=True) and not is_tp_cut(name):
-                tp_vocab.append(p.numel())
-    return {"tensors": tensors, "groups": [g for g in (decay, no_decay) if g], "units": units, "replicated": replicated,
-            "tp_cut": tp_cut, "tp_replicated": tp_replicated, "tp_vocab": tp_vocab}
-
-
-def is_tp_cut(name: str, vocab_parallel: bool = False) -> bool:
-    """Tensor parallelism cuts this parameter of a BERT-family model (``TP_COLUMN``'s weights and biases,
-    ``TP_ROW``'s weights, inside ``encoder.layer.<i>``; with ``vocab_parallel``, ``--vocab_parallel``, also
-    the word-embedding table, ``embeddings.word_embeddings.weight``)."""
-    if vocab_parallel and name.endswith("embeddings.word_embeddings.weight"):
-        return True
-    if ".layer." not in f".{name}" or "encoder" not in name:
-        return False
-    owner, _, kind = name.split(".layer.", 1)[-1].partition(".")[2].rpartition(".")
-    return owner in TP_COLUMN or (owner in TP_ROW and kind == "weight")
+    out = {"tensors": tensors, "groups": [g for g in (decay, no_decay) if g], "units": units, "replicated": replicated}
+    for added in REGISTERED.values():  # a registered strategy's own entries (tensor parallelism: tp_cut, ...)
+        if added.layout is not None:
+            out.update(added.layout(model))
+    return out
 
 
 def for_model(strategy: str, world_size: int, layout: dict, **kwargs) -> list[dict]:
-    """``per_rank`` for a layout from ``model_layout`` (FSDP uses its units, ZeRO its groups); tensor
-    parallelism with ``vocab_parallel=True`` counts the word embeddings (``layout["tp_vocab"]``) as cut."""
-    vocab_parallel = kwargs.pop("vocab_parallel", False)
-    if strategy_name(strategy) == "fsdp":
+    """``per_rank`` for a layout from ``model_layout`` (FSDP uses its units, ZeRO its groups, a
+    registered strategy its ``from_layout``: tensor parallelism with ``vocab_parallel=True`` counts the
+    word embeddings as cut)."""
+    kind = strategy_name(strategy)
+    if kind in REGISTERED:
+        return per_rank(strategy, world_size, **REGISTERED[kind].from_layout(layout, kwargs))
+    kwargs.pop("vocab_parallel", None)
+    if kind == "fsdp":
         return per_rank(strategy, world_size, units=layout["units"], replicated=layout["replicated"], **kwargs)
-    if strategy_name(strategy) == TENSOR_PARALLEL:
-        kwargs.pop("partition", None)
-        cut, replicated = list(layout["tp_cut"]), list(layout["tp_replicated"])
-        for numel in layout.get("tp_vocab", []) if vocab_parallel else []:  # moved from replicated to cut
-            replicated.remove(numel)
-            cut.append(numel)
-        return per_rank(strategy, world_size, cut=cut, replicated=replicated, **kwargs)
     return per_rank(strategy, world_size, groups=layout["groups"], **kwargs)
 
 
-# --------------------------------------------------------------------------- a pipeline's activations (Task 9)
-#: the schedules ``pipeline_held`` knows (``student_src/pipeline.py``)
-PIPELINE_SCHEDULES = ("afab", "1f1b")
-#: a task row's ``memory="pipeline"``: within its stage a rank shards nothing (``pipeline_rows``)
-ALIASES["pipeline"] = "ddp"
+def model_terms(strategy: str, model, world_size: int) -> dict:
+    """What a registered strategy reads off a live model for its prediction (tensor parallelism: the TP
+    size from the cut model's mark); ``{}`` for the four strategies."""
+    added = REGISTERED.get(strategy_name(strategy))
+    return added.model_terms(model, world_size) if added is not None and added.model_terms is not None else {}
 
 
-def pipeline_held(schedule: str, stage: int, stages: int, micro_batches: int) -> int:
-    """Micro-batches whose activations (what autograd saves for backward) stage ``stage`` of
-    ``stages`` holds at once, at its peak: AFAB runs the m forwards before any backward, so m;
-    1F1B's warm-up runs ``min(p - stage - 1, m)`` forwards and the steady state one more before
-    each backward, so ``min(p - stage, m)``: at most p - stage, whatever m is."""
-    if schedule not in PIPELINE_SCHEDULES:
-        raise KitError(f"unknown schedule {schedule!r}; choose one of {', '.join(PIPELINE_SCHEDULES)}")
-    if not 0 <= stage < stages or micro_batches < 1:
-        raise KitError(f"stage {stage} of {stages} with {micro_batches} micro-batches: need 0 <= stage < stages, m >= 1")
-    return micro_batches if schedule == "afab" else min(stages - stage, micro_batches)
+# --------------------------------------------------------------------------- strategies a parallelism adds
+@dataclass(frozen=True)
+class Strategy:
+    """A memory strategy a parallelism's room adds (``register``), beside the four of ``STRATEGIES``:
+
+    * ``rows(n, P, G, K, params=, replicated=, **terms)``: ``per_rank``'s rows (``P``, ``G``, ``K``:
+      bytes per parameter, gradient and optimizer state);
+    * ``from_layout(layout, kwargs)``: ``for_model``'s keywords for ``per_rank`` from ``model_layout``;
+    * ``layout(model)``: the entries it adds to ``model_layout``;
+    * ``model_terms(model, world_size)``: what the memory meter reads off the live model (``model_terms``)."""
+    name: str
+    rows: Callable
+    from_layout: Callable
+    aliases: tuple = ()
+    layout: Optional[Callable] = None
+    model_terms: Optional[Callable] = None
 
 
-def pipeline_rows(stage_layouts: Sequence[dict], stage_of_rank: Sequence[int], optimizer: str = "adamw",
-                  precision="fp32") -> list[dict]:
-    """Per rank of a pipeline: its stage's parameters, gradients and optimizer state, nothing sharded
-    within the stage (``stage_layouts``: ``model_layout`` of each stage; ``stage_of_rank``: the stage
-    each rank trains). A pipeline's activations are ``pipeline_held`` micro-batches on top."""
-    rows = []
-    for r, s in enumerate(stage_of_rank):
-        row = per_rank("ddp", 1, groups=stage_layouts[s]["groups"], optimizer=optimizer, precision=precision)[0]
-        rows.append({**row, "rank": r, "stage": s})
-    return rows
+#: the strategies registered by the parallelism rooms, by name
+REGISTERED: dict[str, Strategy] = {}
+
+
+def register(strategy: Strategy) -> None:
+    """Add ``strategy`` (its room does, on import: ``student_src/kit/parallel/``)."""
+    REGISTERED[strategy.name] = strategy
+
+
+def register_alias(name: str, strategy: str) -> None:
+    """A task row's ``memory`` name for one of the strategies (a pipeline's: ``"ddp"`` within its stage)."""
+    ALIASES[name] = strategy

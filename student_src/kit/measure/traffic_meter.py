@@ -276,7 +276,7 @@ class RunTrafficMeter:
         modelled as one tensor of ``grad_nbytes_per_step``, which slightly underestimates the
         per-message overhead. ``bucket_nbytes``: DDP's bucket sizes (Task 3). ``calls``: the
         collectives of one step as ``(op, nbytes)`` (Task 7, ``traffic_model.fsdp_calls``), or a
-        pipeline's sends and collectives as ``(op, nbytes, ranks)`` (Task 9, ``traffic_model.pipeline_calls``).
+        pipeline's sends and collectives as ``(op, nbytes, ranks)`` (Task 9, ``parallel/pipeline/traffic.py``).
         """
         sent, recv = self.meter.stop()
         elapsed = time.monotonic() - self._t0 if self._t0 else 0.0

@@ -248,42 +248,8 @@ def fsdp_calls(sharded: list[tuple[int, bool]], replicated_nbytes: list[int], cl
     return calls
 
 
-def pipeline_calls(stages: int, replicas: int, micro_batches: int, forward_nbytes: list[int],
-                   backward_nbytes: list[int], stage_grad_nbytes: list[list[int]], clip: bool = True) -> list[tuple]:
-    """What one step of a pipeline (Task 9, ``student_src/pipeline.py``) sends on ``stages`` x
-    ``replicas`` ranks (rank = replica * stages + stage), as ``(op, nbytes, ranks)``:
-
-    * per replica, per boundary s -> s+1, per micro-batch: ``("send", nbytes, (src, dst))`` for each
-      tensor that crosses it forward (``forward_nbytes``: BERT's hidden states and attention mask)
-      and back for each of ``backward_nbytes`` (the gradients of the floating-point ones only): per
-      boundary m x (sum of both) bytes a step (``pipeline_boundary_bytes``);
-    * with stages, per replica: the clip's all_reduce of one float32 over the pipeline (``clip``) and
-      the loss broadcast from the last stage (one float32; ``ranks`` lists the root first);
-    * with replicas, per stage: each of its gradients (``stage_grad_nbytes[stage]``) all_reduced
-      over its replicas (Task 2b's ``allreduce_average``: one all_reduce per gradient)."""
-    calls: list[tuple] = []
-    for d in range(replicas):
-        ranks = [d * stages + s for s in range(stages)]
-        for src, dst in zip(ranks, ranks[1:]):
-            calls += [("send", nbytes, (src, dst)) for _ in range(micro_batches) for nbytes in forward_nbytes]
-            calls += [("send", nbytes, (dst, src)) for _ in range(micro_batches) for nbytes in backward_nbytes]
-        if stages > 1:
-            calls += [("all_reduce", 4, tuple(ranks))] if clip else []
-            calls.append(("broadcast", 4, (ranks[-1], *ranks[:-1])))
-    for s in range(stages if replicas > 1 else 0):
-        group = tuple(d * stages + s for d in range(replicas))
-        calls += [("all_reduce", nbytes, group) for nbytes in stage_grad_nbytes[s]]
-    return calls
-
-
-def pipeline_boundary_bytes(micro_batches: int, forward_nbytes: list[int], backward_nbytes: list[int]) -> dict:
-    """Payload bytes one step sends across ONE stage boundary: forward (activations) and backward
-    (their gradients), m micro-batches each."""
-    return {"forward": micro_batches * sum(forward_nbytes), "backward": micro_batches * sum(backward_nbytes)}
-
-
 def ranked_calls_traffic(calls: list[tuple], world_size: int) -> Traffic:
-    """Payload per rank of calls on named ranks, ``(op, nbytes, ranks)`` (``pipeline_calls``): a
+    """Payload per rank of calls on named ranks, ``(op, nbytes, ranks)`` (a pipeline's, ``parallel/pipeline/traffic.py``): a
     ``"send"`` from ``ranks[0]`` to ``ranks[1]`` is one message; a collective on a group of ranks is
     that collective's model on the group (its first rank the root of a broadcast)."""
     t = Traffic.zero(world_size)
@@ -393,56 +359,3 @@ def tensors_of_one_step(records, grad_nbytes_per_step: int, iterations: int) -> 
     if iterations > 1 and grad_nbytes_per_step and total == iterations * grad_nbytes_per_step:
         return sizes[: len(sizes) // iterations]
     return sizes
-
-
-def tp_calls(world_size: int, tp_size: int, layers: int, activation_nbytes: int, grad_nbytes: list[int],
-             clip: bool = True, sequence_parallel: bool = False, sp_grad_nbytes: list[int] = (),
-             vocab_parallel: bool = False) -> list[tuple]:
-    """What one step of tensor parallelism (Task 10, ``student_src/tensor_parallel.py``) sends on
-    ``world_size`` ranks as ``tp_size`` T ranks per TP group x D = world / T replicas (rank =
-    replica * T + tp_rank), as ``(op, nbytes, ranks)``:
-
-    * per TP group, per encoder layer: 2 all_reduces of activations forward (the g after the
-      attention's output and after the MLP) and 2 backward (the f before Q, K, V and before the
-      MLP), each of ``activation_nbytes`` (a replica's b rows x s tokens x hidden x 4 bytes): every
-      layer, whatever its parameters;
-    * per TP group, the clip's all_reduce of one float32 (the shards' squares; ``clip``);
-    * with replicas, per DP group, each gradient of a rank's model all_reduced once (Task 2b's
-      ``allreduce_average``): ``grad_nbytes``, the shards (1/T of each cut weight) and the
-      replicated parameters.
-
-    With ``sequence_parallel`` (Megatron-SP) each activation all_reduce becomes its two halves, per TP
-    group and layer: forward 2 all_gathers of this rank's chunk (``activation_nbytes / T`` each: before
-    Q, K, V and before the MLP) and 2 reduce_scatters of the whole ``activation_nbytes`` (after the two
-    row-parallel layers), backward the same (the conjugates); at the encoder's edges 2 all_gathers of a
-    chunk (the pooler's input forward, the embeddings' gradient backward); then the student's grad sync,
-    one all_reduce per parameter used on a chunk only (``sp_grad_nbytes``: the LayerNorms, the
-    row-parallel biases). On a ring an all_reduce is a reduce_scatter plus an all_gather, so the bytes
-    per layer would be TP's; gloo carries a reduce_scatter as a whole all_reduce
-    (``reduce_scatter_traffic``), so on gloo SP sends TP's bytes plus the all_gathers.
-
-    With ``vocab_parallel`` (the word embeddings cut by rows, Megatron's VocabParallelEmbedding), per TP
-    group one more all_reduce of ``activation_nbytes`` forward (the embedding's g, on the whole sequence,
-    with or without ``sequence_parallel``) and nothing backward; the shard of the table travels in
-    ``grad_nbytes`` like every other shard. Measured on the isolated loopback (tiny, TP 2 x DP 2, 2 steps,
-    batch 16 x 32 tokens): 38.82 MB vs this model's 38.86 MB (plain TP 69.58 MB: the DP gradients shrink
-    by half the table), with ``sequence_parallel`` 41.73 MB vs 41.67 MB.
-
-    With T = 1 nothing crosses a TP group (DDP by Task 2b); with D = 1 nothing is averaged."""
-    replicas = world_size // tp_size
-    calls: list[tuple] = []
-    for d in range(replicas if tp_size > 1 else 0):
-        ranks = tuple(d * tp_size + t for t in range(tp_size))
-        if sequence_parallel:
-            chunk = int(activation_nbytes) // tp_size
-            calls += [("all_gather", chunk, ranks), ("reduce_scatter", int(activation_nbytes), ranks)] * (4 * layers)
-            calls += [("all_gather", chunk, ranks)] * 2
-            calls += [("all_reduce", int(nbytes), ranks) for nbytes in sp_grad_nbytes]
-        else:
-            calls += [("all_reduce", int(activation_nbytes), ranks)] * (4 * layers)
-        calls += [("all_reduce", int(activation_nbytes), ranks)] if vocab_parallel else []
-        calls += [("all_reduce", 4, ranks)] if clip else []
-    for t in range(tp_size if replicas > 1 else 0):
-        group = tuple(d * tp_size + t for d in range(replicas))
-        calls += [("all_reduce", int(nbytes), group) for nbytes in grad_nbytes]
-    return calls

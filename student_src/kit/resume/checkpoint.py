@@ -76,8 +76,9 @@ for the keys of the parameters it owns now, wherever they were saved.
 Sharded parameters (Task 7: the student's ``FSDP``): the model and AdamW's moments are saved
 whole, gathered from the shards, and each rank keeps its piece on resume (``fsdp_state.py``).
 A pipeline's stages (Task 9): each rank saves only its stage's parameters and AdamW state, and
-resumes only on the layout it saved (``pipeline_state.py``). Tensor parallelism (Task 10) likewise:
-each TP rank saves its shards and AdamW state under its own prefix (``tp_state.py``).
+resumes only on the layout it saved (``parallel/pipeline/checkpoint.py``). Tensor parallelism (Task 10)
+likewise: each TP rank saves its shards and AdamW state under its own prefix (``parallel/tensor/checkpoint.py``).
+Both are registered parts (``parts.py``): this file names neither.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ import torch
 from student_src.kit import student_api
 from student_src.kit.core import compat
 from student_src.kit.errors import KitError
-from student_src.kit.resume import async_save, faults, manifest, pipeline_state, preflight, schedule, tp_state
+from student_src.kit.resume import async_save, faults, manifest, parts, preflight, schedule
 from student_src.kit.resume.dcp_io import barrier as _barrier, dcp_call as _dcp, distributed as _distributed  # noqa: E501
 from student_src.kit.resume.dcp_io import from_rank0 as _from_rank0, load_dcp as _load_dcp, write_text as _write_text
 from student_src.kit.resume.locate import (FORMAT, LATEST, META, STEP_DIR, checkpoint_dir, complete,  # noqa: F401
@@ -116,7 +117,7 @@ def _student_pair(run):
     ``torch.optim`` optimizer without a sharded contract), else None."""
     if not isinstance(run.optimizer, torch.optim.Optimizer) or any(callable(getattr(run.optimizer, n, None)) for n in ("sharded_state_dict", "full_state_dict")):
         return None
-    if is_fsdp_run(run) or pipeline_state.is_pipeline(run.cfg) or tp_state.is_tensor_parallel(run.cfg):
+    if is_fsdp_run(run) or parts.for_cfg(run.cfg) is not None:
         return None  # shards, stages, TP shards: only the kit's own save fits them
     return student_api.optional(lambda: (student_api.named("capture_training_state"),
                                          student_api.named("restore_training_state")))
@@ -271,8 +272,8 @@ def check_identity(path: Path, meta: dict, run) -> None:
         now = ", ".join(f"{k} {mine[k]}" for k in differ)
         raise KitError(f"{path} is another run's checkpoint (saved with {saved}; this run has {now}); "
                        "resume with the same flags, or use another --checkpoint_dir / drop --resume")
-    pipeline_state.check_layout(path, meta, run.cfg, run.ctx.world_size)  # Task 9: the layout it saved on
-    tp_state.check_layout(path, meta, run.cfg, run.ctx.world_size)  # Task 10: the same
+    for part in parts.PARTS.values():  # Tasks 9, 10: the layout it saved on
+        part.layout.check(path, meta, run.cfg, run.ctx.world_size)
     schedule.check(path, meta, run)
 
 

@@ -7,7 +7,7 @@ Here each is one line, in the time it takes to read the flags:
 
 * ``--resume PATH`` names a checkpoint that is whole (its files match their checksums);
   ``--resume auto`` finds one, or none yet, or says every one is damaged; a pipeline's (Task 9)
-  was saved on this run's layout of stages x replicas (``pipeline_state.py``);
+  was saved on this run's layout of stages x replicas (``parallel/pipeline/checkpoint.py``; a TP run's likewise);
 * with ``--save_every``, the checkpoint folder can be created and written, and its disk has room
   for one checkpoint (the parameters and AdamW's two moments, 12 bytes a parameter in fp32,
   counted from the model's configuration without loading its weights; ``--keep_checkpoints``
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from student_src.kit.core.models import minilm_path, tiny_config
 from student_src.kit.errors import KitError
-from student_src.kit.resume import locate, pipeline_state, tp_state
+from student_src.kit.resume import locate, parts
 
 #: bytes a checkpoint holds per parameter: fp32 weights and AdamW's two fp32 moments
 BYTES_PER_PARAMETER = 12
@@ -37,8 +37,8 @@ def check(cfg, verify: bool = True) -> None:
         if verify:
             found = locate.find(cfg.resume, cfg, notes=[])  # each problem in one line (skipped damage: said at resume)
             if found is not None:  # a pipeline's checkpoint resumes only on its layout (Task 9)
-                pipeline_state.check_before_start(found, locate.read_meta(found), cfg)
-                tp_state.check_before_start(found, locate.read_meta(found), cfg)  # and a TP run's (Task 10)
+                for part in parts.PARTS.values():  # and a TP run's (Task 10): the registered parts (parts.py)
+                    part.layout.check_before_start(found, locate.read_meta(found), cfg)
         elif cfg.resume != "auto" and not Path(cfg.resume).is_dir():
             locate.find(cfg.resume, cfg)  # its one-line error for a path that is not there
     if cfg.save_every:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from student_src.kit.errors import KitError
-from student_src.kit.resume import fsdp_state, pipeline_state, tp_state
+from student_src.kit.resume import fsdp_state, parts
 
 
 def flat_options():
@@ -38,11 +38,12 @@ def load_torch_shard_state(model, optimizer, state: dict) -> None:
 
 def optimizer_hooks(optimizer, model=None):
     """``(get, load)`` for the optimizer: its own pair (module docstring), else torch's; for AdamW
-    over an FSDP wrapper's shards (Task 7, ``model``), whole moments (``fsdp_state.py``); over a TP run's
-    cut model (Task 10), each TP rank's under its own prefix (``tp_state.py``)."""
-    if model is not None and tp_state.is_tp_model(model):
-        return ((lambda base: tp_state.optimizer_state(model, optimizer)),
-                (lambda base, state: tp_state.load_optimizer_state(model, optimizer, state)))
+    over an FSDP wrapper's shards (Task 7, ``model``), whole moments (``fsdp_state.py``); over a model a
+    parallelism's part owns, that part's (``parts.py``: a TP run's cut model, Task 10, each TP rank's under
+    its own prefix)."""
+    part = parts.for_model(model)
+    if part is not None:
+        return part.optimizer(model, optimizer)
     if model is not None and fsdp_state.is_fsdp(model):
         return ((lambda base: fsdp_state.optimizer_state(model, optimizer)),
                 (lambda base, state: fsdp_state.load_optimizer_state(model, optimizer, state)))
@@ -77,7 +78,7 @@ def identity(run) -> dict:
     return {"task": str(cfg.task), "task_name": cfg.task_name, "model_name_or_path": str(cfg.model_name_or_path),
             "parameters": parameters,
             "max_seq_length": cfg.max_seq_length, "global_batch_size": run.batch["global_batch_size"], "seed": cfg.seed,
-            **pipeline_state.identity(run), **tp_state.identity(run)}  # Tasks 9, 10: resumed only on their layout
+            **parts.identity(run)}  # Tasks 9, 10: resumed only on their layout (parts.py)
 
 
 def is_fsdp_run(run) -> bool:
@@ -89,20 +90,18 @@ def model_state_of(run) -> dict:
     """The model's state for DCP: torch's, or an FSDP wrapper's shards gathered whole (Task 7)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    if pipeline_state.is_pipeline(run.cfg):  # Task 9: this rank's stage only (pipeline_state.py)
-        return pipeline_state.model_state(run)
-    if tp_state.is_tp_model(getattr(run, "model", None)):  # Task 10: this TP rank's shards, prefixed (tp_state.py)
-        return tp_state.model_state(run.model)
+    part = parts.for_run(run)  # Task 9: this rank's stage only; Task 10: this TP rank's shards, prefixed (parts.py)
+    if part is not None:
+        return part.model_state(run)
     return fsdp_state.model_state(run.model) if is_fsdp_run(run) else get_model_state_dict(run.base_model)
 
 
 def load_model_state_of(run, state: dict) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    if pipeline_state.is_pipeline(run.cfg):
-        pipeline_state.load_model_state(run, state)
-    elif tp_state.is_tp_model(getattr(run, "model", None)):
-        tp_state.load_model_state(run.model, state)
+    part = parts.for_run(run)
+    if part is not None:
+        part.load_model_state(run, state)
     elif is_fsdp_run(run):
         fsdp_state.load_model_state(run.model, state)
     else:

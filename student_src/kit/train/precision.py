@@ -55,14 +55,21 @@ import contextlib
 
 import torch
 
-from student_src.kit import tasks
+from student_src.kit import parallel, tasks
 from student_src.kit.errors import KitError
 
 #: the flag of each mode and the dtype autocast computes in
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: the ``sync`` kinds whose gradients are sharded or differ per rank after the sync: the scaler's
-#: per-rank inf check could disagree across ranks (FSDP's shards, a pipeline's stages, TP's shards)
-NO_FP16 = ("fsdp", "pipeline", "tensor_parallel")
+#: per-rank inf check could disagree across ranks (FSDP's shards); and every parallelism of
+#: ``kit/parallel/`` whose ``fp16`` is False (a pipeline's stages, TP's shards): ``no_fp16``
+NO_FP16 = ("fsdp",)
+
+
+def no_fp16(sync: str) -> bool:
+    """``--fp16`` does not fit the ``sync`` kind (``NO_FP16``, or a registered parallelism without ``fp16``)."""
+    room = parallel.get(sync)
+    return sync in NO_FP16 or (room is not None and not room.fp16)
 
 
 def mode(cfg) -> str | None:
@@ -78,7 +85,7 @@ def check(cfg, device) -> None:
     if which is None:
         return
     task = tasks.get(cfg.task)
-    if which == "fp16" and task.sync in NO_FP16:
+    if which == "fp16" and no_fp16(task.sync):
         raise KitError(f"--fp16 skips a step when a gradient overflows, judged on each rank's own gradients, and "
                        f"Task {task.id}'s are sharded or differ per rank (the ranks could disagree on skipping): use "
                        "--bf16 (fp32's range, no loss scaling)")

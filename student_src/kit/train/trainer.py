@@ -156,7 +156,7 @@ class Run:
     checkpoint_blocked_s: list | None = None  # seconds each checkpoint save held the training up
     before_eval: Callable | None = None  # setup_task's (a pipeline gathers its stages' weights on every rank)
     traffic: Callable | None = None      # setup_task's: one step's calls for the traffic model (a pipeline's sends)
-    memory: dict | None = None           # setup_task's: the memory meter's watch() keywords (a pipeline's stages)
+    memory: dict | None = None           # setup_task's: the memory meter's watch() keywords (a pipeline's prediction)
     precision: Precision | None = None   # --bf16/--fp16 (precision.py)
     step_args: tuple | None = None       # (model, optimizer, scheduler, sync) train_step gets: precision's proxies
 
@@ -230,12 +230,12 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, precision: Precisi
     task = tasks.get(cfg.task)
     precision = precision or Precision.of(cfg, ctx.device)
     setup = setup_task(cfg, model, ctx)
-    pipeline = task.sync == "pipeline"  # every stage loads the whole batch, as one process does
+    whole = setup.whole_batch is not None  # every stage of a pipeline loads the whole batch, as one process does
     data_rank, data_world = setup.data or (ctx.rank, ctx.world_size)  # TP x DP: the loader shards over the replicas
-    per_worker, how = per_worker_batch_size(cfg, 1 if pipeline else data_world)
-    if pipeline:
+    per_worker, how = per_worker_batch_size(cfg, 1 if whole else data_world)
+    if whole:
         loader = single_node_loader(train_ds, per_worker, cfg.seed)
-        how = f"{how}, {cfg.micro_batches} micro-batches through {ctx.world_size} stages ({cfg.schedule})"
+        how = f"{how}, {setup.whole_batch}"
     elif task.distributed:
         loader = student_api.build_train_loader()(train_ds, per_worker, data_rank, data_world, cfg.seed)
     else:
@@ -245,7 +245,7 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, precision: Precisi
         raise KitError(f"the training set ({len(train_ds)} examples) is smaller than one global batch; lower the batch size")
     max_steps = cfg.timing_iters or cfg.max_steps
     total_steps = max_steps if max_steps and max_steps > 0 else math.ceil(cfg.num_train_epochs * steps_per_epoch)
-    batch = {"global_batch_size": per_worker * (1 if pipeline else data_world), "per_worker_batch_size": per_worker,
+    batch = {"global_batch_size": per_worker * (1 if whole else data_world), "per_worker_batch_size": per_worker,
              "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
     log(f"Task {task.id} ({task.title}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
         f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "
@@ -378,7 +378,7 @@ def _communication(run: Run) -> dict:
     if calls is not None:  # the textbook figure per parameter: its full bytes, once
         records = [{"nbytes": nbytes} for op, nbytes in calls if op == "reduce_scatter_single"]
     extra = {}
-    if run.traffic is not None:  # the setup knows its step's sends and collectives (a pipeline: pipeline_helpers)
+    if run.traffic is not None:  # the setup knows its step's sends and collectives (a pipeline: parallel/pipeline/traffic.py)
         calls, extra = run.traffic()
     return {"comm": comm, "traffic": {**run.meter.finish(steps_here, wire_bytes, comm_records=records, calls=calls),
                                       **extra}}

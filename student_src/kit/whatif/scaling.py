@@ -50,7 +50,7 @@ from student_src.kit.measure.traffic_model import fsdp_calls
 from student_src.kit.whatif.host import HostModel, measure_host, sync_cpu_bytes  # noqa: F401 (part of this module's API)
 from student_src.kit.whatif.link import GLOO_EFFICIENCY, LinkModel
 from student_src.kit.whatif.memory import run as memory_main
-from student_src.kit.whatif.pipeline import compare_table
+from student_src.kit.parallel.pipeline.whatif import compare_table
 
 #: the tasks whose gradients travel (the task table's ``traffic`` column says how)
 TASKS = tuple(task_table.ids(lambda t: t.traffic is not None))

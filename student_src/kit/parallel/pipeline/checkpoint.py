@@ -17,7 +17,7 @@ its own state (``kit.json``: ``saved_by`` "kit").
 
 A checkpoint holds one stage's part per rank, so it resumes only on the same layout: as many
 stages and as many replicas (``--pipeline_stages``, ``--world_size``). Another layout is refused in
-one line, before any rank starts where the world size is known (``preflight.py``), else on load.
+one line, before any rank starts where the world size is known (``resume/preflight.py``), else on load.
 The number of micro-batches and the schedule may change: they do not change what a stage holds.
 """
 
@@ -27,6 +27,7 @@ import torch
 
 from student_src.kit import tasks
 from student_src.kit.resume.layout import SavedLayout
+from student_src.kit.resume.parts import CheckpointPart
 
 #: kit.json's key for the layout a pipeline checkpoint was saved on
 KEY = "pipeline_layout"
@@ -63,3 +64,8 @@ def load_model_state(run, state: dict) -> None:
         for n in _own_names(run):
             if state[n].data_ptr() != params[n].data_ptr():
                 params[n].copy_(state[n])
+
+
+#: the pipeline's part of a checkpoint, registered with ``resume/parts.py`` by this room
+PART = CheckpointPart("pipeline", LAYOUT, owns=lambda run: is_pipeline(run.cfg), model_state=model_state,
+                      load_model_state=load_model_state)

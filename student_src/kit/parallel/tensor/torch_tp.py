@@ -24,8 +24,7 @@ import torch
 import torch.distributed as dist
 
 from student_src.kit.errors import KitError
-from student_src.kit.train.optim import parameter_groups
-from student_src.kit.train.tp_helpers import encoder_layers
+from student_src.kit.parallel.tensor.layers import encoder_layers
 
 #: the BERT layer's modules and how torch cuts them (the same cut as the student's)
 COLUMN = ("attention.self.query", "attention.self.key", "attention.self.value", "intermediate.dense")
@@ -79,8 +78,9 @@ def average(model, group, replicas: int) -> None:
             g.div_(replicas)
 
 
-def make_optimizer(model, cfg):
-    """The kit's AdamW groups and settings, per tensor (the fused kernel refuses DTensors beside tensors)."""
+def make_optimizer(model, cfg, parameter_groups):
+    """The kit's AdamW groups and settings, per tensor (the fused kernel refuses DTensors beside tensors);
+    ``parameter_groups``: ``train/optim.py``'s, handed in by the setup."""
     return torch.optim.AdamW(parameter_groups(model, cfg), lr=cfg.learning_rate)
 
 

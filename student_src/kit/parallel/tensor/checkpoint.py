@@ -1,7 +1,7 @@
 """Task 10's checkpoint: each TP rank saves its own shards, and resumes only on the layout it saved.
 
 In a tensor-parallel run (the task table's ``"tensor_parallel"`` sync) a rank trains a copy of the
-model (``run.model``, ``train/tp_helpers.py``) whose encoder layers hold this rank's 1/T of every
+model (``run.model``, ``layers.py``) whose encoder layers hold this rank's 1/T of every
 weight they cut, under the whole model's names (``bert.encoder.layer.0.attention.self.query.weight``
 is rows 0..31 on TP rank 0, rows 32..63 on TP rank 1), and whose other parameters are whole. The T
 ranks of a TP group thus hold different tensors under the same names, and DCP, given them so, would
@@ -27,10 +27,11 @@ import torch
 
 from student_src.kit import tasks
 from student_src.kit.resume.layout import SavedLayout
+from student_src.kit.resume.parts import CheckpointPart
 
 #: kit.json's key for the layout a tensor-parallel checkpoint was saved on
 KEY = "tp_layout"
-#: the attribute ``train/task_setup.py`` sets on the TP model: ``{"tp_rank", "tp_size", "replicas"}``
+#: the attribute ``setup.py`` sets on the TP model: ``{"tp_rank", "tp_size", "replicas"}``
 MARK = "kit_tp"
 
 
@@ -91,3 +92,16 @@ def load_optimizer_state(model, optimizer, state: dict) -> None:
     p = _prefix(model)
     mine = {k[len(p):]: v for k, v in state.items() if k.startswith(p)}
     set_optimizer_state_dict(model, optimizer, mine, options=_flat())
+
+
+def optimizer_hooks(model, optimizer) -> tuple:
+    """``(get, load)`` for AdamW over a TP run's cut model (``resume/state.optimizer_hooks``' form)."""
+    return ((lambda base: optimizer_state(model, optimizer)),
+            (lambda base, state: load_optimizer_state(model, optimizer, state)))
+
+
+#: tensor parallelism's part of a checkpoint, registered with ``resume/parts.py`` by this room
+PART = CheckpointPart("tensor_parallel", LAYOUT, owns=lambda run: is_tp_model(getattr(run, "model", None)),
+                      model_state=lambda run: model_state(run.model),
+                      load_model_state=lambda run, state: load_model_state(run.model, state),
+                      owns_model=is_tp_model, optimizer=optimizer_hooks)

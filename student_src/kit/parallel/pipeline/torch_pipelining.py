@@ -6,7 +6,8 @@ it: stage 0 takes ``(input_ids, attention_mask, token_type_ids)``, the others ``
 the last returns the logits and torch's schedule applies the loss to each micro-batch (scaling the
 gradients by 1/m itself). Measured to run on gloo with torch 2.13 (the integer mask travels too).
 With ``--bf16`` the stage's forward runs under autocast and its 16-bit outputs are cast back to fp32
-(``precision.py``: what crosses a boundary stays in the model's dtype, as with the student's schedule).
+(``train/precision.py``'s ``to_fp32``, handed in by the setup: what crosses a boundary stays in the
+model's dtype, as with the student's schedule).
 """
 
 from __future__ import annotations
@@ -14,21 +15,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from student_src.kit.train.precision import to_fp32
-
 
 class TensorStage(nn.Module):
     """A ``BertStage`` with tensor arguments and results, as torch's ``PipelineStage`` needs."""
 
-    def __init__(self, stage, autocast=None, dtype=None):
+    def __init__(self, stage, autocast=None, dtype=None, to_fp32=None):
         super().__init__()
-        self.stage, self.autocast, self.dtype = stage, autocast, dtype
+        self.stage, self.autocast, self.dtype, self.to_fp32 = stage, autocast, dtype, to_fp32
 
     def forward(self, *args):
         if self.autocast is None:
             return self._run(args)
         with self.autocast():
-            return to_fp32(self._run(args), self.dtype)
+            return self.to_fp32(self._run(args), self.dtype)
 
     def _run(self, args):
         if self.stage.first:
@@ -38,15 +37,16 @@ class TensorStage(nn.Module):
 
 
 def make_runner(stage_module, stage: int, num_stages: int, micro_batches: int, schedule: str, device, group=None,
-                precision=None):
+                precision=None, to_fp32=None):
     """``runner(model, batch) -> loss`` (the batch's mean loss on the last stage, None elsewhere)
-    for ``pipeline_helpers.make_train_step``: torch's schedule over this rank's stage (``precision``, a
-    ``precision.Precision``: its autocast around the stage's forward)."""
+    for ``stages.make_train_step``: torch's schedule over this rank's stage (``precision``, a
+    ``train.precision.Precision``: its autocast around the stage's forward; ``to_fp32``, that module's,
+    casts the stage's outputs back)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     labels = stage_module.num_labels if stage_module.last else None
     autocast = precision.autocast if precision is not None and precision.enabled else None
-    tensor_stage = TensorStage(stage_module, autocast, precision.dtype if autocast else None)
+    tensor_stage = TensorStage(stage_module, autocast, precision.dtype if autocast else None, to_fp32)
     torch_stage = PipelineStage(tensor_stage, stage, num_stages, device, group=group)
 
     def loss_fn(logits, target):

@@ -21,7 +21,6 @@ from torch import nn
 
 from student_src.kit.core import compat
 from student_src.kit.errors import KitError
-from student_src.kit.measure import traffic_model
 
 
 def split_micro_batches(batch: dict, m: int) -> list[dict]:
@@ -132,7 +131,7 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
     clip by the global norm over the pipeline's stages, the stage's optimizer and scheduler, and the
     last stage's loss broadcast in the pipeline, so that every rank returns its replica's loss.
     ``runner(model, batch)``, when given, runs the schedule in place of ``pipeline_step``
-    (``--torch_pipelining``: ``torch_pipelining.py``). ``activations`` (a ``measure.activations.ActivationMeter``)
+    (``--torch_pipelining``: ``torch_pipelining.py``). ``activations`` (an ``activations.ActivationMeter``)
     counts what autograd keeps for backward during the first step of ``pipeline_step``."""
     import contextlib
 
@@ -165,23 +164,6 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
         return out
 
     return train_step
-
-
-def traffic_of(stage_modules, replicas: int, micro_batches: int, rows: int, seq_len: int, clip: bool):
-    """``() -> (calls, extra)`` for ``--measure_traffic``: the sends and collectives of one step
-    (``traffic_model.pipeline_calls``) of these stages x ``replicas``, each micro-batch ``rows`` x
-    ``seq_len`` tokens; ``extra``: the payload per boundary per step, for metrics.json."""
-    def of():
-        ids = torch.zeros(rows, seq_len, dtype=torch.long)
-        specs = stage_modules[0].boundary_specs({"input_ids": ids, "attention_mask": ids})
-        forward = [torch.Size(shape).numel() * dtype.itemsize for shape, dtype in specs]
-        backward = [n for n, (_, dtype) in zip(forward, specs) if dtype.is_floating_point]
-        grads = [[p.numel() * p.element_size() for p in mod.parameters() if p.requires_grad] for mod in stage_modules]
-        calls = traffic_model.pipeline_calls(len(stage_modules), replicas, micro_batches, forward, backward, grads, clip)
-        boundary = traffic_model.pipeline_boundary_bytes(micro_batches, forward, backward)
-        return calls, {"pipeline": {"boundaries": len(stage_modules) - 1, "payload_per_boundary_per_step": boundary}}
-
-    return of
 
 
 def process_groups(world_size: int, stages: int) -> tuple[list, list]:

@@ -1,6 +1,6 @@
 """What if: where tensor parallelism's ranks sit (Task 10), TP inside a node against TP across nodes.
 
-TP x DP on T x D ranks sends two kinds of bytes per step (``traffic_model.tp_calls``):
+TP x DP on T x D ranks sends two kinds of bytes per step (``traffic.tp_calls``):
 
 * in each TP group, per encoder layer, 2 all_reduces of the activations forward and 2 of their
   gradients backward, b x s x h x 4 bytes each (b: a replica's rows), every one in the critical path;
@@ -18,7 +18,10 @@ cross one node's link at once (2 ranks per node: 2), each getting its share of t
 ``share``: the fraction of a core a rank gets (C / ranks when the ranks share C cores, C / the load
 average when other programs run too).
 
-    from student_src.kit.whatif.tensor_parallel import profile_tp, compare
+    from student_src.kit.parallel.tensor.whatif import profile_tp, compare
+
+A ``link`` is a ``whatif/link.py`` ``LinkModel`` (the what-if command builds it; this room sits below
+``whatif/`` and only reads its ``latency_s``, ``bytes_per_s``, ``bandwidth_bps`` and ``allreduce_s``).
 """
 from __future__ import annotations
 
@@ -29,8 +32,7 @@ import torch
 
 from student_src.kit.core.models import load_model
 from student_src.kit.errors import KitError
-from student_src.kit.train.tp_helpers import encoder_layers
-from student_src.kit.whatif.link import LinkModel
+from student_src.kit.parallel.tensor.layers import encoder_layers
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class TPProfile:
 
 
 def is_cut(name: str) -> bool:
-    """A parameter TP cuts (tp_helpers.cut_dims finds them by shape; BERT names them so)."""
+    """A parameter TP cuts (layers.cut_dims finds them by shape; BERT names them so)."""
     return ".attention.self." in name or ".intermediate.dense." in name or name.endswith("output.dense.weight")
 
 
@@ -109,12 +111,12 @@ def profile_tp(model_name: str, rows: int, seq_len: int, repeats: int = 10) -> T
                      hidden, cut, total - cut, len(named))
 
 
-def shared(link: LinkModel, flows: int) -> LinkModel:
+def shared(link, flows: int):
     """``link`` as each of ``flows`` groups sending over it at once sees it."""
     return replace(link, bandwidth_bps=link.bandwidth_bps / max(1, flows))
 
 
-def tp_step(profile: TPProfile, tp: int, dp: int, tp_link: LinkModel, dp_link: LinkModel, share: float = 1.0) -> dict:
+def tp_step(profile: TPProfile, tp: int, dp: int, tp_link, dp_link, share: float = 1.0) -> dict:
     """Predicted seconds of one TP ``tp`` x DP ``dp`` step (the module docstring's model), with its
     parts; the links as each group sees them (``shared`` when several groups cross one link)."""
     if tp < 1 or dp < 1 or not 0 < share <= 1:
@@ -132,7 +134,7 @@ def tp_step(profile: TPProfile, tp: int, dp: int, tp_link: LinkModel, dp_link: L
             "dp_bytes_per_step": grads if dp > 1 else 0.0}
 
 
-def compare(profile: TPProfile, tp: int, dp: int, fast: LinkModel, slow: LinkModel, ranks_per_node: int = None,
+def compare(profile: TPProfile, tp: int, dp: int, fast, slow, ranks_per_node: int = None,
             share: float = 1.0) -> dict:
     """TP ``tp`` x DP ``dp`` with ``ranks_per_node`` ranks on each node (default ``tp``): TP inside the
     nodes (TP on ``fast``, DP across on ``slow``) against TP across them (TP on ``slow``, DP inside on

@@ -18,7 +18,10 @@ iteration, with each stage's forward and backward time per micro-batch measured
 * then the replicas of each stage average its gradients (a ring all_reduce over d ranks, of the
   largest stage's bytes: the slowest stage sets the pace) and each stage steps its optimizer.
 
-    from student_src.kit.whatif.pipeline import profile_stages, pipeline_iteration
+    from student_src.kit.parallel.pipeline.whatif import profile_stages, pipeline_iteration
+
+A ``link`` is a ``whatif/link.py`` ``LinkModel`` (the what-if command builds it; this room sits below
+``whatif/`` and only reads its ``latency_s``, ``bytes_per_s``, ``bandwidth_bps`` and ``allreduce_s``).
 """
 from __future__ import annotations
 
@@ -32,8 +35,7 @@ import torch
 from student_src.kit import student_api, tasks
 from student_src.kit.core.models import load_model
 from student_src.kit.errors import KitError
-from student_src.kit.train.pipeline_helpers import num_layers
-from student_src.kit.whatif.link import LinkModel
+from student_src.kit.parallel.pipeline.stages import num_layers
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def profile_stages(model_name: str, stages: int, rows: int, seq_len: int, repeat
     return StageProfile(tuple(forward), tuple(backward), fwd_bytes, bwd_bytes, grads, tuple(optim))
 
 
-def pipeline_iteration(profile: StageProfile, micro_batches: int, link: LinkModel, replicas: int = 1,
+def pipeline_iteration(profile: StageProfile, micro_batches: int, link, replicas: int = 1,
                        overhead_s: float = 0.0, share: float = 1.0) -> dict:
     """Predicted seconds of one Task 9 iteration (the module docstring's model), with its parts.
     ``overhead_s``: a fixed cost per micro-batch and stage outside forward and backward (the
@@ -140,7 +142,7 @@ def pipeline_iteration(profile: StageProfile, micro_batches: int, link: LinkMode
             "boundary_bytes_per_step": m * (profile.boundary_forward_bytes + profile.boundary_backward_bytes)}
 
 
-def overhead_from(few: tuple, many: tuple, link: LinkModel, share: float = 1.0) -> float:
+def overhead_from(few: tuple, many: tuple, link, share: float = 1.0) -> float:
     """The cost per micro-batch and stage that forward and backward leave out, from two measured
     iterations of the same pipeline, ``(profile, m, seconds)`` each (the profile at that run's
     micro-batch), fewer micro-batches first: each micro-batch more adds one slot of the slowest
@@ -154,7 +156,7 @@ def overhead_from(few: tuple, many: tuple, link: LinkModel, share: float = 1.0) 
 
 
 def pp_or_dp(profile_by_stages: dict, dp_step_s: Sequence[float], nodes: int, micro_batches: int,
-             link: LinkModel, overhead_s: float = 0.0) -> Optional[dict]:
+             link, overhead_s: float = 0.0) -> Optional[dict]:
     """On ``nodes`` ranks: the predicted step of every pipeline depth p in ``profile_by_stages``
     that divides ``nodes`` (p stages x nodes / p replicas) beside pure data parallelism's
     (``dp_step_s``: what ``scaling.iteration`` predicts for it), and which is faster."""

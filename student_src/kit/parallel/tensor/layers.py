@@ -18,7 +18,7 @@ embeddings' output (whole on every rank), is cut to this rank's chunk (backward:
 gradients all_gathered, so the replicated embeddings get the whole gradient), and the encoder's
 output is all_gathered for the pooler (backward: this rank's chunk of the gradient, the same on
 every rank). The LayerNorms' and row-parallel biases' gradients are summed by the student's
-``sync_sequence_parallel_grads`` before the clip (``task_setup``).
+``sync_sequence_parallel_grads`` before the clip (``setup.py``).
 
 Vocabulary-parallel embedding (``--vocab_parallel``): ``model.bert.embeddings.word_embeddings`` replaced by
 the student's ``VocabParallelEmbedding`` on the TP group (``vocab_parallel_embeddings``): each rank holds
@@ -30,7 +30,7 @@ sequence before the encoder, with or without ``--sequence_parallel``. Checkpoint
 The clip (``global_clip``): a shard's gradient is 1/T of its parameter's, so the global gradient
 norm is ``sqrt(replicated squares + the TP group's sum of the shards' squares)``, one all_reduce of
 one number. Clipping by it first leaves ``train_step``'s own clip (over this rank's tensors, a
-smaller norm) multiplying by exactly 1, as in Task 7 (``task_setup._fsdp_sync``).
+smaller norm) multiplying by exactly 1, as in Task 7 (``train/task_setup._fsdp_sync``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ import torch
 import torch.distributed as dist
 
 from student_src.kit.errors import KitError
-from student_src.kit.measure import traffic_model
 
 
 def layout(world_size: int, tp_size: int, rank: int, mesh_ranks=None) -> dict:
@@ -253,38 +252,3 @@ def gather_into(full_model, tp_model, cut: dict, group) -> None:
                 full[name].copy_(joined.narrow(cut[name], 0, full[name].shape[cut[name]]))
             else:
                 full[name].copy_(p.detach())
-
-
-def traffic_of(tp_model, world_size: int, tp_size: int, rows: int, seq_len: int, clip: bool,
-               sequence_parallel: bool = False, vocab_parallel: bool = False):
-    """``() -> (calls, extra)`` for ``--measure_traffic``: the collectives of one step
-    (``traffic_model.tp_calls``) of ``tp_model`` on ``world_size`` ranks as TP ``tp_size`` x DP, each
-    replica's batch ``rows`` x ``seq_len`` tokens; ``extra``: the bytes of one activation all_reduce
-    and of the DP gradients, for metrics.json."""
-    def of():
-        hidden = getattr(getattr(tp_model, "config", None), "hidden_size", None)
-        if hidden is None:
-            raise KitError(f"--measure_traffic models TP from the model's config.hidden_size: {type(tp_model).__name__} "
-                           "has none")
-        layers = len(encoder_layers(tp_model))
-        activation = rows * seq_len * hidden * next(tp_model.parameters()).element_size()
-        grads = [p.numel() * p.element_size() for p in tp_model.parameters() if p.requires_grad]
-        marked = [p.numel() * p.element_size() for p in tp_model.parameters()
-                  if p.requires_grad and getattr(p, "sequence_parallel", False)] if sequence_parallel else []
-        calls = traffic_model.tp_calls(world_size, tp_size, layers, activation, grads, clip,
-                                       sequence_parallel=sequence_parallel, sp_grad_nbytes=marked,
-                                       vocab_parallel=vocab_parallel)
-        replicas = world_size // tp_size
-        extra = {"tensor_parallel": {"tp_size": tp_size, "replicas": replicas, "layers": layers,
-                                     "activation_all_reduce_bytes": activation, "all_reduces_per_layer_per_step": 4,
-                                     "dp_gradient_bytes_per_step": sum(grads) if replicas > 1 else 0}}
-        if sequence_parallel:
-            extra["tensor_parallel"].update(
-                sequence_parallel=True, all_reduces_per_layer_per_step=0,
-                all_gathers_per_layer_per_step=4, reduce_scatters_per_layer_per_step=4,
-                sequence_parallel_gradient_bytes_per_step=sum(marked))
-        if vocab_parallel:  # the embedding's g: one activation all_reduce forward per step
-            extra["tensor_parallel"].update(vocab_parallel=True, vocab_parallel_all_reduces_per_step=1)
-        return calls, extra
-
-    return of

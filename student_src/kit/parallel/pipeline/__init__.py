@@ -1,0 +1,28 @@
+"""Pipeline parallelism (Task 9, the task table's ``"pipeline"`` sync), one room: the model cut by
+depth into stages, micro-batches through them (``student_src/pipeline.py`` is the student's part).
+
+  stages.py            the stage module of BERT, micro-batches, the kit's step around ``pipeline_step``,
+                       the process groups, evaluation's gathering of the stages (what ``pipeline.py`` imports)
+  torch_pipelining.py  ``--torch_pipelining``: torch's own schedule over the same stages
+  memory.py            memory terms: a stage's states, activations held per schedule (``pipeline_held``)
+  activations.py       the activations a stage holds, measured in the run
+  traffic.py           traffic terms: the sends across each boundary, the replicas' all_reduces
+  checkpoint.py        each stage saves its own part; resumes only on its layout
+  whatif.py            a pipeline against pure data parallelism, for a model and a link
+  setup.py             how the task trains (``train/task_setup.py`` calls it through the registry)
+
+Importing this room registers it: with ``parallel/registry.py`` (the setup), ``measure/memory_model.py``
+(the ``"pipeline"`` memory alias) and ``resume/parts.py`` (the checkpoint part).
+"""
+
+from student_src.kit.measure import memory_model
+from student_src.kit.parallel.pipeline import checkpoint, memory, setup
+from student_src.kit.parallel.registry import Parallelism, register
+from student_src.kit.resume import parts
+
+#: Task 9 in the table of parallelisms
+PIPELINE = Parallelism("pipeline", setup.setup)
+
+register(PIPELINE)
+memory_model.register_alias(*memory.ALIAS)
+parts.register(checkpoint.PART)

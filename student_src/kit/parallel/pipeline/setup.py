@@ -1,0 +1,60 @@
+"""How Task 9 trains (the task table's ``"pipeline"`` sync): ``setup`` is this room's entry in the
+table of parallelisms (``registry.Parallelism.setup``), called by ``train/task_setup.py``."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from student_src.kit import student_api, tasks
+from student_src.kit.core.config import TrainConfig, per_worker_batch_size
+from student_src.kit.errors import KitError
+from student_src.kit.measure.memory_model import model_layout
+from student_src.kit.parallel.pipeline import memory, stages as helpers
+from student_src.kit.parallel.pipeline.activations import ActivationMeter
+from student_src.kit.parallel.pipeline.traffic import traffic_of
+from student_src.kit.parallel.registry import Lent
+
+
+def setup(cfg: TrainConfig, model, ctx, task, pipeline_step, lent: Lent) -> dict:
+    """Pipeline x data parallel: ``--pipeline_stages`` P stages (default one per rank) times
+    world / P replicas, rank = replica * P + stage. The stage cut by the student's ``build_stage``;
+    AdamW over its parameters; the kit's step around ``pipeline_step``; with several replicas each
+    stage's gradients averaged over its replicas by the ``"function"`` task of ``needs_tasks``
+    (Task 2b's ``allreduce_average``) on the stage's group; the stages gathered before evaluation;
+    every stage loads the whole batch, as one process does (``whole_batch``)."""
+    p = cfg.pipeline_stages or ctx.world_size
+    if ctx.world_size % p:
+        raise KitError(f"Task {task.id}: {p} pipeline stages do not divide {ctx.world_size} ranks")
+    replicas, stage_id, replica = ctx.world_size // p, ctx.rank % p, ctx.rank // p
+    pipelines, data_parallel = helpers.process_groups(ctx.world_size, p)
+    average = None
+    if replicas > 1:
+        averaging = [t for t in map(tasks.get, task.needs_tasks) if t.sync == "function"]
+        if not averaging:
+            raise KitError(f"Task {task.id}: a pipeline with replicas names the task whose function averages its "
+                           "gradients in needs_tasks (see student_src/kit/tasks.py)")
+        fn, dp_group = student_api.function(averaging[0].id), data_parallel[stage_id][1]
+        average = lambda m: fn(m, group=dp_group)  # noqa: E731
+    build = student_api.function(task.id, "build_stage")
+    stages = [build(model, s, p) for s in range(p)]  # every rank cuts alike: who owns what, for evaluation
+    stage = stages[stage_id]
+    owner = helpers.owners(model, stages)  # stage s of replica 0 is rank s
+    ranks, group = pipelines[replica]
+    runner = None
+    if cfg.torch_pipelining:  # torch's schedule over the same stages, as Task 3's DDP is to 2b
+        from student_src.kit.parallel.pipeline.torch_pipelining import make_runner  # imports torch.distributed.pipelining: only here
+
+        runner = make_runner(stage, stage_id, p, cfg.micro_batches, cfg.schedule, ctx.device, group=group,
+                             precision=lent.precision(), to_fp32=lent.to_fp32)  # --bf16: autocast inside torch's stage
+    activations = None if runner is not None else ActivationMeter(cfg.schedule, stage_id, p, cfg.micro_batches)
+    step = helpers.make_train_step(pipeline_step, stage_id, p, cfg.micro_batches, cfg.schedule, ranks=ranks,
+                                   group=group, replica=replica, replicas=replicas, average=average,
+                                   runner=runner, activations=activations)
+    predict = partial(memory.predicted, [model_layout(s) for s in stages], [r % p for r in range(ctx.world_size)])
+    rows = per_worker_batch_size(cfg, 1)[0] // (replicas * cfg.micro_batches)  # one micro-batch (config: equal ones)
+    traffic = traffic_of(stages, replicas, cfg.micro_batches, rows, cfg.max_seq_length,
+                         clip=bool(cfg.max_grad_norm and cfg.max_grad_norm > 0))
+    return {"model": stage, "sync_gradients": None, "optimizer": lent.make_optimizer(stage, cfg), "train_step": step,
+            "before_eval": lambda: helpers.assemble(model, owner), "traffic": traffic,
+            "memory": {"predict": predict, "activations": activations},
+            "whole_batch": f"{cfg.micro_batches} micro-batches through {ctx.world_size} stages ({cfg.schedule})"}
