@@ -26,10 +26,11 @@ TASK_CALLS = {"get", "function", "todos_left", "task_argv", "run_task", "load_me
 
 
 def allowed(rel: str) -> bool:
-    """The table, the tasks' own files, tests, benchmarks (each measures named tasks) and docs."""
+    """The table, the tasks' own files, tests, benchmarks and the compat matrix (``noxfile.py``: each
+    runs named tasks) and docs."""
     path = Path(rel)
     own_student = {f"student_src/{m}.py" for m in tasks.modules()}
-    return (rel == "student_src/kit/tasks.py" or rel in own_student or rel.startswith(("tests/", "benchmarks/"))
+    return (rel == "student_src/kit/tasks.py" or rel in own_student or rel.startswith(("tests/", "benchmarks/")) or rel == "noxfile.py"
             or (path.parent.as_posix() in ("autograder/checks", "autograder/public") and path.stem.startswith("task"))
             or (path.parent.as_posix() == "autograder/course/builders" and path.stem.startswith("nb")))
 

@@ -46,6 +46,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from student_src.kit import tasks
 from student_src.kit.errors import KitError
 
 #: the supported range, as pyproject.toml declares it (said in refusals and ``make setup``)
@@ -134,7 +135,7 @@ def refusal(cfg, device_type: str = "cpu") -> str | None:
     for flag, (feature, needs) in _FLAG_NEEDS.items():
         if not getattr(cfg, flag, False) or have[feature]:
             continue
-        if flag == "torch_sharding" and str(getattr(cfg, "task", "")) != "7":
+        if flag == "torch_sharding" and tasks.get(cfg.task).sync != "fsdp":
             continue  # Task 6's --torch_sharding is ZeroRedundancyOptimizer: every supported torch has it
         return (f"--{flag} needs {needs}; this is torch {torch.__version__}: drop --{flag}, "
                 f"or install a newer torch (the kit supports torch {','.join(TORCH_RANGE)})")
