@@ -17,6 +17,7 @@ from student_src.kit.core.config import parse_config
 from student_src.kit.errors import KitError
 from student_src.kit.train.precision import Precision, ScaleGrad
 from student_src.kit.train.start import run
+from student_src.train import train_step  # Task 1 (the solution): what the kit wraps
 
 STEPS = 4
 BF16_TOL, FP16_TOL = 2e-4, 3e-5
@@ -96,21 +97,6 @@ class _Toy(torch.nn.Module):
         return _Out((self.w * x).sum())
 
 
-def _train_step(model, batch, optimizer, scheduler=None, sync_gradients=None, max_grad_norm=1.0):
-    """Task 1's contract (student_src/train.py), written out: forward, backward, sync, clip, steps."""
-    loss = model(**batch).loss
-    loss.backward()
-    if sync_gradients is not None:
-        sync_gradients(model)
-    if max_grad_norm:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
-
-
 def test_fp16_step_with_an_inf_gradient_is_skipped_and_the_scale_halves():
     model = _Toy()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # w moves by exactly -lr * the gradient it gets
@@ -120,14 +106,14 @@ def test_fp16_step_with_an_inf_gradient_is_skipped_and_the_scale_halves():
     args = precision.step_args(model, optimizer, scheduler, lambda m: seen.append(m.w.grad.clone()))
     scale = precision.scaler.get_scale()
 
-    loss = _train_step(args[0], {"x": torch.tensor([1.0, float("inf"), 0.0, 0.0])}, *args[1:3], sync_gradients=args[3])
+    loss = train_step(args[0], {"x": torch.tensor([1.0, float("inf"), 0.0, 0.0])}, *args[1:3], sync_gradients=args[3])
     assert torch.isinf(loss)  # the true loss comes back, unscaled
     assert torch.equal(model.w.detach(), torch.ones(4)), "a step with an inf gradient must not change the weights"
     assert precision.scaler.get_scale() == scale / 2 and precision.optimizer.skipped
     assert scheduler.last_epoch == 0, "the scheduler must not advance past a skipped step (as HF's Trainer)"
 
     x = torch.tensor([0.5, -0.25, 0.0, 1.0])
-    loss = _train_step(args[0], {"x": x}, *args[1:3], sync_gradients=args[3], max_grad_norm=0)
+    loss = train_step(args[0], {"x": x}, *args[1:3], sync_gradients=args[3], max_grad_norm=0)
     assert loss.item() == pytest.approx(x.sum().item())
     assert torch.equal(seen[-1], x * (scale / 2)), "backward leaves gradients scaled by the current scale"
     assert not precision.optimizer.skipped and scheduler.last_epoch == 1
