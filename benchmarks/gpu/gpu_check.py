@@ -1,9 +1,9 @@
-"""The kit on a real GPU, in one call: what a student with one GPU (and 1, 2 or 4 local ranks) meets.
+"""The kit on a real GPU, in one script: what a student with one GPU (and 1, 2 or 4 local ranks) meets.
 
 Two steps, because a lent GPU machine has no internet and no MiniLM package:
 
     python benchmarks/gpu/gpu_check.py prepare          # here: .gpu/ (tokenizer + model configs, no weights)
-    python benchmarks/gpu/gpu_check.py run --out DIR    # there, from the repository root (about 6 minutes)
+    python benchmarks/gpu/gpu_check.py run --out DIR    # there, from the repository root (about 15 minutes on an H200; split it with --skip)
 
 ``prepare`` copies MiniLM's tokenizer files (0.7 MB; no weights) and writes two BERT configs:
 ``tiny`` (the kit's tiny) and ``bert-base`` (BERT-base-sized, 110 M parameters). ``run`` first
@@ -243,23 +243,32 @@ def main(argv=None) -> int:
               "gpus": torch.cuda.device_count() if a.device == "cuda" else 0}
     print(json.dumps(report), flush=True)
     started = time.monotonic()
+
+    def save() -> None:
+        """After every part, so that a call cut short still brings back what it measured."""
+        report["wall_s"] = round(time.monotonic() - started, 1)
+        (a.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+
     if "collectives" not in a.skip:
         report["gloo_collectives"] = probe_collectives(a.device)
         print("gloo on", a.device, json.dumps(report["gloo_collectives"]), flush=True)
+        save()
     if "tasks" not in a.skip:
         report["tasks"] = run_tasks(a.out, a.device, [])
-    if "bf16" not in a.skip:
-        report["tasks_bf16"] = run_tasks(a.out, a.device, ["--bf16"])
+        save()
     if "extras" not in a.skip:
         report["extras"] = run_extras(a.out, a.device)
+        save()
+    if "bf16" not in a.skip:
+        report["tasks_bf16"] = run_tasks(a.out, a.device, ["--bf16"])
+        save()
     if "precision" not in a.skip:
         from precision_bench import compare  # benchmarks/gpu/precision_bench.py
 
         # BERT-base on a GPU; on the CPU (a check of the script) tiny, or it would take an hour
         report["precision"] = compare(MODELS / ("bert-base" if a.device == "cuda" else "tiny"), a.device,
                                       steps=14 if a.device == "cuda" else 6)
-    report["wall_s"] = round(time.monotonic() - started, 1)
-    (a.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    save()
     (a.out / "gpu_check.md").write_text(markdown(report))
     print(markdown(report))
     return 0
