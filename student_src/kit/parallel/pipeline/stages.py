@@ -106,14 +106,21 @@ class BertStage(nn.Module):
 
 
 # ---------------------------------------------------------------- the kit's training loop (run_glue --task 9)
+def _device(params) -> torch.device:
+    """Where a stage's parameters live (the CPU for a stage with none)."""
+    return next((p.device for p in params), torch.device("cpu"))
+
+
 def clip_global_norm(params, max_norm: float, group=None, reduce: bool = True) -> None:
     """``torch.nn.utils.clip_grad_norm_`` over the parameters of *every* stage: each stage adds the
     squares of its gradients' norms, one all_reduce sums them, every stage scales by the same factor."""
     import torch.distributed as dist
 
+    params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
     norms = [torch.linalg.vector_norm(g.detach(), 2.0) for g in grads]
-    squares = torch.stack(norms).pow(2).sum() if norms else torch.zeros(())
+    # on the gradients' device: an nccl group (a GPU per rank) refuses CPU tensors
+    squares = torch.stack(norms).pow(2).sum() if norms else torch.zeros((), device=_device(params))
     if reduce and dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(squares, group=group)
     coef = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
@@ -158,7 +165,9 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
         if scheduler is not None:
             scheduler.step()
         optimizer.zero_grad()
-        out = torch.zeros((), dtype=torch.float32) if loss is None else loss.detach().float().reshape(())
+        # every stage's copy on its parameters' device (nccl, a GPU per rank, broadcasts CUDA tensors only)
+        out = (torch.zeros((), dtype=torch.float32, device=_device(model.parameters())) if loss is None
+               else loss.detach().float().reshape(()))
         if num_stages > 1:
             dist.broadcast(out, src=ranks[-1], group=group)
         return out

@@ -223,7 +223,8 @@ def global_clip(model, cut: dict, group, max_norm: float) -> None:
     if not grads:
         return
     grads = [(n, _local(g)) for n, g in grads]  # --torch_tp: a DTensor's shard (torch_tp.py)
-    sq = {True: torch.zeros((), dtype=torch.float32), False: torch.zeros((), dtype=torch.float32)}
+    device = grads[0][1].device  # an nccl group (a GPU per rank) all_reduces CUDA tensors only
+    sq = {cut_: torch.zeros((), dtype=torch.float32, device=device) for cut_ in (True, False)}
     for n, g in grads:
         sq[n in cut] = sq[n in cut] + torch.linalg.vector_norm(g.detach().float()) ** 2
     shards = sq[True].clone()
