@@ -38,3 +38,40 @@ def attention_case(ctx, mode, **kw):
     got.backward(grad[:, :, cut])
     pairs = [(got, want[:, :, cut])] + [(m.grad, w.grad[:, :, cut]) for m, w in zip(mine, leaves)]
     return [float((a - b).detach().abs().max()) for a, b in pairs]
+
+
+def tiny_bert_case(ctx, mode, seq=16, batch=3, dtype=torch.float64, cp_ranks=None):
+    """The kit's tiny BERT (dropout 0, ``dtype``) on one batch with padding, whole on one process and
+    cut over the CP group of this rank (``cp_ranks``: the list of CP groups, default the whole world):
+    the largest difference of the loss and of any parameter's gradient (after the CP gradient sum)."""
+    import copy
+
+    from student_src import context_parallel as cp
+    from student_src.kit.core.models import load_model
+
+    groups = cp_ranks or [list(range(dist.get_world_size()))]
+    mine = next(g for g in groups if dist.get_rank() in g)
+    made = {tuple(g): (dist.new_group(g) if len(groups) > 1 else None) for g in groups}
+    group = made[tuple(mine)]
+    torch.manual_seed(0)
+    model = load_model("tiny", dropout=0.0).to(dtype)
+    g = torch.Generator().manual_seed(1 + groups.index(mine))
+    ids = torch.randint(1000, 2000, (batch, seq), generator=g)
+    ids[:, 0] = 101
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[0, seq // 2 + 1:] = 0
+    mask[1, seq - 2:] = 0
+    data = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids),
+            "labels": torch.tensor([0, 1, 1])[:batch]}
+    whole = copy.deepcopy(model)
+    want = whole(**data).loss
+    want.backward()
+    cpm = cp.parallelize_bert_for_context(model, group, mine, mode)
+    got = cpm(**data).loss
+    got.backward()
+    cp.sync_context_parallel_grads(cpm, group)
+    diffs = [abs(float(got.detach()) - float(want.detach()))]
+    named = dict(whole.named_parameters())
+    for name, p in cpm.model.named_parameters():
+        diffs.append(float((p.grad - named[name].grad).abs().max()))
+    return max(diffs)
