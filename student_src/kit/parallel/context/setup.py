@@ -1,0 +1,49 @@
+"""How Task 11 trains (the task table's ``"context_parallel"`` sync): ``setup`` is this room's entry in
+the table of parallelisms (``registry.Parallelism.setup``), called by ``train/task_setup.py``."""
+
+from __future__ import annotations
+
+import copy
+
+from student_src.kit import student_api, tasks
+from student_src.kit.core.config import TrainConfig
+from student_src.kit.errors import KitError
+from student_src.kit.parallel.context.layout import layout
+from student_src.kit.parallel.registry import Lent
+
+
+def setup(cfg: TrainConfig, model, ctx, task, parallelize, lent: Lent) -> dict:
+    """CP x DP: ``--cp_size`` C ranks per CP group (default all) times world / C replicas. A copy of the
+    model, rewritten by the student's ``parallelize_bert_for_context`` on its CP group with
+    ``--cp_attention``, trains on its replica's share of the batch (every rank of a CP group loads the
+    same rows and keeps its slice of the sequence); the student's ``sync_context_parallel_grads`` sums the
+    gradients over the CP group, then, with replicas, the ``"function"`` task of ``needs_tasks`` (Task 2b)
+    averages them over the DP group. Every rank then holds the same gradients, so ``train_step``'s own
+    clip is the global one. Before evaluating, the whole model takes the copy's weights (the same on
+    every rank: nothing is sent)."""
+    mesh = layout(ctx.world_size, cfg.cp_size or ctx.world_size, ctx.rank)
+    (cp_ranks, cp_group), (_, dp_group) = mesh["cp"], mesh["dp"]
+    average = None
+    if mesh["replicas"] > 1:
+        averaging = [t for t in map(tasks.get, task.needs_tasks) if t.sync == "function"]
+        if not averaging:
+            raise KitError(f"Task {task.id}: CP x DP names the task whose function averages its gradients in "
+                           "needs_tasks (see student_src/kit/tasks.py)")
+        fn = student_api.function(averaging[0].id)
+        average = lambda m: fn(m, group=dp_group)  # noqa: E731
+    cp_sync = student_api.function(task.id, "sync_context_parallel_grads")
+    cp_model = parallelize(copy.deepcopy(model), cp_group, list(cp_ranks), cfg.cp_attention)
+    cp_model.kit_cp = {"cp_rank": mesh["cp_rank"], "cp_size": len(cp_ranks), "replicas": mesh["replicas"],
+                       "attention": cfg.cp_attention}
+    inner = getattr(cp_model, "model", cp_model)
+
+    def sync(m):
+        cp_sync(m, cp_group)
+        if average is not None:
+            average(m)
+
+    def before_eval():
+        model.load_state_dict(inner.state_dict())
+
+    return {"model": cp_model, "sync_gradients": sync, "optimizer": lent.make_optimizer(cp_model, cfg),
+            "before_eval": before_eval, "data": (mesh["replica"], mesh["replicas"])}

@@ -1,0 +1,75 @@
+"""Task 11, context parallelism: the student's attentions (the solution source) against one process's
+attention on the whole sequence, the tiny BERT's loss and gradients under CP, and run_glue's losses
+against Task 1's (fp32, dropout 0). Each launch has a timeout; the spawned ranks run ``context_parallel_fns``."""
+
+import pytest
+
+import context_parallel_fns as fns
+from student_src.kit import tasks
+from student_src.kit.core.config import parse_config
+from student_src.kit.errors import KitError
+from student_src.kit.ranks.launch import launch
+from student_src.kit.train.start import run
+
+STEPS = 3
+CP = tasks.ids(lambda t: t.sync == "context_parallel")[0]
+
+
+@pytest.mark.parametrize("mode", ["allgather", "ring"])
+def test_attention_matches_one_process_at_2_and_4_ranks_with_a_padded_rank_and_large_logits(mode):
+    """float64: output, dq, dk, dv within 1e-12 of attention on the whole sequence; rank C-1's tokens all
+    padding in row 0; then logits of order 1e4 at 2 ranks (the online softmax's running max)."""
+    for c in (2, 4):
+        for diffs in launch(fns.attention_case, c, args=(mode,), kwargs={"pad_rank_of": (c, c - 1)},
+                            threads_per_rank=1, timeout=90):
+            assert max(diffs) < 1e-12, (c, diffs)
+    for diffs in launch(fns.attention_case, 2, args=(mode,), kwargs={"big": 1e4}, threads_per_rank=1, timeout=90):
+        assert max(diffs) < 1e-9, diffs
+
+
+@pytest.mark.parametrize("mode", ["allgather", "ring"])
+def test_tiny_bert_loss_and_every_gradient_match_one_process_cp_and_cp_x_dp(mode):
+    """float64, padding: CP over 2 ranks, then CP 2 x DP 2 (each CP group its own batch) on 4."""
+    assert max(launch(fns.tiny_bert_case, 2, args=(mode,), threads_per_rank=1, timeout=120)) < 1e-12
+    assert max(launch(fns.tiny_bert_case, 4, args=(mode,), kwargs={"cp_ranks": [[0, 1], [2, 3]]},
+                      threads_per_rank=1, timeout=120)) < 1e-12
+
+
+def _losses(small_rte, tmp_path, task, world_size=None, *extra):
+    argv = [*extra, "--task", task, "--model_name_or_path", "tiny", "--dropout", "0", "--max_steps", str(STEPS),
+            "--global_batch_size", "16", "--max_seq_length", "32", "--data_dir", str(small_rte),
+            "--do_train", "--no_progress", "--output_dir", str(tmp_path / f"t{task}-{world_size}{''.join(extra)}")]
+    if world_size:
+        argv += ["--world_size", str(world_size), "--spawn", "--num_threads", "1"]
+    metrics = run(parse_config(argv))
+    assert len(metrics["losses"]) == STEPS
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def single_node(small_rte, tmp_path_factory):
+    return _losses(small_rte, tmp_path_factory.mktemp("single"), tasks.reference())
+
+
+@pytest.mark.parametrize("world_size, cp_size, mode", [(2, 2, "ring"), (2, 2, "allgather"), (4, 2, "ring"),
+                                                        (4, 2, "allgather")])
+def test_run_glue_losses_match_single_node(single_node, small_rte, tmp_path, world_size, cp_size, mode):
+    """run_glue --task 11 --cp_size C --cp_attention MODE: Task 1's losses step by step within 1e-6; the
+    ranks of a CP group report the same loss (CP rank 0's), CP x DP's replicas different rows."""
+    metrics = _losses(small_rte, tmp_path, CP, world_size, "--cp_size", str(cp_size), "--cp_attention", mode)
+    assert metrics["world_size"] == world_size and metrics["global_batch_size"] == 16
+    for step, (a, b) in enumerate(zip(single_node["losses"], metrics["losses"])):
+        assert abs(a - b) < 1e-6, f"step {step + 1}: task 1 {a:.8f} vs task {CP} (CP {cp_size}, {mode}) {b:.8f}"
+    ranks = metrics["rank_losses"]
+    for replica in range(world_size // cp_size):
+        group = ranks[replica * cp_size:(replica + 1) * cp_size]
+        assert all(r == group[0] for r in group)
+    if world_size > cp_size:
+        assert ranks[0] != ranks[cp_size]
+
+
+def test_a_sequence_length_the_cp_size_does_not_divide_is_one_line():
+    with pytest.raises(KitError, match="--max_seq_length 30 does not divide by the context-parallel size 4"):
+        parse_config(["--task", CP, "--world_size", "4", "--cp_size", "4", "--max_seq_length", "30", "--spawn"])
+    with pytest.raises(KitError, match="--cp_size/--cp_attention are for context parallelism"):
+        parse_config(["--task", tasks.reference(), "--cp_size", "2"])
