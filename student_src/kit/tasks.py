@@ -230,7 +230,7 @@ _ROWS = (
          "11_context_parallel", color="#7f7f00", sync="context_parallel",
          collectives=frozenset({"all_gather", "reduce_scatter", "isend", "irecv", "broadcast", "all_reduce"}),
          must_call=frozenset({"all_reduce", "broadcast"}), extra_credit=True, export=True, memory="replicated",
-         needs_tasks=("1", "2", "2b"), checks_build_bert=True),
+         needs_tasks=("1", "2", "2b"), checks_build_bert=True, more_modules=("context_parallel_attn",)),
 )
 
 #: every task by id, in the assignment's order
