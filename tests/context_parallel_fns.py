@@ -23,7 +23,7 @@ def inputs(batch=2, heads=2, seq=8, dim=4, dtype=torch.float64, seed=0, big=1.0,
 def attention_case(ctx, mode, **kw):
     """This rank's output and dq, dk, dv next to the reference's slice (the whole sequence on one
     process), for ``mode``; returns the largest difference of each."""
-    from student_src import context_parallel as cp
+    from student_src import context_parallel_attn as cp
 
     q, k, v, mask = inputs(**kw)
     c, r = dist.get_world_size(), dist.get_rank()
