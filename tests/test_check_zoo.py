@@ -811,6 +811,21 @@ def test_a_pipeline_that_deadlocks_is_stopped_within_a_minute_naming_rank_peer_a
     assert "(in dist.recv of micro-batch 1's activations from rank 0)" in test.output, test.output[:600]
 
 
+
+def test_a_ring_that_deadlocks_is_stopped_within_a_minute_naming_rank_peer_and_step(tmp_path):
+    """Issue 39: ring attention whose isend goes to the previous rank (the irecv still from the previous rank)
+    pairs up on 2 ranks but deadlocks on 4: each 4-rank check is stopped in under 60 s with a message that
+    names every waiting rank, its peer and the ring's step (``spy.name_waits``)."""
+    code = _solution_with("context_parallel_attn", "_exchange", ("dist.isend(send, dst=nxt", "dist.isend(send, dst=prev"))
+    res = grade(submission(tmp_path / "s", "context_parallel_attn", code), tasks={"11"})
+    failed = {t.id: t for t in res.tests if not t.passed}
+    assert set(failed) == {"11.attention_4_ranks_float64", "11.collectives_4_ranks"}, set(failed)
+    for test in failed.values():
+        assert test.elapsed < 60 and "deadlock" in test.output, (test.elapsed, test.output[:600])
+        for rank, peer in ((0, 3), (1, 0), (2, 1), (3, 2)):
+            assert (f"rank {rank} was waiting at student_src/context_parallel_attn.py" in test.output
+                    and f"(waiting on its dist.isend of step 0 to rank {peer})" in test.output), test.output[:900]
+
 def test_a_stack_dump_in_a_pipelines_send_or_recv_names_its_peer_and_micro_batch():
     """The spy runs a pipeline check's blocking send/recv under a name that says what it waits for
     (autograder/sandbox/spy.py); the deadlock message reads it from the rank's stack dump."""

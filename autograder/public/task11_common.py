@@ -80,6 +80,7 @@ def run_attention(ctx, dtype=torch.float64, scale: float = 1.0, modes=MODES) -> 
     cut = slice(ctx.rank * SEQ // world, (ctx.rank + 1) * SEQ // world)
     mask = key_mask(world)[:, cut].clone()
     with ctx.spy() as spy:
+        spy.name_waits = True  # a deadlocked ring's dump names each rank's peer and step
         mod = student(ctx)
         for mode in modes:
             spy.calls.clear()
