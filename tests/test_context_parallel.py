@@ -2,9 +2,9 @@
 attention on the whole sequence, the tiny BERT's loss and gradients under CP, and run_glue's losses
 against Task 1's (fp32, dropout 0). Each launch has a timeout; the spawned ranks run ``context_parallel_fns``."""
 
+import context_parallel_fns as fns
 import pytest
 
-import context_parallel_fns as fns
 from student_src.kit import tasks
 from student_src.kit.core.config import parse_config
 from student_src.kit.errors import KitError

@@ -117,3 +117,51 @@ def measure(world: int, mode: str, batch: int = 2, heads: int = 2, seq: int = 51
             seed: int = 0, timeout: float = 120.0) -> list:
     """One call of the student's ``context_parallel_attention`` on ``world`` local ranks (module docstring)."""
     return launch(_rank, world, args=(mode, batch, heads, seq, head_dim, seed), threads_per_rank=1, timeout=timeout)
+
+
+def compare(world: int, batch: int = 2, heads: int = 2, seq: int = 512, head_dim: int = 32) -> str:
+    """Both ways measured on ``world`` ranks beside the model (``memory.py``, ``traffic.py``), as a markdown
+    table; one line instead while the student's attention is a TODO or fails. Returns the ring's runs
+    too, as ``compare.last_ring`` (for ``timeline_figure``)."""
+    from student_src.kit.parallel.context import memory, traffic  # here: the demo's tables only
+
+    rows = ["| attention | C | saved for backward: measured / model | biggest scores matrix (model) | "
+            "bytes sent forward + backward: measured / model | forward time (s) |", "|---|---|---|---|---|---|"]
+    compare.last_ring = None
+    for mode in ("allgather", "ring"):
+        try:
+            runs = measure(world, mode, batch, heads, seq, head_dim)
+        except Exception as exc:  # a TODO or a bug in the student's attention: one line, not a traceback
+            return f"{mode} attention did not run: {str(exc).splitlines()[0][:300]}"
+        if mode == "ring":
+            compare.last_ring = runs
+        mem, sent = memory.attention_bytes(batch, heads, seq, head_dim, world, mode), traffic.sent(
+            batch, heads, seq, head_dim, world, mode)
+        got = runs[0]
+        rows.append(f"| {mode} | {world} | {got['saved'] / 1e6:.3f} / {mem['saved'] / 1e6:.3f} MB | "
+                    f"{mem['scores'] / 1e6:.3f} MB | {sum(got['sent'].values()) / 1e6:.3f} / "
+                    f"{sum(sent.values()) / 1e6:.3f} MB | {max(r['seconds'] for r in runs):.4f} |")
+    return "\n".join(rows)
+
+
+def timeline_figure(runs: list):
+    """The ring's forward on every rank: each step's transfer (posted to received) over the compute that ran
+    meanwhile (posted to the first wait). A matplotlib figure."""
+    import matplotlib  # here: only the notebook draws
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 0.6 + 0.6 * len(runs)))
+    for r, run in enumerate(runs):
+        for kind, step, start, end in run["events"]:
+            y = r + (0.2 if kind == "compute" else -0.2)
+            ax.barh(y, (end - start) * 1e3, left=start * 1e3, height=0.35,
+                    color="#1f77b4" if kind == "compute" else "#ff7f0e", edgecolor="black", linewidth=0.3)
+            if kind == "compute":
+                ax.text(start * 1e3, y, f" {step}", va="center", fontsize=7)
+    ax.set_yticks(range(len(runs)), [f"rank {r}" for r in range(len(runs))])
+    ax.set_xlabel("ms from the forward's start (blue: a step's compute; orange: its next block in flight)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    return fig
