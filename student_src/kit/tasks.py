@@ -224,9 +224,9 @@ _ROWS = (
     # Task 11 is advanced, extra credit like Tasks 7, 9 and 10. All-gather attention calls all_gather forward and
     # reduce_scatter backward, ring attention isend/irecv; the logits of CP rank 0 are broadcast, the gradients summed
     # with all_reduce; CP x DP averages over the replicas with Task 2b's function. A CP rank holds the whole model.
+    # The attentions (AllGatherAttention, RingAttention) are in more_modules' context_parallel_attn.py.
     Task("11", "context parallelism (all-gather and ring attention)", "context_parallel",
-         ("parallelize_bert_for_context", "AllGatherAttention", "RingAttention", "context_parallel_attention",
-          "shard_inputs", "FirstRankLogits", "sync_context_parallel_grads"),
+         ("parallelize_bert_for_context", "shard_inputs", "FirstRankLogits", "sync_context_parallel_grads"),
          "11_context_parallel", color="#7f7f00", sync="context_parallel",
          collectives=frozenset({"all_gather", "reduce_scatter", "isend", "irecv", "broadcast", "all_reduce"}),
          must_call=frozenset({"all_reduce", "broadcast"}), extra_credit=True, export=True, memory="replicated",
