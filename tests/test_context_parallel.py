@@ -73,3 +73,33 @@ def test_a_sequence_length_the_cp_size_does_not_divide_is_one_line():
         parse_config(["--task", CP, "--world_size", "4", "--cp_size", "4", "--max_seq_length", "30", "--spawn"])
     with pytest.raises(KitError, match="--cp_size/--cp_attention are for context parallelism"):
         parse_config(["--task", tasks.reference(), "--cp_size", "2"])
+
+
+@pytest.mark.parametrize("mode", ["allgather", "ring"])
+def test_what_the_attention_saves_and_sends_is_what_the_room_models(mode):
+    """``parallel/context/demo.measure`` on 2 ranks: the bytes autograd keeps for backward and the bytes handed to
+    torch.distributed equal ``memory.attention_bytes`` and ``traffic.sent`` exactly; the ring's forward records
+    C - 1 steps of transfer and compute."""
+    from student_src.kit.parallel.context import demo, memory, traffic
+
+    runs = demo.measure(2, mode, batch=2, heads=2, seq=64, head_dim=8)
+    want_mem = memory.attention_bytes(2, 2, 64, 8, 2, mode)
+    want_sent = traffic.sent(2, 2, 64, 8, 2, mode)
+    for run_ in runs:
+        assert run_["saved"] == want_mem["saved"] and run_["sent"] == want_sent, (run_, want_mem, want_sent)
+        if mode == "ring":
+            assert sorted(k for k, *_ in run_["events"]) == ["compute", "transfer"]
+
+
+def test_the_what_if_counts_each_way_as_its_docstring_says():
+    """Per layer: CP all-gather sends half of TP's bytes at the same degree (K and V once each way against four
+    all_reduces), the ring more than all-gather and at most TP's; the ring's scores are 1/C of all-gather's; TP beyond the
+    heads and PP beyond the layers are not possible."""
+    from student_src.kit.parallel.context import whatif
+
+    got = whatif.compare(hidden=64, heads=2, layers=2, seq=512, batch=1, degree=2, bytes_per_s=1e9)
+    assert got["tp"]["bytes"] == 2 * got["cp_allgather"]["bytes"]
+    assert got["cp_allgather"]["bytes"] < got["cp_ring"]["bytes"] <= got["tp"]["bytes"]
+    assert got["cp_ring"]["scores"] * 2 == got["cp_allgather"]["scores"] == got["tp"]["scores"]
+    four = whatif.compare(hidden=64, heads=2, layers=2, seq=512, batch=1, degree=4, bytes_per_s=1e9)
+    assert not four["tp"]["possible"] and not four["pp"]["possible"] and four["cp_ring"]["possible"]

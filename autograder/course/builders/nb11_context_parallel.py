@@ -76,9 +76,11 @@ ends before the orange one, the rank waits for the network; gloo on one machine 
 loopback, so what you see is the shape of the overlap, not a cluster's speeds.
 """)
     nb.code("""
+from IPython.display import Image
+
 display(Markdown(demo.compare(CP_SIZE)))
 if demo.compare.last_ring:
-    display(demo.timeline_figure(demo.compare.last_ring))
+    display(Image(demo.timeline_png(demo.compare.last_ring)))
 """)
     nb.md(RUN_INTRO + "\nTask 11 runs `WORLD_SIZE` ranks as `CP_SIZE` ranks per context-parallel group times "
           "`WORLD_SIZE / CP_SIZE` data-parallel replicas (rank = replica × CP_SIZE + cp_rank): each replica trains "

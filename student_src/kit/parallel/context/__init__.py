@@ -6,6 +6,8 @@ student's part).
   setup.py      how the task trains (``train/task_setup.py`` calls it through the registry)
   memory.py     memory terms: attention's activations per rank for each way (scores s/C x s, or s/C x s/C a step)
   traffic.py    traffic terms: the all-gathers and reduce-scatters, or the ring's passes, of a step
+  demo.py       the student's attentions measured on local ranks beside those terms; the ring's timeline
+  whatif.py     CP (both ways) against TP and PP of the same degree: bytes, link time, scores per layer
 
 A CP rank holds the whole model, its gradients and AdamW state (the table's ``"replicated"`` memory):
 only the activations are cut. Importing this room registers its setup with ``parallel/registry.py``.

@@ -122,7 +122,7 @@ def measure(world: int, mode: str, batch: int = 2, heads: int = 2, seq: int = 51
 def compare(world: int, batch: int = 2, heads: int = 2, seq: int = 512, head_dim: int = 32) -> str:
     """Both ways measured on ``world`` ranks beside the model (``memory.py``, ``traffic.py``), as a markdown
     table; one line instead while the student's attention is a TODO or fails. Returns the ring's runs
-    too, as ``compare.last_ring`` (for ``timeline_figure``)."""
+    too, as ``compare.last_ring`` (for ``timeline_png``)."""
     from student_src.kit.parallel.context import memory, traffic  # here: the demo's tables only
 
     rows = ["| attention | C | saved for backward: measured / model | biggest scores matrix (model) | "
@@ -144,15 +144,17 @@ def compare(world: int, batch: int = 2, heads: int = 2, seq: int = 512, head_dim
     return "\n".join(rows)
 
 
-def timeline_figure(runs: list):
+def timeline_png(runs: list) -> bytes:
     """The ring's forward on every rank: each step's transfer (posted to received) over the compute that ran
-    meanwhile (posted to the first wait). A matplotlib figure."""
-    import matplotlib  # here: only the notebook draws
+    meanwhile (posted to the first wait), as PNG bytes (drawn off-screen: the notebook's backend is left alone)."""
+    import io
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # here: only the notebook draws
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(9, 0.6 + 0.6 * len(runs)))
+    fig = Figure(figsize=(9, 0.6 + 0.6 * len(runs)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     for r, run in enumerate(runs):
         for kind, step, start, end in run["events"]:
             y = r + (0.2 if kind == "compute" else -0.2)
@@ -164,4 +166,6 @@ def timeline_figure(runs: list):
     ax.set_xlabel("ms from the forward's start (blue: a step's compute; orange: its next block in flight)")
     ax.invert_yaxis()
     fig.tight_layout()
-    return fig
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=90)
+    return out.getvalue()
