@@ -6,9 +6,10 @@ from __future__ import annotations
 import copy
 
 from student_src.kit import student_api, tasks
-from student_src.kit.core.config import TrainConfig
+from student_src.kit.core.config import TrainConfig, per_worker_batch_size
 from student_src.kit.errors import KitError
 from student_src.kit.parallel.context.layout import layout
+from student_src.kit.parallel.context.traffic import traffic_of
 from student_src.kit.parallel.registry import Lent
 
 
@@ -45,5 +46,7 @@ def setup(cfg: TrainConfig, model, ctx, task, parallelize, lent: Lent) -> dict:
     def before_eval():
         model.load_state_dict(inner.state_dict())
 
+    rows = per_worker_batch_size(cfg, mesh["replicas"])[0]  # a replica's batch: every rank of its CP group loads it
+    traffic = traffic_of(cp_model, ctx.world_size, len(cp_ranks), rows, cfg.max_seq_length, cfg.cp_attention)
     return {"model": cp_model, "sync_gradients": sync, "optimizer": lent.make_optimizer(cp_model, cfg),
-            "before_eval": before_eval, "data": (mesh["replica"], mesh["replicas"])}
+            "before_eval": before_eval, "data": (mesh["replica"], mesh["replicas"]), "traffic": traffic}

@@ -28,3 +28,58 @@ def sent(batch: int, heads: int, seq: int, head_dim: int, cp_size: int, mode: st
         block = (2 * kv + batch * n) * itemsize
         return {"forward": (c - 1) * block, "backward": (c - 1) * block + c * 2 * kv * itemsize}
     raise ValueError(f"unknown context-parallel attention {mode!r}; choose allgather or ring")
+
+
+def cp_calls(world_size: int, cp_size: int, layers: int, rows: int, seq: int, hidden: int, num_labels: int,
+             mode: str, grad_nbytes: list[int], itemsize: int = 4) -> list[tuple]:
+    """What one training step of Task 11 sends on ``world_size`` ranks as ``cp_size`` C ranks per CP group x
+    D = world / C replicas (rank = replica * C + cp_rank), as ``(op, nbytes, ranks)`` for
+    ``traffic_model.ranked_calls_traffic``: per CP group and encoder layer the attention's calls (``sent``'s:
+    all-gather: all_gathers of this rank's K, V (``rows·(s/C)·hidden``) and mask, reduce_scatters of the whole
+    dK, dV; ring: each rank's sends to the next, ``C - 1`` blocks forward, ``C - 1`` blocks and ``C`` dK/dV
+    backward); per CP group the logits' broadcast from CP rank 0 and the CP gradient sum (an all_reduce per
+    gradient); with replicas, per DP group Task 2b's all_reduce per gradient."""
+    replicas, c = world_size // cp_size, cp_size
+    n = seq // c
+    kv = rows * n * hidden * itemsize
+    calls: list[tuple] = []
+    for d in range(replicas if c > 1 else 0):
+        ranks = tuple(d * c + i for i in range(c))
+        for _ in range(layers):
+            if mode == "allgather":
+                calls += [("all_gather", kv, ranks)] * 2 + [("all_gather", rows * n, ranks)]
+                calls += [("reduce_scatter", c * kv, ranks)] * 2
+            else:
+                block = 2 * kv + rows * n * itemsize
+                sends = [(r, ranks[(i + 1) % c]) for i, r in enumerate(ranks)]
+                calls += [("send", block, pair) for pair in sends] * (2 * (c - 1))
+                calls += [("send", 2 * kv, pair) for pair in sends] * c
+        calls.append(("broadcast", rows * num_labels * 4, ranks))
+        calls += [("all_reduce", int(nbytes), ranks) for nbytes in grad_nbytes]
+    for i in range(c if replicas > 1 else 0):
+        group = tuple(d * c + i for d in range(replicas))
+        calls += [("all_reduce", int(nbytes), group) for nbytes in grad_nbytes]
+    return calls
+
+
+def traffic_of(cp_model, world_size: int, cp_size: int, rows: int, seq: int, mode: str):
+    """``() -> (calls, extra)`` for ``--measure_traffic``: one step's calls (``cp_calls``) of ``cp_model`` (the
+    student's wrapper; its BERT's ``config`` gives the sizes), each replica's batch ``rows`` x ``seq`` tokens."""
+    def of():
+        inner = getattr(cp_model, "model", cp_model)
+        config = inner.config
+        layers = config.num_hidden_layers
+        grads = [p.numel() * p.element_size() for p in cp_model.parameters() if p.requires_grad]
+        itemsize = next(cp_model.parameters()).element_size()
+        calls = cp_calls(world_size, cp_size, layers, rows, seq, config.hidden_size, config.num_labels, mode, grads,
+                         itemsize)
+        replicas = world_size // cp_size
+        per_call = sent(rows, config.num_attention_heads, seq, config.hidden_size // config.num_attention_heads,
+                        cp_size, mode, itemsize)
+        extra = {"context_parallel": {"cp_size": cp_size, "replicas": replicas, "layers": layers, "attention": mode,
+                                      "attention_bytes_per_layer_per_rank": per_call,
+                                      "cp_gradient_bytes_per_step": sum(grads) if cp_size > 1 else 0,
+                                      "dp_gradient_bytes_per_step": sum(grads) if replicas > 1 else 0}}
+        return calls, extra
+
+    return of
