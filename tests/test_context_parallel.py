@@ -154,3 +154,12 @@ def test_cp_x_dp_measured_traffic_and_memory_match_the_models(small_rte, tmp_pat
     assert 0.98 <= traffic["measured_bytes"] / traffic["expected_bytes"] <= 1.02, traffic
     assert traffic["context_parallel"]["cp_size"] == 2 and traffic["context_parallel"]["replicas"] == 2
     assert metrics["memory"]["max_rel_error"] < 0.05, metrics["memory"]
+
+
+def test_what_context_parallelism_does_not_do_yet_is_refused_in_one_line():
+    """Checkpoints (the kit saves the whole model, CP trains a copy), --timeline, --fp16: one line each, before
+    any rank starts."""
+    for extra in (["--save_every", "2"], ["--timeline", "2"], ["--fp16"]):
+        with pytest.raises(KitError, match="not there yet for context parallelism") as err:
+            parse_config(["--task", CP, "--world_size", "2", "--spawn", "--output_dir", "/tmp/unused", *extra])
+        assert len(str(err.value).splitlines()) == 1
