@@ -143,7 +143,7 @@ class ContextParallelSelfAttention(nn.Module):
         b, s = hidden_states.shape[:2]
         split = lambda x: x.view(b, s, self.num_attention_heads, self.attention_head_size).transpose(1, 2)  # noqa: E731
         q, k, v = split(self.query(hidden_states)), split(self.key(hidden_states)), split(self.value(hidden_states))
-        mask = self.key_mask if self.key_mask is not None else torch.ones(b, s, dtype=torch.bool)
+        mask = self.key_mask if self.key_mask is not None else torch.ones(b, s, dtype=torch.bool, device=q.device)
         out = context_parallel_attention(q, k, v, mask, self.group, self.ranks, self.mode)
         return out.transpose(1, 2).reshape(b, s, -1), None
 

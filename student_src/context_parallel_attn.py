@@ -198,8 +198,8 @@ class RingAttention(torch.autograd.Function):
         ### BEGIN SOLUTION
         r, c, nxt, prev = _peers(group, ranks)
         shape = q.shape[:-1]
-        m = torch.full(shape, torch.finfo(q.dtype).min, dtype=q.dtype)
-        l = torch.zeros(shape, dtype=q.dtype)
+        m = torch.full(shape, torch.finfo(q.dtype).min, dtype=q.dtype, device=q.device)
+        l = torch.zeros(shape, dtype=q.dtype, device=q.device)
         o = torch.zeros_like(q)
         block = pack_block(k, v, key_mask)
         for t in range(c):
