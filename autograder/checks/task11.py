@@ -102,9 +102,9 @@ def _shard_batch(seq: int) -> dict:
 @define_check("11.shard_inputs_2_ranks", task=TASK, world_size=2, needs=shared.NEEDS, points=1, timeout=60,
               title="shard_inputs: each rank's contiguous slice and the global position ids; 7 tokens on 2 ranks: a "
                     "one-line ValueError naming both",
-              promise=("``shard_inputs``: this rank's contiguous slice of every ``[batch, s]`` tensor and global "
-                       "position\n  ids", "a sequence length that C does not divide: ``ValueError`` in one line naming "
-                       "both"))
+              promise=(("``shard_inputs``: this rank's contiguous slice of every ``[batch, s]`` tensor and global "
+                        "position\n  ids"),
+                       ("a sequence length that C does not divide: ``ValueError`` in one line naming both")))
 def shard_inputs(ctx):
     mod = shared.student(ctx)
     got = mod.shard_inputs(_shard_batch(SHARD_SEQ), None)

@@ -10,9 +10,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "data_scripts")]
 from make_synthetic_rte import generate  # noqa: E402
+
+from student_src.kit import tasks  # noqa: E402
 from student_src.kit.core.config import parse_config  # noqa: E402
 from student_src.kit.train.start import run  # noqa: E402
-from student_src.kit import tasks  # noqa: E402
 
 CP = tasks.ids(lambda t: t.sync == "context_parallel")[0]
 D = [None]
