@@ -60,7 +60,8 @@ student package.
                   trains on its replica's share of the batch, each CP rank on 1/C of every sequence; the
                   student's ``sync_context_parallel_grads`` sums the gradients over the CP group, then with
                   replicas the first ``"function"`` task of ``needs_tasks`` (2b) averages them on the DP
-                  group; the whole model takes the copy's weights before evaluating (``parallel/context/``).
+                  group; the copy trains the whole model's own parameters, which evaluation and checkpoints
+                  use as they are (``parallel/context/``).
 """
 
 from __future__ import annotations
