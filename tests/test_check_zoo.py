@@ -706,6 +706,59 @@ ZOO.update({
 })
 
 
+
+# ------------------------------------------------------------------ 11 (context parallelism: its own block)
+TASK_11 = {"11.public_attention_2_ranks", "11.attention_2_ranks_float64", "11.attention_4_ranks_float64",
+           "11.large_logits_2_ranks_float64", "11.collectives_4_ranks", "11.shard_inputs_2_ranks",
+           "11.tiny_bert_2_ranks_allgather", "11.cp_x_dp_4_ranks_tiny_bert_ring"}
+ALL_OF["11"] = TASK_11
+#: the checks that run ring attention on values (the counts of collectives alone may still be right)
+RING_VALUES = {"11.public_attention_2_ranks", "11.attention_2_ranks_float64", "11.attention_4_ranks_float64",
+               "11.large_logits_2_ranks_float64", "11.cp_x_dp_4_ranks_tiny_bert_ring"}
+
+
+def _solution_with(module: str, name: str, *swaps: tuple[str, str]) -> str:
+    """The solution's top-level ``name`` of ``student_src/<module>.py`` with each (old, new) swapped in: a
+    mistake written as the one line it changes (each old text must be there)."""
+    import ast
+
+    source = (ROOT / "student_src" / f"{module}.py").read_text()
+    node = next(n for n in ast.parse(source).body if getattr(n, "name", None) == name)
+    code = ast.get_source_segment(source, node)
+    for old, new in swaps:
+        assert old in code, (name, old)
+        code = code.replace(old, new)
+    return code
+
+
+ZOO.update({
+    "11_ring_softmax_normalised_per_block": ("context_parallel_attn", "11", _solution_with(
+        "context_parallel_attn", "RingAttention",
+        # each block's softmax on its own, the blocks averaged: no running max rescaling what came before
+        ("o = o * rescale[..., None] + torch.matmul(weights, vb)",
+         "o = o + torch.matmul(torch.softmax(scores, dim=-1), vb) * l[..., None] / c")),
+        RING_VALUES, "online softmax"),
+    "11_ring_mask_stays_home": ("context_parallel_attn", "11", _solution_with(
+        "context_parallel_attn", "RingAttention",
+        # the K/V blocks travel, their padding mask does not: every block is masked with this rank's own
+        ("kb, vb, mb = unpack_block(block, k, key_mask)\n            scores",
+         "kb, vb, _ = unpack_block(block, k, key_mask)\n            mb = key_mask\n            scores"),
+        ("kb, vb, mb = unpack_block(block, k, key_mask)\n            dq_part",
+         "kb, vb, _ = unpack_block(block, k, key_mask)\n            mb = key_mask\n            dq_part")),
+        RING_VALUES - {"11.large_logits_2_ranks_float64"} | {"11.large_logits_2_ranks_float64"}, "the mask travelling"),
+    "11_ring_dk_dv_not_sent_home": ("context_parallel_attn", "11", _solution_with(
+        "context_parallel_attn", "RingAttention",
+        # every block's dk, dv added up where they were computed, never passed on to their owner
+        ("if c > 1:  # the block's dk, dv go on with it", "if False:  # the block's dk, dv go on with it")),
+        RING_VALUES, "arrive home"),
+    "11_positions_restart_at_0": ("context_parallel", "11", _solution_with(
+        "context_parallel", "shard_inputs",
+        ("torch.arange(r * part, (r + 1) * part,", "torch.arange(0, part,")),
+        {"11.shard_inputs_2_ranks", "11.tiny_bert_2_ranks_allgather", "11.cp_x_dp_4_ranks_tiny_bert_ring"},
+        "do not restart at 0"),
+})
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _one_sandbox_for_the_zoo():
     """The zoo grades about 45 submissions in a row: one sandbox server serves them all (as one serves
@@ -757,6 +810,21 @@ def test_a_pipeline_that_deadlocks_is_stopped_within_a_minute_naming_rank_peer_a
     assert "(in dist.recv of micro-batch 0's gradient from rank 1)" in test.output, test.output[:600]
     assert "(in dist.recv of micro-batch 1's activations from rank 0)" in test.output, test.output[:600]
 
+
+
+def test_a_ring_that_deadlocks_is_stopped_within_a_minute_naming_rank_peer_and_step(tmp_path):
+    """Issue 39: ring attention whose isend goes to the previous rank (the irecv still from the previous rank)
+    pairs up on 2 ranks but deadlocks on 4: each 4-rank check is stopped in under 60 s with a message that
+    names every waiting rank, its peer and the ring's step (``spy.name_waits``)."""
+    code = _solution_with("context_parallel_attn", "_exchange", ("dist.isend(send, dst=nxt", "dist.isend(send, dst=prev"))
+    res = grade(submission(tmp_path / "s", "context_parallel_attn", code), tasks={"11"})
+    failed = {t.id: t for t in res.tests if not t.passed}
+    assert set(failed) == {"11.attention_4_ranks_float64", "11.collectives_4_ranks"}, set(failed)
+    for test in failed.values():
+        assert test.elapsed < 60 and "deadlock" in test.output, (test.elapsed, test.output[:600])
+        for rank, peer in ((0, 3), (1, 0), (2, 1), (3, 2)):
+            assert (f"rank {rank} was waiting at student_src/context_parallel_attn.py" in test.output
+                    and f"(waiting on its dist.isend of step 0 to rank {peer})" in test.output), test.output[:900]
 
 def test_a_stack_dump_in_a_pipelines_send_or_recv_names_its_peer_and_micro_batch():
     """The spy runs a pipeline check's blocking send/recv under a name that says what it waits for

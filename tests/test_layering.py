@@ -29,7 +29,7 @@ KIT = ROOT / "student_src" / "kit"
 ROOMS = ("contract", "plots", "core", "ranks", "measure", "resume", "parallel", "train", "whatif", "report",
          "cluster", "notebook", "demo")
 #: the parallelisms of ``parallel/``, each a room of its own: none imports another (they share ``registry``)
-PARALLELISMS = ("pipeline", "tensor")
+PARALLELISMS = ("pipeline", "tensor", "context")
 
 
 @dataclass(frozen=True)
@@ -271,7 +271,7 @@ def test_the_generic_layers_name_no_parallelism():
         for path in sorted((KIT / room).glob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Compare) and any(
-                        isinstance(c, ast.Constant) and c.value in ("pipeline", "tensor_parallel")
+                        isinstance(c, ast.Constant) and c.value in ("pipeline", "tensor_parallel", "context_parallel")
                         for c in [node.left, *node.comparators]):
                     named.append(f"{path.relative_to(KIT)}:{node.lineno}")
     assert not named, named

@@ -79,6 +79,8 @@ _FRAME_RE = re.compile(r'  File "([^"]+)", line (\d+) in (\S+)')
 
 #: the spy's name for a blocking send/recv (``spy._p2p_label``): what it waits for
 _P2P_RE = re.compile(r"^(send|recv)_of_micro_batch_(\d+)_(activations|gradient)_(from|to)_rank_(\d+)$")
+#: a ring's request waiting under the spy's name (``spy.name_waits``): the op, its step, the peer
+_WAIT_RE = re.compile(r"^wait_of_(isend|irecv)_(\d+)_(from|to)_rank_(\d+)$")
 
 
 def _p2p(frames) -> str:
@@ -89,6 +91,10 @@ def _p2p(frames) -> str:
         if hit:
             op, mb, kind, way, peer = hit.groups()
             return f" (in dist.{op} of micro-batch {mb}'s {kind} {way} rank {peer})"
+        hit = _WAIT_RE.match(fn)
+        if hit:
+            op, step, way, peer = hit.groups()
+            return f" (waiting on its dist.{op} of step {step} {way} rank {peer})"
     return ""
 
 

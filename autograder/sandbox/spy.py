@@ -29,6 +29,11 @@ is posted, ``"S<peer>"`` for a send / isend and ``"R<peer>"`` for a recv / irecv
 source; each op of a ``batch_isend_irecv`` in turn): the pipeline checks give it the list their
 stage's forwards and backwards are noted in ("F" / "B"), so the judge sees one sequence of
 forwards, backwards, sends and receives per stage and compares it with the schedule's.
+
+Where a check set ``spy.name_waits`` (a ring, Task 11), the request an ``isend`` / ``irecv`` returns
+waits under a name that says which message it is: ``wait_of_irecv_2_from_rank_3`` (the third irecv
+from rank 3 this check: the ring's step), so a deadlocked ring's stack dump names each rank's peer and
+step (``capture.where_from_dump``).
 """
 
 from __future__ import annotations
@@ -172,6 +177,19 @@ def _describe(args, kwargs) -> dict:
     return info
 
 
+class _NamedWork:
+    """An isend / irecv request whose ``wait`` runs under ``label`` (``spy.name_waits``); the rest is the request's."""
+
+    def __init__(self, work, label: str):
+        self._work, self._label = work, label
+
+    def wait(self, *args, **kwargs):
+        return _trampoline(self._label)(self._work.wait, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
 class CollectiveSpy:
     """Context manager recording ``(name, info)`` for each top-level collective call."""
 
@@ -180,6 +198,7 @@ class CollectiveSpy:
         self.phase: str | None = None  # recorded with each call while set
         self.per_micro_batch: dict | None = None  # a pipeline's check: tensors per micro-batch each way (docstring)
         self.order: list | None = None  # a pipeline's check: "S<peer>" / "R<peer>" appended in posting order
+        self.name_waits = False  # a ring's check: isend / irecv requests wait under a telling name (docstring)
         self._saved: list[tuple[object, str, object]] = []
         self._depth = 0
 
@@ -197,7 +216,7 @@ class CollectiveSpy:
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            label = None
+            label = wait_label = None
             if spy._depth == 0:
                 info = _describe(args, kwargs)
                 if spy.phase is not None:
@@ -208,12 +227,16 @@ class CollectiveSpy:
                         info["peer"] = peer
                         if name in ("send", "recv") and spy.per_micro_batch is not None:
                             label = _p2p_label(spy, name, peer)
+                        if name in ("isend", "irecv") and spy.name_waits:
+                            k = sum(1 for n, i in spy.calls if n == name and i.get("peer") == peer)
+                            wait_label = f"wait_of_{name}_{k}_{'from' if name == 'irecv' else 'to'}_rank_{peer}"
                 spy.calls.append((CANONICAL.get(name, name), info))
                 if spy.order is not None:
                     _note_order(spy.order, name, info.get("peer", "?"), args, kwargs)
             spy._depth += 1
             try:
-                return _trampoline(label)(fn, *args, **kwargs) if label else fn(*args, **kwargs)
+                out = _trampoline(label)(fn, *args, **kwargs) if label else fn(*args, **kwargs)
+                return _NamedWork(out, wait_label) if wait_label and out is not None else out
             finally:
                 spy._depth -= 1
 

@@ -54,6 +54,14 @@ student package.
                   gradient on the DP group; the kit clips by the global norm (the shards' squares
                   summed over the TP group) and refills the whole model from the shards before
                   evaluating (``parallel/tensor/``).
+* ``"context_parallel"``  the task's first function is ``parallelize_bert_for_context``: the ranks are
+                  ``--cp_size`` C ranks per CP group x world/C replicas (rank = replica * C + cp_rank); a
+                  copy of the model, rewritten by it on the CP group (``--cp_attention`` allgather or ring),
+                  trains on its replica's share of the batch, each CP rank on 1/C of every sequence; the
+                  student's ``sync_context_parallel_grads`` sums the gradients over the CP group, then with
+                  replicas the first ``"function"`` task of ``needs_tasks`` (2b) averages them on the DP
+                  group; the copy trains the whole model's own parameters, which evaluation and checkpoints
+                  use as they are (``parallel/context/``).
 """
 
 from __future__ import annotations
@@ -63,7 +71,8 @@ from dataclasses import dataclass
 #: the ``sync`` kinds that wrap the model (``--grad_compression`` applies to them)
 WRAPPERS = ("ddp", "bucketed")
 #: every ``sync`` kind the training loop knows (module docstring; ``train/task_setup.py``)
-SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp", "pipeline", "tensor_parallel")
+SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp", "pipeline", "tensor_parallel",
+              "context_parallel")
 #: the collectives gloo carries on CUDA tensors (PyTorch's backend table); a task that calls only these
 #: keeps its model on a GPU that several local ranks share (``ranks/device_choice.py``)
 GLOO_CUDA_COLLECTIVES = frozenset({"all_reduce", "broadcast", "barrier"})
@@ -213,6 +222,16 @@ _ROWS = (
          must_call=frozenset({"all_reduce"}), extra_credit=True, export=True, memory="tensor_parallel",
          needs_tasks=("1", "2", "2b"), checks_build_bert=True,
          more_modules=("tensor_parallel_sequence", "tensor_parallel_vocab")),  # --sequence_parallel, --vocab_parallel
+    # Task 11 is advanced, extra credit like Tasks 7, 9 and 10. All-gather attention calls all_gather forward and
+    # reduce_scatter backward, ring attention isend/irecv; the logits of CP rank 0 are broadcast, the gradients summed
+    # with all_reduce; CP x DP averages over the replicas with Task 2b's function. A CP rank holds the whole model.
+    # The attentions (AllGatherAttention, RingAttention) are in more_modules' context_parallel_attn.py.
+    Task("11", "context parallelism (all-gather and ring attention)", "context_parallel",
+         ("parallelize_bert_for_context", "shard_inputs", "FirstRankLogits", "sync_context_parallel_grads"),
+         "11_context_parallel", color="#7f7f00", sync="context_parallel",
+         collectives=frozenset({"all_gather", "reduce_scatter", "isend", "irecv", "broadcast", "all_reduce"}),
+         must_call=frozenset({"all_reduce", "broadcast"}), extra_credit=True, export=True, memory="replicated",
+         needs_tasks=("1", "2", "2b"), checks_build_bert=True, more_modules=("context_parallel_attn",)),
 )
 
 #: every task by id, in the assignment's order

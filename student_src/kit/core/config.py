@@ -80,6 +80,9 @@ class TrainConfig:
     torch_tp: bool = False  # torch's parallelize_module (ColwiseParallel/RowwiseParallel) in place of the student's
     sequence_parallel: bool = False  # Megatron-SP: LayerNorms, dropouts and residuals on 1/T of the sequence (student's)
     vocab_parallel: bool = False  # Megatron's VocabParallelEmbedding: the word embeddings cut by rows (student's)
+    # Task 11: context parallelism (student_src/context_parallel.py; kit/parallel/context/)
+    cp_size: int | None = None  # None: every rank in one CP group; fewer: CP groups x data-parallel replicas
+    cp_attention: str = "ring"  # "allgather" (all_gather K and V) or "ring" (pass K/V blocks around, online softmax)
     # checkpoints (student_src/kit/resume/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -180,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--vocab_parallel", action="store_true", default=None,
                    help="Task 10: the word embeddings cut by rows (your VocabParallelEmbedding): each rank holds 1/T of "
                         "the vocabulary, one all_reduce forward; with or without --sequence_parallel; no checkpoints")
+    g.add_argument("--cp_size", type=int, help="Task 11: ranks per context-parallel group (default: all), each holding "
+                   "1/C of every sequence; with fewer, the ranks are CP groups x data-parallel replicas")
+    g.add_argument("--cp_attention", choices=("allgather", "ring"),
+                   help="Task 11: all_gather the keys and values (allgather) or pass them around a ring (default ring)")
 
     g = p.add_argument_group("checkpoints (student_src/kit/resume/checkpoint.py)")
     g.add_argument("--save_every", type=int, help="save a checkpoint every N steps and at the end (0, the default: no checkpoints)")
@@ -296,6 +303,7 @@ def validate(cfg: TrainConfig) -> None:
                            "before every backward): measure without --torch_sharding")
     _validate_pipeline(cfg, task)
     _validate_tensor_parallel(cfg, task)
+    _validate_context_parallel(cfg, task)
     if cfg.grad_compression != "none" and cfg.task not in wrappers:
         raise KitError(f"--grad_compression compresses DDP's or your BucketedDDP's all_reduce: use it with "
                        f"--task {tasks.spoken(wrappers)}, not --task {cfg.task}")
@@ -314,6 +322,8 @@ def data_ranks(cfg: TrainConfig, world: int) -> int:
         return 1
     if sync == "tensor_parallel":
         return world // (cfg.tp_size or world) if (cfg.tp_size or world) <= world else 1
+    if sync == "context_parallel":
+        return world // (cfg.cp_size or world) if (cfg.cp_size or world) <= world else 1
     return world
 
 
@@ -390,6 +400,36 @@ def _validate_tensor_parallel(cfg: TrainConfig, task) -> None:
     if cfg.torch_tp and (cfg.measure_traffic or cfg.save_every or cfg.resume):
         raise KitError("--torch_tp is the reference for the losses only: torch all-reduces Q, K and V's input gradients "
                        "apart and saves DTensors, so run --measure_traffic/--save_every/--resume without it")
+
+
+def _validate_context_parallel(cfg: TrainConfig, task) -> None:
+    """Task 11's flags: only with a context-parallel task; a CP size that divides the ranks and the sequence;
+    what it does not do yet refused in one line."""
+    if task.sync != "context_parallel":
+        if cfg.cp_size is not None or cfg.cp_attention != "ring":
+            raise KitError(f"--cp_size/--cp_attention are for context parallelism: use them with --task "
+                           f"{tasks.spoken(tasks.ids(lambda t: t.sync == 'context_parallel'))}")
+        return
+    if cfg.cp_attention not in ("allgather", "ring"):
+        raise KitError(f"--cp_attention must be allgather or ring, got {cfg.cp_attention!r}")
+    if cfg.cp_size is not None and cfg.cp_size < 1:
+        raise KitError("--cp_size must be at least 1")
+    if cfg.cp_size is not None and cfg.world_size is not None and cfg.world_size % cfg.cp_size:
+        raise KitError(f"--cp_size {cfg.cp_size} does not divide --world_size {cfg.world_size}: the ranks are CP groups "
+                       "x data-parallel replicas")
+    world = cfg.world_size or (int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None)
+    cp = cfg.cp_size or world
+    if cp and cfg.max_seq_length % cp:
+        raise KitError(f"--max_seq_length {cfg.max_seq_length} does not divide by the context-parallel size {cp} "
+                       f"(every rank holds 1/C of each sequence): pick a multiple of {cp}")
+    g = cfg.global_batch_size or 64
+    if world and cfg.do_train and cfg.per_device_train_batch_size is None and g % data_ranks(cfg, world):
+        raise KitError(f"--global_batch_size {g} is not divisible by the {data_ranks(cfg, world)} data-parallel "
+                       f"replicas (--world_size {world} / --cp_size {cp}): the ranks of a CP group share their "
+                       "replica's rows; pick a multiple or pass --per_device_train_batch_size")
+    if cfg.timeline or cfg.torch_sharding or cfg.fp16:
+        raise KitError(f"--task {task.id} trains without --timeline, --torch_sharding or --fp16 (not there yet for "
+                       "context parallelism)")
 
 
 def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:

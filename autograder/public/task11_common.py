@@ -1,0 +1,160 @@
+"""Task 11's checks, what both sides share: the sizes, the inputs each rank draws from its secret (its
+slice of the sequence; the judge joins every rank's slices into the whole sequence), the key padding
+mask, the grader's own attention on the whole sequence, and the judges of the attentions' results and
+collectives.
+
+Used by the public check (``task11.py``) and the hidden ones (``autograder/checks/task11.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autograder.judging import fixtures, margins
+from autograder.registry import CheckFailure
+
+TASK = "11"
+#: the student files every Task 11 check imports (context_parallel.py imports the attentions' file)
+NEEDS = ("context_parallel", "context_parallel_attn")
+MODES = ("allgather", "ring")
+#: a batch of 3 rows, 2 heads of 4, a sequence of 8 tokens (C in {2, 4} divides it)
+BATCH, HEADS, SEQ, DIM = 3, 2, 8, 4
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
+
+
+def key_mask(world: int) -> torch.Tensor:
+    """``[BATCH, SEQ]`` bool: row 0 padded from one token before the last rank's slice (the last rank's tokens
+    all padding), row 1 no padding, row 2 padded from just past the middle (padding spread over ranks)."""
+    mask = torch.ones(BATCH, SEQ, dtype=torch.bool)
+    mask[0, SEQ - SEQ // world - 1:] = False
+    mask[2, SEQ // 2 + 1:] = False
+    return mask
+
+
+def draw(secret: int, label: str, world: int, dtype, scale: float = 1.0) -> torch.Tensor:
+    """One rank's slice ``[BATCH, HEADS, SEQ / world, DIM]`` of ``label`` (q, k, v or the output's gradient)."""
+    gen = torch.Generator().manual_seed(fixtures.derive_seed(secret, "cp", label))
+    return (torch.randn(BATCH, HEADS, SEQ // world, DIM, generator=gen, dtype=torch.float64) * scale).to(dtype)
+
+
+def whole(secrets, label: str, dtype, scale: float = 1.0) -> torch.Tensor:
+    """The whole sequence of ``label``: every rank's slice, in rank order."""
+    return torch.cat([draw(s, label, len(secrets), dtype, scale) for s in secrets], dim=2)
+
+
+def reference(q, k, v, mask, grad):
+    """The grader's attention on the whole sequence (padded keys at ``finfo.min``): the output and dq, dk, dv."""
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~mask[:, None, None, :], torch.finfo(scores.dtype).min)
+    out = torch.softmax(scores, dim=-1) @ v
+    out.backward(grad)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def family(name: str) -> str:
+    """A collective's family: torch's list and tensor forms of all_gather / reduce_scatter are one each."""
+    if name in ("all_gather", "all_gather_into_tensor"):
+        return "all_gather"
+    if name in ("reduce_scatter", "reduce_scatter_tensor"):
+        return "reduce_scatter"
+    return name
+
+
+# ---------------------------------------------------------------- rank side
+def student(ctx):
+    mod = ctx.student("context_parallel")
+    for name in ("context_parallel_attention", "shard_inputs", "parallelize_bert_for_context",
+                 "sync_context_parallel_grads"):
+        if not hasattr(mod, name):
+            ctx.fail(f"student_src/context_parallel.py has no {name}; keep the template's names and imports")
+    return mod
+
+
+def run_attention(ctx, dtype=torch.float64, scale: float = 1.0, modes=MODES) -> dict:
+    """Rank side: for each mode, this rank's slice through the student's ``context_parallel_attention`` (the
+    default group, global ranks in order), forward then backward, and the collectives of each phase."""
+    world, out = ctx.world_size, {}
+    q, k, v, grad = (draw(ctx.secret, label, world, dtype, scale if label == "q" else 1.0)
+                     for label in ("q", "k", "v", "dout"))
+    cut = slice(ctx.rank * SEQ // world, (ctx.rank + 1) * SEQ // world)
+    mask = key_mask(world)[:, cut].clone()
+    with ctx.spy() as spy:
+        spy.name_waits = True  # a deadlocked ring's dump names each rank's peer and step
+        mod = student(ctx)
+        for mode in modes:
+            spy.calls.clear()
+            spy.phase = "forward"
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            y = mod.context_parallel_attention(*leaves, mask, None, list(range(world)), mode)
+            if not isinstance(y, torch.Tensor) or tuple(y.shape) != tuple(q.shape) or not y.requires_grad:
+                ctx.fail(f"context_parallel_attention(..., mode={mode!r}) returned "
+                         f"{tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__}"
+                         f"{'' if getattr(y, 'requires_grad', False) else ' without autograd history'}; expected a "
+                         f"tensor of q's shape {tuple(q.shape)} attached to q, k and v")
+            spy.phase = "backward"
+            y.backward(grad)
+            spy.phase = None
+            calls = {"forward": [], "backward": []}
+            for name, info in spy.calls:
+                calls.setdefault(info.get("phase") or "forward", []).append(name)
+            out[mode] = {"y": y.detach().clone(), "grads": [t.grad for t in leaves], "calls": calls}
+    return out
+
+
+# ---------------------------------------------------------------- judge side
+HINTS = {"allgather": "all_gather K, V and the mask in CP-rank order; backward, reduce_scatter the whole dK and dV "
+                      "so each rank gets the sum of every rank's part of its block",
+         "ring": "fold each block in with a running max and denominator (online softmax), the mask travelling with "
+                 "its block; backward, the dK/dV of each block travel on with it and arrive home after C steps"}
+
+
+def judge_attention(payloads, secrets, dtype=torch.float64, scale: float = 1.0, modes=MODES) -> None:
+    """Each rank's output and dq, dk, dv against the matching slice of the grader's attention on the whole
+    sequence."""
+    world = len(payloads)
+    q, k, v = (whole(secrets, label, dtype, scale if label == "q" else 1.0) for label in ("q", "k", "v"))
+    want = reference(q, k, v, key_mask(world), whole(secrets, "dout", dtype))
+    tol = TOLERANCE[dtype]
+    for mode in modes:
+        for r, p in enumerate(payloads):
+            got = (p or {}).get(mode) or {}
+            cut = slice(r * SEQ // world, (r + 1) * SEQ // world)
+            pairs = zip(("the output", "dq", "dk", "dv"), [got.get("y"), *(got.get("grads") or [None] * 3)], want)
+            for what, g, w in pairs:
+                w = w[:, :, cut]
+                where = f"rank {r} of {world}, {mode} attention: {what}"
+                if not isinstance(g, torch.Tensor):
+                    raise CheckFailure(f"{where} is missing (None): {HINTS[mode]}")
+                if tuple(g.shape) != tuple(w.shape) or g.dtype != w.dtype:
+                    raise CheckFailure(f"{where} is {tuple(g.shape)} {g.dtype}, expected {tuple(w.shape)} {w.dtype}")
+                if not torch.isfinite(g).all():
+                    raise CheckFailure(f"{where} holds inf or NaN (scores up to {scale:g} x the usual): subtract the "
+                                       "running max before exp (the online softmax)")
+                if not margins.close(g, w, tol, tol, what):
+                    err = (g.double() - w.double()).abs().max().item()
+                    raise CheckFailure(f"{where} differs from one process's attention on the whole sequence by "
+                                       f"{err:.2e}: {HINTS[mode]}")
+
+
+def judge_calls(payloads, modes=MODES) -> None:
+    """All-gather attention: three all_gathers forward (K, V, the mask), two reduce_scatters backward, nothing
+    else; ring attention: C - 1 isends and C - 1 irecvs forward, point to point only backward."""
+    world = len(payloads)
+    for r, p in enumerate(payloads):
+        for mode in modes:
+            calls = ((p or {}).get(mode) or {}).get("calls") or {}
+            fwd = sorted(family(c) for c in calls.get("forward", []))
+            bwd = sorted(family(c) for c in calls.get("backward", []))
+            if mode == "allgather":
+                want_f, want_b = ["all_gather"] * 3, ["reduce_scatter"] * 2
+                if fwd != want_f or bwd != want_b:
+                    raise CheckFailure(f"rank {r}, allgather attention called {fwd} forward and {bwd} backward; "
+                                       f"expected {want_f} (K, V and the key mask) and {want_b} (dK and dV), nothing "
+                                       "else")
+            else:
+                want_f = sorted(["irecv"] * (world - 1) + ["isend"] * (world - 1))
+                if fwd != want_f or any(c not in ("isend", "irecv") for c in bwd):
+                    raise CheckFailure(f"rank {r} of {world}, ring attention called {fwd} forward and {bwd} backward; "
+                                       f"expected exactly C - 1 = {world - 1} isend and irecv forward (one packed "
+                                       "block a pass: pack_block) and point-to-point calls only backward")
