@@ -1,0 +1,58 @@
+"""Rank functions for Task 12's tests (importable, as spawned ranks require): one MoE layer made
+expert-parallel by the solution's ``expert_parallel.py``, and the single-process reference."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from student_src.kit.core.moe import MoEMLP
+
+HIDDEN, INTER = 8, 12
+
+
+def full_layer(num_experts, top_k, capacity_factor, dtype=torch.float64) -> MoEMLP:
+    torch.manual_seed(1234)
+    return MoEMLP(HIDDEN, INTER, num_experts, top_k, capacity_factor).to(dtype)
+
+
+def tokens(rank, n, dtype=torch.float64, skew=0.0):
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(n, HIDDEN, generator=g, dtype=torch.float64)
+    return (x + skew).to(dtype), torch.randn(n, HIDDEN, generator=g, dtype=torch.float64).to(dtype)
+
+
+def grads(module) -> dict:
+    return {n: (None if p.grad is None else p.grad.clone()) for n, p in module.named_parameters()}
+
+
+def ep_layer(ctx, num_experts, top_k, capacity_factor, n_per_rank):
+    """This rank's tokens through the EP layer: output, input gradient, its parameters' gradients."""
+    from student_src import expert_parallel as ep
+
+    layer = ep.parallelize_moe_layer(full_layer(num_experts, top_k, capacity_factor), None)
+    x, dy = tokens(ctx.rank, n_per_rank[ctx.rank])
+    x.requires_grad_()
+    y = layer(x)
+    y.backward(dy)
+    return {"y": y.detach(), "x_grad": x.grad, "grads": grads(layer)}
+
+
+def reference(world, num_experts, top_k, capacity_factor, n_per_rank):
+    """The single-process layer on each rank's tokens: per rank its output, input and router gradients;
+    the experts' gradients summed over the ranks' tokens."""
+    full = full_layer(num_experts, top_k, capacity_factor)
+    per_rank, expert_sum = [], {}
+    for r in range(world):
+        layer = copy.deepcopy(full)
+        x, dy = tokens(r, n_per_rank[r])
+        x.requires_grad_()
+        y = layer(x)
+        y.backward(dy)
+        g = grads(layer)
+        per_rank.append({"y": y.detach(), "x_grad": x.grad, "router": g["router.weight"]})
+        for n, t in g.items():
+            if n.startswith("experts."):
+                expert_sum[n] = t if n not in expert_sum else expert_sum[n] + t
+    return per_rank, expert_sum

@@ -1,0 +1,67 @@
+"""Task 12: the solution's expert-parallel MoE layer equals one process's MoE layer (outputs, the input's,
+the router's and every expert's gradients) at 2 and 4 ranks, top-1 and top-2, with uneven counts, an idle
+expert and drops at a tight capacity; and the kit's MoE model trains on one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from student_src.kit.core.models import load_model
+from student_src.kit.core.moe import capacity, moe_layers, route
+from student_src.kit.ranks.launch import launch
+from tests import expert_parallel_ranks as R
+
+
+def _compare(out, world, num_experts, top_k, cf, n):
+    ref, expert_sum = R.reference(world, num_experts, top_k, cf, n)
+    local = num_experts // world
+    for r, got in enumerate(out):
+        torch.testing.assert_close(got["y"], ref[r]["y"], atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(got["x_grad"], ref[r]["x_grad"], atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(got["grads"]["router.weight"], ref[r]["router"], atol=1e-10, rtol=1e-10)
+        names = [k for k in got["grads"] if k.startswith("experts.")]
+        assert len(names) == 4 * local  # only this rank's experts (2 Linears each)
+        for name in names:
+            j, rest = int(name.split(".")[1]), name.split(".", 2)[2]
+            torch.testing.assert_close(got["grads"][name], expert_sum[f"experts.{r * local + j}.{rest}"],
+                                       atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("world, experts, top_k, cf, n", [
+    (2, 4, 1, 0, [10, 7]),          # top-1, no capacity limit, uneven counts
+    (2, 4, 2, 0, [9, 13]),          # top-2
+    (4, 8, 2, 0.5, [5, 9, 0, 6]),   # 4 ranks, a rank with no token at all, drops at a tight capacity
+    (2, 2, 1, 0, [1, 6]),           # a rank with one token: it sends nothing to one expert
+])
+def test_expert_parallel_layer_equals_one_process(world, experts, top_k, cf, n):
+    out = launch(R.ep_layer, world, args=(experts, top_k, cf, n), timeout=120, threads_per_rank=1)
+    _compare(out, world, experts, top_k, cf, n)
+
+
+def test_routing_keeps_each_experts_first_tokens_and_drops_the_rest():
+    torch.manual_seed(0)
+    router = torch.nn.Linear(4, 2, bias=False)
+    with torch.no_grad():
+        router.weight.copy_(torch.tensor([[1.0, 0, 0, 0], [-1.0, 0, 0, 0]]))
+    x = torch.zeros(6, 4)
+    x[:, 0] = torch.tensor([1.0, 2, 3, -1, 4, -2])  # tokens 0, 1, 2, 4 choose expert 0; 3, 5 expert 1
+    plan = route(x, router, top_k=1, capacity_factor=1.0)  # C = ceil(6 / 2) = 3
+    assert capacity(6, 2, 1, 1.0) == 3 and plan.capacity == 3
+    assert plan.assigned.tolist() == [4, 2] and plan.counts.tolist() == [3, 2]
+    assert plan.token.tolist() == [0, 1, 2, 3, 5]  # token 4, the fourth to choose expert 0, is dropped
+
+
+def test_tiny_moe_trains_and_its_loss_carries_the_aux_loss():
+    torch.manual_seed(0)
+    model = load_model("tiny-moe", dropout=0.0, moe={"num_experts": 4, "top_k": 2, "aux_loss_coef": 0.0})
+    ids = torch.randint(0, 30000, (4, 16))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 0, 1])}
+    plain = model(**batch).loss
+    model.kit_moe["aux_loss_coef"] = 0.5
+    with_aux = model(**batch).loss
+    aux = torch.stack([m.aux_loss for m in moe_layers(model)]).mean()
+    torch.testing.assert_close(with_aux, plain + 0.5 * aux)
+    assert len(moe_layers(model)) == 2 and all(len(m.experts) == 4 for m in moe_layers(model))
+    with_aux.backward()
+    assert all(m.router.weight.grad is not None for m in moe_layers(model))
