@@ -80,6 +80,12 @@ class TrainConfig:
     torch_tp: bool = False  # torch's parallelize_module (ColwiseParallel/RowwiseParallel) in place of the student's
     sequence_parallel: bool = False  # Megatron-SP: LayerNorms, dropouts and residuals on 1/T of the sequence (student's)
     vocab_parallel: bool = False  # Megatron's VocabParallelEmbedding: the word embeddings cut by rows (student's)
+    # Task 12: the MoE model (core/moe.py: tiny-moe, minilm-moe) and expert parallelism (kit/parallel/expert/)
+    num_experts: int = 4
+    top_k: int = 1
+    capacity_factor: float = 1.25  # 0: no capacity limit (no token dropped)
+    aux_loss_coef: float = 0.01
+    ep_size: int | None = None  # None: every rank in one EP group; fewer: EP groups x data-parallel replicas
     # checkpoints (student_src/kit/resume/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -180,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--vocab_parallel", action="store_true", default=None,
                    help="Task 10: the word embeddings cut by rows (your VocabParallelEmbedding): each rank holds 1/T of "
                         "the vocabulary, one all_reduce forward; with or without --sequence_parallel; no checkpoints")
+    g.add_argument("--num_experts", type=int, help="tiny-moe/minilm-moe: experts per layer (default 4)")
+    g.add_argument("--top_k", type=int, help="tiny-moe/minilm-moe: experts per token (1 Switch, default; 2 Mixtral)")
+    g.add_argument("--capacity_factor", type=float, help="tiny-moe/minilm-moe: an expert keeps ceil(F * tokens * k / "
+                   "experts) tokens, the first in token order (default 1.25; 0: no limit)")
+    g.add_argument("--aux_loss_coef", type=float, help="tiny-moe/minilm-moe: the Switch load-balancing loss's weight (0.01)")
+    g.add_argument("--ep_size", type=int, help="Task 12: ranks per expert-parallel group (default: all); with fewer, "
+                   "EP groups x data-parallel replicas (4 ranks, --ep_size 2: 2 replicas)")
 
     g = p.add_argument_group("checkpoints (student_src/kit/resume/checkpoint.py)")
     g.add_argument("--save_every", type=int, help="save a checkpoint every N steps and at the end (0, the default: no checkpoints)")
@@ -296,6 +309,7 @@ def validate(cfg: TrainConfig) -> None:
                            "before every backward): measure without --torch_sharding")
     _validate_pipeline(cfg, task)
     _validate_tensor_parallel(cfg, task)
+    _validate_moe(cfg, task)
     if cfg.grad_compression != "none" and cfg.task not in wrappers:
         raise KitError(f"--grad_compression compresses DDP's or your BucketedDDP's all_reduce: use it with "
                        f"--task {tasks.spoken(wrappers)}, not --task {cfg.task}")
@@ -390,6 +404,26 @@ def _validate_tensor_parallel(cfg: TrainConfig, task) -> None:
     if cfg.torch_tp and (cfg.measure_traffic or cfg.save_every or cfg.resume):
         raise KitError("--torch_tp is the reference for the losses only: torch all-reduces Q, K and V's input gradients "
                        "apart and saves DTensors, so run --measure_traffic/--save_every/--resume without it")
+
+
+def _validate_moe(cfg: TrainConfig, task) -> None:
+    """Task 12's flags: a MoE model (``*-moe``), experts the EP size divides, no checkpoints or timeline yet."""
+    expert = tasks.spoken(tasks.ids(lambda t: t.sync == "expert_parallel"))
+    if task.sync != "expert_parallel" and cfg.ep_size is not None:
+        raise KitError(f"--ep_size is for expert parallelism: use it with --task {expert}")
+    if not (1 <= cfg.top_k <= cfg.num_experts) or cfg.aux_loss_coef < 0:
+        raise KitError(f"--top_k {cfg.top_k} must be 1..--num_experts {cfg.num_experts}; --aux_loss_coef at least 0")
+    if task.sync != "expert_parallel":
+        return
+    if not cfg.model_name_or_path.endswith("-moe"):
+        raise KitError(f"--task {task.id} routes tokens to experts: use --model_name_or_path tiny-moe or minilm-moe")
+    world = cfg.world_size or (int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None)
+    ep = cfg.ep_size or world
+    if ep and (ep < 1 or (world and world % ep) or cfg.num_experts % ep):
+        raise KitError(f"--ep_size {ep} must divide --world_size {world} and --num_experts {cfg.num_experts}")
+    if cfg.timeline or cfg.save_every or cfg.resume or cfg.fp16:
+        raise KitError(f"--task {task.id} trains without --timeline, --fp16 or checkpoints (not there yet for expert "
+                       "parallelism)")
 
 
 def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:

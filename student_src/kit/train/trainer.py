@@ -187,7 +187,9 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
     dev_ds = (load_glue_dataset(cfg.data_dir, cfg.task_name, "dev", tokenizer, cfg.max_seq_length,
                                 overwrite_cache=cfg.overwrite_cache) if cfg.do_eval else None)
     set_seed(cfg.seed)  # identical initial weights on every rank, whatever the data code drew
-    model = load_model(cfg.model_name_or_path, num_labels=len(processor.labels), dropout=cfg.dropout).to(ctx.device)
+    moe = {k: getattr(cfg, k) for k in ("num_experts", "top_k", "capacity_factor", "aux_loss_coef")}  # *-moe models
+    model = load_model(cfg.model_name_or_path, num_labels=len(processor.labels), dropout=cfg.dropout,
+                       moe=moe).to(ctx.device)
     if task.distributed:
         broadcast_parameters(model, ctx)
     model.train()
