@@ -60,7 +60,7 @@ def run_layer(ctx, num_experts, top_k, factor, counts, dtype=torch.float64, tag=
     """This rank's tokens through ``parallelize_moe_layer``'s layer on the default group, forward and back."""
     mod = student(ctx)
     layer = full_layer(ctx, num_experts, top_k, factor, dtype)
-    x, dy = tokens(ctx.secret, counts[ctx.rank], dtype, tag)
+    x, dy = tokens(ctx.secret, counts[ctx.rank], dtype, tag, num_experts)
     x.requires_grad_()
     with ctx.spy() as spy:
         spy.phase = "setup"
@@ -192,7 +192,7 @@ def _(payloads, secrets):
     judge_all_to_all(payloads, secrets)
 
 
-PUBLIC_LAYER = dict(num_experts=4, top_k=1, factor=0.0, counts=(5, 8))
+PUBLIC_LAYER = dict(num_experts=4, top_k=1, factor=0.0, counts=(6, 9))
 
 
 @define_check("12.public_dispatch_combine_2_ranks", task=TASK, world_size=2, needs=NEEDS, points=1, hang_hint=HANG,

@@ -39,16 +39,32 @@ def weights(num_experts: int, dtype) -> dict:
     def rnd(*shape, scale=0.5):
         return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(dtype)
 
-    out = {"router.weight": rnd(num_experts, HIDDEN, scale=1.5)}
+    # each expert's row near +-one axis (``direction``), so ``tokens`` can send a token to any expert for sure
+    out = {"router.weight": (1.5 * torch.stack([direction(e) for e in range(num_experts)]).to(dtype)
+                             + rnd(num_experts, HIDDEN, scale=0.3))}
     for e in range(num_experts):
         out.update({f"experts.{e}.dense_in.weight": rnd(INTER, HIDDEN), f"experts.{e}.dense_in.bias": rnd(INTER),
                     f"experts.{e}.dense_out.weight": rnd(HIDDEN, INTER), f"experts.{e}.dense_out.bias": rnd(HIDDEN)})
     return out
 
 
-def tokens(secret: int, n: int, dtype, tag: str = "") -> tuple[torch.Tensor, torch.Tensor]:
-    """A rank's ``n`` tokens and the upstream gradient of their outputs."""
-    return draw(secret, f"x{tag}", (n, HIDDEN), dtype), draw(secret, f"dy{tag}", (n, HIDDEN), dtype)
+def direction(e: int) -> torch.Tensor:
+    """Expert e's axis: +u_e for e < HIDDEN, -u_(e - HIDDEN) after (up to 2 * HIDDEN experts)."""
+    out = torch.zeros(HIDDEN, dtype=torch.float64)
+    out[e % HIDDEN] = 1.0 if e < HIDDEN else -1.0
+    return out
+
+
+def tokens(secret: int, n: int, dtype, tag: str = "", num_experts: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rank's ``n`` tokens and the upstream gradient of their outputs. Token i's first choice is expert
+    i mod E (it lies near that expert's axis; its second choice is the secret's), so how many rows each
+    rank sends where does not depend on the secrets' luck: a rank with fewer than E tokens sends none to
+    the last experts, and ranks with different numbers of tokens send different counts."""
+    x = draw(secret, f"x{tag}", (n, HIDDEN), torch.float64)
+    if num_experts:
+        for i in range(n):
+            x[i] = 0.3 * x[i] + 3.0 * direction(i % num_experts)
+    return x.to(dtype), draw(secret, f"dy{tag}", (n, HIDDEN), dtype)
 
 
 def capacity(n: int, num_experts: int, top_k: int, factor: float) -> int:
@@ -85,7 +101,7 @@ def reference(secrets, counts, num_experts: int, top_k: int, factor: float, dtyp
     ranks = []
     for secret, n in zip(secrets, counts):
         router = base["router.weight"].clone().requires_grad_()
-        x, dy = tokens(secret, n, dtype, tag)
+        x, dy = tokens(secret, n, dtype, tag, num_experts)
         x.requires_grad_()
         y = reference_layer({**experts, "router.weight": router}, x, num_experts, top_k, factor)
         y.backward(dy)
