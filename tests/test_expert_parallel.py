@@ -72,9 +72,10 @@ def _run_losses(small_rte, out, task, world=None, *extra):
     from student_src.kit.core.config import parse_config
     from student_src.kit.train.start import run
 
-    argv = [*extra, "--task", task, "--model_name_or_path", "tiny-moe", "--dropout", "0", "--max_steps", "4",
+    argv = ["--task", task, "--model_name_or_path", "tiny-moe", "--dropout", "0", "--max_steps", "4",
             "--global_batch_size", "16", "--max_seq_length", "32", "--data_dir", str(small_rte), "--no_progress",
-            "--learning_rate", "1e-3", "--aux_loss_coef", "0", "--capacity_factor", "0", "--output_dir", str(out)]
+            "--learning_rate", "1e-3", "--aux_loss_coef", "0", "--capacity_factor", "0", "--output_dir", str(out),
+            *extra]  # the later flag wins
     if world:
         argv += ["--world_size", str(world), "--spawn", "--num_threads", "1"]
     return run(parse_config(argv))
@@ -83,8 +84,9 @@ def _run_losses(small_rte, out, task, world=None, *extra):
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_expert_parallel_losses_match_single_node(small_rte, tmp_path, top_k):
     """EP 2 on 2 ranks and EP 2 x DP 2 on 4 ranks train tiny-moe to Task 1's losses step by step (fp32,
-    dropout 0, no aux loss, no drops: each rank balances and caps its own tokens), within 1e-6; the
-    whole model, refilled from the experts, evaluates to the same accuracy."""
+    dropout 0, no aux loss, no drops: each rank balances and caps its own tokens), within 1e-6, with the
+    same tokens per expert in metrics.json's ``moe``; the whole model, refilled from the experts, evaluates
+    to the same loss."""
     want = _run_losses(small_rte, tmp_path / "one", "1", None, "--top_k", str(top_k), "--do_train", "--do_eval")
     assert max(want["losses"]) - min(want["losses"]) > 1e-3  # the model does learn: the comparison means something
     for world in (2, 4):
@@ -92,5 +94,17 @@ def test_expert_parallel_losses_match_single_node(small_rte, tmp_path, top_k):
                           "--do_train", *(("--do_eval",) if world == 2 else ()))
         diffs = [abs(a - b) for a, b in zip(want["losses"], got["losses"])]
         assert len(got["losses"]) == 4 and max(diffs) < 1e-6, (world, want["losses"], got["losses"])
+        # the tokens each expert got, summed over the ranks, are one process's, step by step
+        assert got["moe"]["tokens_per_expert"] == want["moe"]["tokens_per_expert"]
+        assert got["moe"]["dropped_fraction"] == [0.0] * 4
         if world == 2:
             assert abs(got["eval"][-1]["loss"] - want["eval"][-1]["loss"]) < 1e-5
+
+
+def test_a_tight_capacity_drops_tokens_and_the_log_says_how_many(small_rte, tmp_path):
+    """Capacity factor 0.5 on one process: about half the assignments dropped, each step's fraction logged."""
+    got = _run_losses(small_rte, tmp_path, "1", None, "--capacity_factor", "0.5", "--do_train")
+    dropped = got["moe"]["dropped_fraction"]
+    assert len(dropped) == 4 and all(0.45 <= d < 1 for d in dropped), dropped
+    kept = got["moe"]["kept_per_expert"]
+    assert all(sum(step) == 16 * 32 * 2 * (1 - d) for step, d in zip(kept, dropped))

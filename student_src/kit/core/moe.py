@@ -139,12 +139,39 @@ def moe_layers(model) -> list:
 
 
 def add_aux_loss(model, args, output):
-    """Forward hook of a MoE model: ``output.loss += aux_loss_coef * mean of the layers' aux losses``."""
+    """Forward hook of a MoE model: ``output.loss += aux_loss_coef * mean of the layers' aux losses``; in
+    training, each forward's tokens per expert (assigned, kept) per layer appended to ``model.kit_moe_steps``."""
     coef = model.kit_moe["aux_loss_coef"]
-    losses = [m.aux_loss for m in moe_layers(model) if m.aux_loss is not None]
+    layers = moe_layers(model)
+    if model.training and layers and all(m.last_counts is not None for m in layers):
+        steps = model.__dict__.setdefault("kit_moe_steps", [])
+        steps.append(torch.stack([torch.stack([m.last_counts[0] for m in layers]),
+                                  torch.stack([m.last_counts[1] for m in layers])]).cpu())
+    losses = [m.aux_loss for m in layers if m.aux_loss is not None]
     if coef and losses and getattr(output, "loss", None) is not None:
         output.loss = output.loss + coef * torch.stack(losses).mean().to(output.loss.dtype)
     return output
+
+
+def step_log(model, reduce=None) -> dict | None:
+    """The training forwards' tokens per expert, for ``metrics.json``'s ``moe``: ``tokens_per_expert`` and
+    ``kept_per_expert`` ([step][expert], summed over the layers; ``reduce(tensor)`` sums them over the ranks
+    in place, every rank calling it), ``dropped_fraction`` per step, ``imbalance`` per step (the busiest
+    expert's tokens over the mean, before drops: 1 is perfect balance), the options. None for a model
+    without experts or without a training step."""
+    steps = getattr(model, "kit_moe_steps", None)
+    if not steps:
+        return None
+    counts = torch.stack(steps).to(torch.float64)  # [steps, 2, layers, E]
+    if reduce is not None:
+        reduce(counts)
+    per_step = counts.sum(dim=2)  # [steps, 2, E]
+    assigned, kept = per_step[:, 0], per_step[:, 1]
+    total = assigned.sum(dim=1).clamp(min=1)
+    return {"tokens_per_expert": assigned.long().tolist(), "kept_per_expert": kept.long().tolist(),
+            "dropped_fraction": (1 - kept.sum(dim=1) / total).tolist(),
+            "imbalance": (assigned.max(dim=1).values / (total / assigned.shape[1])).tolist(),
+            "per_layer_last_step": counts[-1, 0].long().tolist(), "options": dict(model.kit_moe)}
 
 
 def _encoder_layers(model) -> list:
