@@ -56,3 +56,29 @@ def reference(world, num_experts, top_k, capacity_factor, n_per_rank):
             if n.startswith("experts."):
                 expert_sum[n] = t if n not in expert_sum else expert_sum[n] + t
     return per_rank, expert_sum
+
+
+def ep_layer_bytes(ctx, num_experts, top_k, n_per_rank):
+    """The EP layer forward and backward with ``all_to_all_single`` wrapped: the bytes this rank sent to the
+    other ranks in each call, and its plan's kept rows per expert (for the traffic model)."""
+    import torch.distributed as dist
+
+    from student_src import expert_parallel as ep
+
+    sent, real = [], dist.all_to_all_single
+
+    def counting(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+        rows = input_split_sizes or [input.shape[0] // ctx.world_size] * ctx.world_size
+        row_bytes = input[0].numel() * input.element_size() if input.shape[0] else 0
+        sent.append(sum(r for s, r in enumerate(rows) if s != ctx.rank) * row_bytes)
+        return real(output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op)
+
+    layer = ep.parallelize_moe_layer(full_layer(num_experts, top_k, 0.0, torch.float32), None)
+    x, dy = tokens(ctx.rank, n_per_rank[ctx.rank], torch.float32)
+    x.requires_grad_()  # as in a model, where x comes from attention: the dispatch's reverse trip runs too
+    dist.all_to_all_single = counting
+    try:
+        layer(x).backward(dy)
+    finally:
+        dist.all_to_all_single = real
+    return {"sent": sent, "kept": layer.last_counts[1].tolist()}

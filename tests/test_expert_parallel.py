@@ -108,3 +108,29 @@ def test_a_tight_capacity_drops_tokens_and_the_log_says_how_many(small_rte, tmp_
     assert len(dropped) == 4 and all(0.45 <= d < 1 for d in dropped), dropped
     kept = got["moe"]["kept_per_expert"]
     assert all(sum(step) == 16 * 32 * 2 * (1 - d) for step, d in zip(kept, dropped))
+
+
+def test_the_traffic_model_predicts_the_bytes_each_rank_sends():
+    """parallel/expert/traffic.py against the bytes the solution's all_to_all_single calls send to other ranks
+    (2 ranks, top-2, uneven): five calls per layer and step, their sum the model's total, exactly."""
+    from student_src.kit.parallel.expert import traffic
+
+    out = launch(R.ep_layer_bytes, 2, args=(4, 2, [9, 14]), timeout=120, threads_per_rank=1)
+    rows = traffic.rows_from_counts([o["kept"] for o in out], 2)
+    model = traffic.layer_bytes(rows, R.HIDDEN, 4)
+    for r, o in enumerate(out):
+        assert len(o["sent"]) == 5  # counts, dispatch, combine forward; the two reverse trips backward
+        assert o["sent"][0] == model[r]["counts"] and o["sent"][1] == model[r]["dispatch"]
+        assert o["sent"][2] == model[r]["combine"] and sum(o["sent"][3:]) == model[r]["backward"]
+        assert sum(o["sent"]) == model[r]["total"]
+
+
+def test_the_whatif_model_says_ep_holds_fewer_bytes_and_when_it_sends_fewer():
+    from student_src.kit.parallel.expert import whatif
+
+    big = whatif.compare(expert_params=400_000_000, other_params=100_000_000, layers=12, num_experts=8, top_k=2,
+                         world=8, ep_size=8, tokens_per_rank=2048, hidden=1024)
+    assert big[1]["memory_bytes"] < big[0]["memory_bytes"] and big[1]["step_bytes"] < big[0]["step_bytes"]
+    small = whatif.compare(expert_params=1_000_000, other_params=1_000_000, layers=12, num_experts=8, top_k=2,
+                           world=8, ep_size=8, tokens_per_rank=8192, hidden=1024)
+    assert small[1]["step_bytes"] > small[0]["step_bytes"]  # tiny experts, many tokens: the all-to-alls cost more

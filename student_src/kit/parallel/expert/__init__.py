@@ -5,8 +5,9 @@ experts (``core/moe.py``) spread over an EP group, the tokens sent to them and b
   layers.py     the EP x DP mesh, the cut model, the clip by the global norm, the whole model refilled
                 from every rank's experts for evaluation, per-expert token counts of a step
   memory.py     memory terms: the ``"expert_parallel"`` strategy (experts 1/P, the rest whole)
-  traffic.py    traffic terms: the all-to-all bytes of a step (counts, tokens there and back, forward and
-                backward), the gradient all_reduces
+  traffic.py    traffic terms: the all-to-all bytes of a layer's step (counts, tokens there and back,
+                forward and backward), measured or from a uniform router
+  whatif.py     EP x DP against replicating every expert: memory and bytes a step per rank
   setup.py      how the task trains (``train/task_setup.py`` calls it through the registry)
 
 Importing this room registers it: with ``parallel/registry.py`` (the setup) and ``measure/memory_model.py``
