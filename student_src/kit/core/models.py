@@ -183,7 +183,7 @@ def load_model(name: str, num_labels: int = 2, dropout: float | None = None, moe
     if dropout is not None and not 0.0 <= dropout < 1.0:
         raise KitError(f"--dropout must be in [0, 1), got {dropout}")
     if name in MOE_MODELS:
-        from student_src.kit.core.moe import to_moe
+        from student_src.kit.core.moe import to_moe  # imports torch: models.py stays light until a model is built
 
         base = load_model(MOE_MODELS[name], num_labels=num_labels, dropout=dropout)
         return to_moe(base, **{"copy_mlp": name != "tiny-moe", **(moe or {})})
