@@ -97,6 +97,9 @@ def test_expert_parallel_losses_match_single_node(small_rte, tmp_path, top_k):
         # the tokens each expert got, summed over the ranks, are one process's, step by step
         assert got["moe"]["tokens_per_expert"] == want["moe"]["tokens_per_expert"]
         assert got["moe"]["dropped_fraction"] == [0.0] * 4
+        # each rank holds half the experts: the memory model (parallel/expert/memory.py) says so, and the meter agrees
+        assert got["memory"]["predicted"]["ep_size"] == 2 and got["memory"]["max_rel_error"] < 1e-3
+        assert got["memory"]["per_rank"][0]["params"] < want["memory"]["per_rank"][0]["params"]
         if world == 2:
             assert abs(got["eval"][-1]["loss"] - want["eval"][-1]["loss"]) < 1e-5
 
