@@ -137,3 +137,20 @@ def test_the_whatif_model_says_ep_holds_fewer_bytes_and_when_it_sends_fewer():
     small = whatif.compare(expert_params=1_000_000, other_params=1_000_000, layers=12, num_experts=8, top_k=2,
                            world=8, ep_size=8, tokens_per_rank=8192, hidden=1024)
     assert small[1]["step_bytes"] > small[0]["step_bytes"]  # tiny experts, many tokens: the all-to-alls cost more
+
+
+def test_minilm_moe_starts_as_minilm_when_every_token_takes_every_expert():
+    """minilm-moe's experts are copies of MiniLM's pretrained MLP: with top_k = E (the weights sum to 1) and no
+    capacity limit, the MoE model computes MiniLM's function, whatever its fresh router says."""
+    torch.manual_seed(0)
+    plain = load_model("minilm", dropout=0.0).eval()
+    torch.manual_seed(0)
+    moe = load_model("minilm-moe", dropout=0.0, moe={"num_experts": 2, "top_k": 2, "capacity_factor": 0,
+                                                     "aux_loss_coef": 0}).eval()
+    moe.classifier.load_state_dict(plain.classifier.state_dict())  # the heads are drawn fresh
+    ids = torch.randint(1000, 20000, (2, 12))
+    with torch.no_grad():
+        a = plain(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        b = moe(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert len(moe_layers(moe)) == 6
