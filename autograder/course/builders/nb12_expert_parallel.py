@@ -76,7 +76,7 @@ Write down, before you run anything:
             'MOE = ["--model_name_or_path", MOE_MODEL, "--num_experts", NUM_EXPERTS, "--top_k", TOP_K]\n'
             'm12 = kit.run_task("12", steps=MOE_STEPS, extra=[*MOE, "--ep_size", EP_SIZE])')
     nb.md(RESULTS_INTRO + "\nWith dropout off, no auxiliary loss and a capacity no expert exceeds, Task 12 matches Task 1 "
-          "on the same MoE model step by step (`tests/test_expert_parallel.py` checks it): each rank routes, caps and "
+          "on the same MoE model step by step (the kit's own tests check it): each rank routes, caps and "
           "balances its *own* tokens, so with drops or the auxiliary loss on, the numbers differ a little from one "
           "process's, as they do in DeepSpeed-MoE and Megatron-LM.")
     nb.code('kit.show_results("12", m12)')
