@@ -7,6 +7,7 @@ from student_src.kit import student_api, tasks
 from student_src.kit.core.config import TrainConfig
 from student_src.kit.errors import KitError
 from student_src.kit.parallel.expert import layers
+from student_src.kit.parallel.expert.traffic import traffic_of
 from student_src.kit.parallel.registry import Lent
 
 
@@ -34,4 +35,5 @@ def setup(cfg: TrainConfig, model, ctx, task, parallelize_layer, lent: Lent) -> 
         layers.global_clip(m, ep_group, cfg.max_grad_norm)
 
     return {"model": ep_model, "sync_gradients": sync, "optimizer": lent.make_optimizer(ep_model, cfg),
-            "before_eval": lambda: layers.gather_into(model, ep_model, ep_group)}
+            "before_eval": lambda: layers.gather_into(model, ep_model, ep_group),
+            "traffic": traffic_of(ep_model, ctx.world_size, ep_size, bool(cfg.max_grad_norm and cfg.max_grad_norm > 0))}

@@ -53,3 +53,74 @@ def imbalance(tokens_per_expert) -> float:
     """The busiest expert's tokens over the mean (1: perfect balance)."""
     total = sum(tokens_per_expert)
     return max(tokens_per_expert) / (total / len(tokens_per_expert)) if total else 1.0
+
+
+def step_calls(kept, ep_size: int, hidden: int, element_size: int, rest_nbytes: list[int],
+               expert_nbytes: list[int], clip: bool) -> list[tuple]:
+    """One average training step as ``(op, nbytes, ranks)`` for ``traffic_model.ranked_calls_traffic``
+    (``--measure_traffic``). ``kept[r][step][layer][e]``: rank r's kept rows per expert (every rank's, the
+    steps this process trained). Per EP group, layer and step, for every ordered pair r -> s of its ranks
+    five messages (an ``all_to_all_single`` sends one to every peer): the counts (E/P int64), the dispatch
+    (r's rows for s's experts), the combine (s's rows r computed, back), and backward the two reverse trips;
+    the bytes averaged over the steps. Then the gradient sync: every non-expert gradient all_reduced over
+    all ranks, every expert gradient over its DP group (with replicas), the clip's one float32 over the EP
+    group."""
+    world = len(kept)
+    steps = len(kept[0]) if world else 0
+    if not steps:
+        return []
+    num_experts = len(kept[0][0][0])
+    local = num_experts // ep_size
+    row = hidden * element_size
+
+    def rows(r, s):  # r's rows for s's experts, summed over the steps and layers
+        return sum(sum(layer[s % ep_size * local:(s % ep_size + 1) * local]) for step in kept[r] for layer in step)
+
+    calls: list[tuple] = []
+    layers = len(kept[0][0])
+    for d in range(world // ep_size):
+        group = [d * ep_size + e for e in range(ep_size)]
+        for r in group:
+            for s in group:
+                if r == s:
+                    continue
+                there, back = rows(r, s) * row / steps / layers, rows(s, r) * row / steps / layers
+                for nbytes in (8 * local, there, back, there, back):  # counts, dispatch, combine, their reverses
+                    calls += [("send", round(nbytes), (r, s))] * layers
+    everyone = tuple(range(world))
+    calls += [("all_reduce", n, everyone) for n in rest_nbytes]
+    if world > ep_size:
+        for e in range(ep_size):
+            calls += [("all_reduce", n, tuple(d * ep_size + e for d in range(world // ep_size))) for n in expert_nbytes]
+    if clip and ep_size > 1:
+        calls += [("all_reduce", 4, tuple(d * ep_size + e for e in range(ep_size))) for d in range(world // ep_size)]
+    return calls
+
+
+def traffic_of(ep_model, world_size: int, ep_size: int, clip: bool):
+    """``() -> (calls, extra)`` for ``--measure_traffic``: every rank's kept rows per expert gathered (one
+    all_gather of the steps' counts, modelled too, spread over the steps), then ``step_calls``."""
+    def of():
+        import torch
+        import torch.distributed as dist
+
+        from student_src.kit.core.moe import is_expert_parameter
+
+        mine = torch.stack([s[1] for s in ep_model.kit_moe_steps]).to(torch.int64)  # [steps, layers, E]
+        everyone = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(everyone, mine)
+        kept = [t.tolist() for t in everyone]
+        hidden = ep_model.config.hidden_size
+        size = next(ep_model.parameters()).element_size()
+        params = [(n, p.numel() * p.element_size()) for n, p in ep_model.named_parameters() if p.requires_grad]
+        calls = step_calls(kept, ep_size, hidden, size, [b for n, b in params if not is_expert_parameter(n)],
+                           [b for n, b in params if is_expert_parameter(n)], clip)
+        steps = mine.shape[0]
+        calls += [("all_gather", round(mine.numel() * 8 / steps), tuple(range(world_size)))]  # the gather above
+        rows = [sum(sum(map(sum, step)) for step in k) / steps for k in kept]
+        extra = {"expert_parallel": {"ep_size": ep_size, "replicas": world_size // ep_size,
+                                     "all_to_all_calls_per_layer_per_step": 5,
+                                     "kept_rows_per_rank_per_step": rows}}
+        return calls, extra
+
+    return of
