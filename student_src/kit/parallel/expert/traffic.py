@@ -15,6 +15,11 @@ of its experts.
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
+
+from student_src.kit.core.moe import is_expert_parameter
+
 
 def layer_bytes(send_rows, hidden: int, num_experts: int, element_size: int = 4) -> list[dict]:
     """``send_rows[r][s]``: rows rank r dispatches to rank s. Per rank, the bytes it sends to other ranks
@@ -101,11 +106,6 @@ def traffic_of(ep_model, world_size: int, ep_size: int, clip: bool):
     """``() -> (calls, extra)`` for ``--measure_traffic``: every rank's kept rows per expert gathered (one
     all_gather of the steps' counts, modelled too, spread over the steps), then ``step_calls``."""
     def of():
-        import torch
-        import torch.distributed as dist
-
-        from student_src.kit.core.moe import is_expert_parameter
-
         mine = torch.stack([s[1] for s in ep_model.kit_moe_steps]).to(torch.int64)  # [steps, layers, E]
         everyone = [torch.empty_like(mine) for _ in range(world_size)]
         dist.all_gather(everyone, mine)
