@@ -184,3 +184,22 @@ def test_measured_bytes_on_the_wire_match_the_all_to_all_model(small_rte, tmp_pa
     assert 0.98 <= traffic["measured_bytes"] / traffic["expected_bytes"] <= 1.02, traffic
     gradients = 3 * 2 * traffic["grad_nbytes_per_step"]  # a ring all_reduce on 2 ranks: each sends its whole size
     assert traffic["expected_payload_bytes"] - gradients > 0.4 * traffic["expected_payload_bytes"]
+
+
+def test_the_report_shows_tokens_per_expert(tmp_path):
+    """A run's metrics.json with a ``moe`` block gets the report's section: its table and the heatmap."""
+    import json
+
+    from student_src.kit.report.build import write_report
+
+    run = tmp_path / "runs" / "task12"
+    run.mkdir(parents=True)
+    moe = {"tokens_per_expert": [[10, 20, 30, 40], [25, 25, 25, 25]], "kept_per_expert": [[10, 20, 25, 25], [25] * 4],
+           "dropped_fraction": [0.2, 0.0], "imbalance": [1.6, 1.0], "per_layer_last_step": [[25] * 4],
+           "options": {"num_experts": 4, "top_k": 1, "capacity_factor": 1.0, "aux_loss_coef": 0.01}}
+    (run / "metrics.json").write_text(json.dumps({"task": "12", "world_size": 2, "losses": [0.7, 0.6],
+                                                  "config": {"ep_size": 2}, "moe": moe}))
+    written = write_report(tmp_path / "runs", tmp_path / "report")
+    text = written["report.md"].read_text()
+    assert "## Tokens per expert" in text and "| task12 | 2 | 2 | 1 | 1.0 | 0.01 | 1.60 -> 1.00 | 20.0% -> 0.0% |" in text
+    assert written["moe.png"].read_bytes().startswith(b"\x89PNG")

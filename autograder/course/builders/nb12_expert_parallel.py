@@ -5,26 +5,20 @@ from __future__ import annotations
 
 from .cells import NB, RESULTS_INTRO, RUN_INTRO, check_cells, header, task_points
 
-#: the cell that draws tokens per expert over the steps (metrics.json's ``moe``), and the dropped fraction
+#: the cell that shows tokens per expert over the steps (metrics.json's ``moe``; the report's section too)
 HEATMAP = '''
-import matplotlib.pyplot as plt
-import numpy as np
+from IPython.display import Image, Markdown, display
+from student_src.kit.plots.moe import moe_heatmaps, moe_markdown, moe_rows
 
-def moe_heatmaps(*runs):
-    runs = [(name, m) for name, m in runs if m and m.get("moe")]
-    if not runs:
+def show_moe(**runs):
+    rows = moe_rows({name: m for name, m in runs.items() if m})
+    if not rows:
         print("no MoE counts recorded: run the cells above first (and fill in the TODOs)")
         return
-    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.2), squeeze=False)
-    for ax, (name, m) in zip(axes[0], runs):
-        counts = np.array(m["moe"]["tokens_per_expert"]).T          # [expert, step]
-        im = ax.imshow(counts / counts.sum(axis=0, keepdims=True), aspect="auto", cmap="viridis", vmin=0)
-        ax.set_xlabel("step"); ax.set_ylabel("expert"); ax.set_title(f"{name}: share of tokens per expert")
-        fig.colorbar(im, ax=ax)
-        moe = m["moe"]
-        print(f"{name}: imbalance (busiest / mean) first {moe['imbalance'][0]:.2f}, last {moe['imbalance'][-1]:.2f}; "
-              f"dropped first {moe['dropped_fraction'][0]:.1%}, last {moe['dropped_fraction'][-1]:.1%}")
-    plt.tight_layout(); plt.show()
+    display(Markdown(moe_markdown(rows)))
+    display(Image(plots.to_png(moe_heatmaps(rows))))
+
+show_moe(task12=m12)
 '''
 
 
@@ -115,7 +109,7 @@ tokens after a few dozen steps, and why?
             'extra=[*MOE, "--ep_size", EP_SIZE, "--aux_loss_coef", 0, "--capacity_factor", 1.0])\n'
             'm12_aux = kit.run_task("12", name="aux", steps=MOE_STEPS, '
             'extra=[*MOE, "--ep_size", EP_SIZE, "--aux_loss_coef", 0.01, "--capacity_factor", 1.0])\n'
-            'moe_heatmaps(("aux loss off", m12_noaux), ("aux loss 0.01", m12_aux))')
+            'show_moe(aux_off=m12_noaux, aux_on=m12_aux)')
     nb.md("## Questions for your report")
     nb.question("**Q1.** Why does one MoE layer call *two* all-to-alls of rows in each direction (and a third, of "
                 "counts, forward)? What would break if a rank skipped the counts?",
