@@ -4,8 +4,9 @@ The rank side and the judges are the public checks' (``public/task12.py``): ever
 secret tokens through the student's expert-parallel layer, the judge recomputes everything token by token
 with the grader's own single-process layer (``task12_common.reference``).
 
-* ``layer_2_ranks_float64``: 4 experts, top-1, rank 0 with a single token (it sends no token to three of
-  the experts); outputs and every gradient (1e-10);
+* ``layer_2_ranks_float64``: 8 experts, top-1, rank 0 with a single token (it sends no token to seven of
+  the experts, none at all to rank 1), rank 1 with five (experts 5-7 receive no token at all); outputs and
+  every gradient (1e-10);
 * ``layer_4_ranks_float64``: 8 experts on 4 ranks, uneven counts;
 * ``top2_4_ranks_float64``: top-2 on 4 ranks, one rank with no token at all;
 * ``drops_tight_capacity_2_ranks``: top-2 at capacity factor 0.5 (about half the assignments dropped):
@@ -46,8 +47,9 @@ def _layer_check(check_id, world, title, promise, points=2, **layer):
     return check
 
 
-_layer_check("12.layer_2_ranks_float64", 2, "4 experts on 2 ranks, top-1, float64; rank 0 sends one token only",
-             (_LAYER, "a rank that sends no token to some expert"), num_experts=4, top_k=1, factor=0.0, counts=(1, 9))
+_layer_check("12.layer_2_ranks_float64", 2, "8 experts on 2 ranks, top-1, float64; rank 0 sends one token, experts "
+             "5-7 get none", (_LAYER, "a rank that sends no token to some expert", "an expert that receives no token"),
+             num_experts=8, top_k=1, factor=0.0, counts=(1, 5))
 _layer_check("12.layer_4_ranks_float64", 4, "8 experts on 4 ranks, top-1, float64, uneven counts",
              (_LAYER, "uneven token counts"), num_experts=8, top_k=1, factor=0.0, counts=(3, 7, 2, 5))
 _layer_check("12.top2_4_ranks_float64", 4, "4 experts on 4 ranks, top-2, float64; one rank has no token",
