@@ -104,7 +104,9 @@ def global_clip(model, group, max_norm: float) -> None:
     grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
     if not grads:
         return
-    sq = {True: torch.zeros((), dtype=torch.float32), False: torch.zeros((), dtype=torch.float32)}
+    device = grads[0][1].device  # the parameters' device: nccl refuses CPU tensors
+    sq = {True: torch.zeros((), dtype=torch.float32, device=device),
+          False: torch.zeros((), dtype=torch.float32, device=device)}
     for n, g in grads:
         sq[is_expert_parameter(n)] += torch.linalg.vector_norm(g.detach().float()) ** 2
     experts = sq[True].clone()

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from student_src.kit.core.moe import is_expert_parameter
+from student_src.kit.ranks import process_group
 
 
 def layer_bytes(send_rows, hidden: int, num_experts: int, element_size: int = 4) -> list[dict]:
@@ -108,7 +109,7 @@ def traffic_of(ep_model, world_size: int, ep_size: int, clip: bool):
     def of():
         mine = torch.stack([s[1] for s in ep_model.kit_moe_steps]).to(torch.int64)  # [steps, layers, E]
         everyone = [torch.empty_like(mine) for _ in range(world_size)]
-        dist.all_gather(everyone, mine)
+        dist.all_gather(everyone, mine, group=process_group.cpu_group())  # CPU counts: gloo's group under nccl too
         kept = [t.tolist() for t in everyone]
         hidden = ep_model.config.hidden_size
         size = next(ep_model.parameters()).element_size()
