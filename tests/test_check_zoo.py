@@ -709,11 +709,13 @@ ZOO.update({
 
 TASK_12 = {"12.public_all_to_all_2_ranks", "12.public_dispatch_combine_2_ranks", "12.layer_2_ranks_float64",
            "12.layer_4_ranks_float64", "12.top2_4_ranks_float64", "12.drops_tight_capacity_2_ranks",
-           "12.collectives_2_ranks", "12.experts_not_divisible", "12.expert_mesh", "12.ep_x_dp_4_ranks_training"}
+           "12.collectives_2_ranks", "12.experts_not_divisible", "12.expert_mesh", "12.ep_x_dp_4_ranks_training",
+           "12.tiny_moe_2_ranks"}
 ALL_OF["12"] = TASK_12
 #: the checks that run a whole expert-parallel layer (forward and backward, outputs and gradients)
 EP_LAYERS = {"12.public_dispatch_combine_2_ranks", "12.layer_2_ranks_float64", "12.layer_4_ranks_float64",
-             "12.top2_4_ranks_float64", "12.drops_tight_capacity_2_ranks", "12.ep_x_dp_4_ranks_training"}
+             "12.top2_4_ranks_float64", "12.drops_tight_capacity_2_ranks", "12.ep_x_dp_4_ranks_training",
+             "12.tiny_moe_2_ranks"}
 ZOO.update({
     "12_outputs_combined_in_the_wrong_order": ("expert_parallel", "12", """
         def expert_parallel_experts(x, plan, local_experts, group=None):  # outputs sent back expert-major, not source-major
@@ -741,7 +743,8 @@ ZOO.update({
         def sync_expert_parallel_grads(model, dp_group, ep_size, average):  # one average over every rank
             average(model, group=None)
         """,
-        {"12.ep_x_dp_4_ranks_training"}, "DP group"),
+        # on 2 ranks (tiny-moe) the DP group is one rank: averaging over the world mixes the two ranks' experts
+        {"12.ep_x_dp_4_ranks_training", "12.tiny_moe_2_ranks"}, "DP group"),
     "12_counts_not_exchanged_before_the_tokens": ("expert_parallel", "12", """
         _solution_a2a = all_to_all
 

@@ -228,7 +228,7 @@ _ROWS = (
           "sync_expert_parallel_grads"),
          "12_expert_parallel", color="#7f7f7f", sync="expert_parallel",
          collectives=frozenset({"all_to_all_single"}), must_call=frozenset({"all_to_all_single"}), extra_credit=True,
-         export=True, memory="expert_parallel", needs_tasks=("1", "2", "2b")),
+         export=True, memory="expert_parallel", needs_tasks=("1", "2", "2b"), checks_build_bert=True),
 )
 
 #: every task by id, in the assignment's order
