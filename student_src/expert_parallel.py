@@ -32,8 +32,9 @@ One layer, in order (``expert_parallel_experts``):
 1. **exchange the counts** (``exchange_counts``): a rank cannot know how many rows it will receive
    until every other rank has told it. ``all_to_all_single`` of the E counts (block s: the E/P counts
    for rank s's experts) returns, in block s, how many tokens rank s sends to each local expert.
-   Skip it and guess the sizes, and ``all_to_all_single`` waits for rows that never come (the grader
-   stops it after its timeout and names the rank and the call);
+   Skip it and guess the sizes, and ``all_to_all_single`` breaks: gloo aborts a rank that receives more
+   rows than it posted room for, or a rank waits for rows that never come (the grader stops it and
+   names the rank and the line of the call);
 2. **dispatch** the rows ``x[plan.token]`` (``all_to_all``, uneven splits): what arrives is ordered by
    source rank, and within a source by local expert;
 3. run each **local expert** once on all its rows (from every source: gather its pieces from each
@@ -55,8 +56,8 @@ the result equals the single-process layer.
 
 Expert parallel x data parallel
 -------------------------------
-``world`` ranks become EP groups of P neighbouring ranks times D = world / P replicas, rank = replica
-* P + ep_rank (``expert_mesh``). **Every rank sees a different share of the batch** (EP ranks too:
+``world`` ranks become EP groups of P neighbouring ranks times D = world / P replicas,
+rank = replica * P + ep_rank (``expert_mesh``). **Every rank sees a different share of the batch** (EP ranks too:
 they differ in experts, not in data). The router, attention, embeddings and classifier are replicated
 on every rank: average their gradients over **all** ranks. An expert lives on one rank of each
 replica: its copies are the ranks with the same ep_rank, its **DP group**; average its gradient over
