@@ -84,8 +84,10 @@ def route(x: torch.Tensor, router: nn.Linear, top_k: int, capacity_factor: float
 
 
 def combine(x: torch.Tensor, plan: Plan, outputs: torch.Tensor) -> torch.Tensor:
-    """``y[n] = sum over n's kept assignments of weight * expert output`` (``outputs`` in the plan's order)."""
-    return torch.zeros_like(x).index_add(0, plan.token, outputs * plan.weight.unsqueeze(-1).to(outputs.dtype))
+    """``y[n] = sum over n's kept assignments of weight * expert output`` (``outputs`` in the plan's order), in
+    ``x``'s dtype (under autocast the experts' outputs may be 16-bit)."""
+    weighted = outputs * plan.weight.unsqueeze(-1).to(outputs.dtype)
+    return torch.zeros_like(x).index_add(0, plan.token, weighted.to(x.dtype))
 
 
 def run_local_experts(x: torch.Tensor, plan: Plan, experts, group=None) -> torch.Tensor:
