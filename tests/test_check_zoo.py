@@ -11,6 +11,7 @@ solution's maximum score is what ``points.toml`` says.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import textwrap
@@ -756,6 +757,58 @@ ZOO.update({
         ("torch.arange(r * part, (r + 1) * part,", "torch.arange(0, part,")),
         {"11.shard_inputs_2_ranks", "11.tiny_bert_2_ranks_allgather", "11.cp_x_dp_4_ranks_tiny_bert_ring"},
         "do not restart at 0"),
+TASK_12 = {"12.public_all_to_all_2_ranks", "12.public_dispatch_combine_2_ranks", "12.layer_2_ranks_float64",
+           "12.layer_4_ranks_float64", "12.top2_4_ranks_float64", "12.drops_tight_capacity_2_ranks",
+           "12.collectives_2_ranks", "12.experts_not_divisible", "12.expert_mesh", "12.ep_x_dp_4_ranks_training",
+           "12.tiny_moe_2_ranks"}
+ALL_OF["12"] = TASK_12
+#: the checks that run a whole expert-parallel layer (forward and backward, outputs and gradients)
+EP_LAYERS = {"12.public_dispatch_combine_2_ranks", "12.layer_2_ranks_float64", "12.layer_4_ranks_float64",
+             "12.top2_4_ranks_float64", "12.drops_tight_capacity_2_ranks", "12.ep_x_dp_4_ranks_training",
+             "12.tiny_moe_2_ranks"}
+ZOO.update({
+    "12_outputs_combined_in_the_wrong_order": ("expert_parallel", "12", """
+        def expert_parallel_experts(x, plan, local_experts, group=None):  # outputs sent back expert-major, not source-major
+            size = ep_rank_and_size(group)[1]
+            local = plan.counts.numel() // size
+            recv_counts = exchange_counts(plan.counts, group).view(size, local)
+            send_splits, recv_splits = plan.counts.view(size, local).sum(1).tolist(), recv_counts.sum(1).tolist()
+            pieces = list(all_to_all(x[plan.token], send_splits, recv_splits, group).split(recv_counts.reshape(-1).tolist()))
+            outputs = [expert(torch.cat([pieces[s * local + j] for s in range(size)]))
+                       for j, expert in enumerate(local_experts)]
+            return combine(x, plan, all_to_all(torch.cat(outputs), recv_splits, send_splits, group))
+        """,
+        # one local expert per rank (top-2 on 4 ranks) makes both orders one, and so does a rank that sends one
+        # token only (2 ranks: no rank receives from both sources for both experts); the calls and the rest are right
+        EP_LAYERS - {"12.top2_4_ranks_float64", "12.layer_2_ranks_float64"}, "inverse order of the dispatch"),
+    "12_router_weights_left_out_of_the_backward": ("expert_parallel", "12", """
+        _solution = expert_parallel_experts
+
+        def expert_parallel_experts(x, plan, local_experts, group=None):  # the weights detached: no router gradient
+            plan.weight = plan.weight.detach()
+            return _solution(x, plan, local_experts, group)
+        """,
+        EP_LAYERS, "keep the router weights"),
+    "12_expert_gradients_averaged_over_the_whole_world": ("expert_parallel", "12", """
+        def sync_expert_parallel_grads(model, dp_group, ep_size, average):  # one average over every rank
+            average(model, group=None)
+        """,
+        # on 2 ranks (tiny-moe) the DP group is one rank: averaging over the world mixes the two ranks' experts
+        {"12.ep_x_dp_4_ranks_training", "12.tiny_moe_2_ranks"}, "DP group"),
+    "12_counts_not_exchanged_before_the_tokens": ("expert_parallel", "12", """
+        _solution_a2a = all_to_all
+
+        def expert_parallel_experts(x, plan, local_experts, group=None):  # guesses: receives what it sends
+            size = ep_rank_and_size(group)[1]
+            local = plan.counts.numel() // size
+            guess = plan.counts.view(size, local)
+            splits = guess.sum(1).tolist()
+            pieces = list(_solution_a2a(x[plan.token], splits, splits, group).split(guess.reshape(-1).tolist()))
+            outputs = [local_experts[j % local](p) for j, p in enumerate(pieces)]
+            return combine(x, plan, _solution_a2a(torch.cat(outputs), splits, splits, group))
+        """,
+        # gloo aborts the rank a bigger message reaches (the grader names it and the line of its all_to_all_single)
+        EP_LAYERS | {"12.collectives_2_ranks"}, "differ in number or shape"),
 })
 
 
@@ -825,6 +878,19 @@ def test_a_ring_that_deadlocks_is_stopped_within_a_minute_naming_rank_peer_and_s
         for rank, peer in ((0, 3), (1, 0), (2, 1), (3, 2)):
             assert (f"rank {rank} was waiting at student_src/context_parallel_attn.py" in test.output
                     and f"(waiting on its dist.isend of step 0 to rank {peer})" in test.output), test.output[:900]
+def test_expert_parallel_counts_never_exchanged_is_stopped_within_a_minute_naming_the_rank_and_the_call(tmp_path):
+    """Task 12: all_to_all_single told to receive what the rank itself sends (no counts exchanged) ends the
+    public layer check in under 60 s, the message naming the rank and the student's line of the call."""
+    import time
+
+    module, _, code, _, _ = ZOO["12_counts_not_exchanged_before_the_tokens"]
+    start = time.monotonic()
+    res = grade(submission(tmp_path / "s", module, code), tasks={"12"}, public_only=True)
+    elapsed = time.monotonic() - start
+    (test,) = [t for t in res.tests if t.id == "12.public_dispatch_combine_2_ranks"]
+    assert not test.passed and elapsed < 60, (elapsed, test.output[:600])
+    assert re.search(r"rank \d was at student_src/expert_parallel\.py:\d+ in forward", test.output), test.output[:600]
+
 
 def test_a_stack_dump_in_a_pipelines_send_or_recv_names_its_peer_and_micro_batch():
     """The spy runs a pipeline check's blocking send/recv under a name that says what it waits for

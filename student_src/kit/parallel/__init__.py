@@ -1,5 +1,5 @@
 """The parallelisms beyond plain data parallelism, one room each: ``pipeline/`` (Task 9),
-``tensor/`` (Task 10) and ``context/`` (Task 11). Each holds everything the kit knows of its parallelism: its helpers (what the
+``tensor/`` (Task 10), ``context/`` (Task 11) and ``expert/`` (Task 12). Each holds everything the kit knows of its parallelism: its helpers (what the
 student's module imports), its memory and traffic terms, its checkpoint layout, its what-if model and
 its setup, in small files. Importing this package imports every room, and each room registers
 itself with the layers that use it:
@@ -26,5 +26,5 @@ Rooms it may import: the contract, plots, core, ranks, measure, resume. The para
 import each other (each is a room of its own); they share ``registry.py`` only.
 """
 
-from student_src.kit.parallel import context, pipeline, tensor  # noqa: F401  (importing a room registers it)
+from student_src.kit.parallel import context, expert, pipeline, tensor  # noqa: F401  (importing a room registers it)
 from student_src.kit.parallel.registry import REGISTERED, Lent, Parallelism, get, kinds  # noqa: F401

@@ -216,6 +216,12 @@ def write_report(runs_dir, out, shown_as: str | None = None) -> dict:
         written["memory.png"] = out / "memory.png"
 
 
+    from student_src.kit.plots.moe import moe_heatmaps, moe_markdown, moe_rows  # matplotlib, as above
+
+    moe = moe_rows(runs)  # mixture-of-experts runs (Task 12): tokens per expert over the steps
+    if moe:
+        (out / "moe.png").write_bytes(plots.to_png(moe_heatmaps(moe)))
+        written["moe.png"] = out / "moe.png"
     scaling_files, scaling_md = scaling_section(runs, out)  # timelines, speed-up on the what-if curves
     written.update(scaling_files)
     sections = [f"# Results from `{shown_as or runs_dir}`", "", f"{len(runs)} run(s): " + (", ".join(runs) or "none"), ""]
@@ -232,6 +238,8 @@ def write_report(runs_dir, out, shown_as: str | None = None) -> dict:
         sections += ["## Network traffic: measured against expected", "", traffic_markdown(traffic), "", "![traffic](traffic.png)", ""]
     if memory:
         sections += ["## Memory per rank: measured against predicted", "", memory_markdown(memory), "", "![memory](memory.png)", ""]
+    if moe:
+        sections += ["## Tokens per expert (mixture of experts)", "", moe_markdown(moe), "", "![tokens per expert](moe.png)", ""]
     sections += scaling_md
     (out / "report.md").write_text("\n".join(sections))
     written["report.md"] = out / "report.md"

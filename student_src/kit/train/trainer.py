@@ -33,6 +33,7 @@ from student_src.kit.core.config import TrainConfig, per_worker_batch_size
 from student_src.kit.core.data import get_processor, load_glue_dataset
 from student_src.kit.core.metrics import write_metrics  # noqa: F401  (trainer.write_metrics: where runs write their results)
 from student_src.kit.core.models import count_parameters, load_model, load_tokenizer
+from student_src.kit.core.moe import step_log as moe_step_log
 from student_src.kit.errors import KitError
 from student_src.kit.measure.memory_meter import RunMemoryMeter
 from student_src.kit.measure.timeline import recorder_for
@@ -187,7 +188,9 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
     dev_ds = (load_glue_dataset(cfg.data_dir, cfg.task_name, "dev", tokenizer, cfg.max_seq_length,
                                 overwrite_cache=cfg.overwrite_cache) if cfg.do_eval else None)
     set_seed(cfg.seed)  # identical initial weights on every rank, whatever the data code drew
-    model = load_model(cfg.model_name_or_path, num_labels=len(processor.labels), dropout=cfg.dropout).to(ctx.device)
+    moe = {k: getattr(cfg, k) for k in ("num_experts", "top_k", "capacity_factor", "aux_loss_coef")}  # *-moe models
+    model = load_model(cfg.model_name_or_path, num_labels=len(processor.labels), dropout=cfg.dropout,
+                       moe=moe).to(ctx.device)
     if task.distributed:
         broadcast_parameters(model, ctx)
     model.train()
@@ -205,6 +208,9 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
         if run.recorder is not None:  # --timeline N
             parts["extra"] = run.recorder.results(ctx.world_size)
         parts["extra"] = {**parts.get("extra", {}), "memory": memory.results()}  # every rank's bytes, gathered
+        moe = moe_step_log(run.model, reduce=_summed_over_ranks(ctx))  # a MoE model (core/moe.py): tokens per expert
+        if moe is not None:
+            parts["extra"]["moe"] = moe
         if precision.enabled:
             parts["extra"]["precision"] = precision.results()  # the mode; --fp16: its loss scale and skipped steps
         if run.checkpoint_blocked_s:
@@ -223,6 +229,13 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
     if cfg.output_dir:
         write_metrics(cfg.output_dir, metrics)
     return metrics
+
+
+def _summed_over_ranks(ctx):
+    """``reduce(t)``: ``t`` summed over every rank in place (the gloo CPU group), or nothing on one rank."""
+    if not (dist.is_initialized() and ctx.world_size > 1):
+        return None
+    return lambda t: dist.all_reduce(t, group=process_group.cpu_group())
 
 
 def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, precision: Precision | None = None) -> Run:
