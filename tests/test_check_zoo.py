@@ -757,6 +757,8 @@ ZOO.update({
         ("torch.arange(r * part, (r + 1) * part,", "torch.arange(0, part,")),
         {"11.shard_inputs_2_ranks", "11.tiny_bert_2_ranks_allgather", "11.cp_x_dp_4_ranks_tiny_bert_ring"},
         "do not restart at 0"),
+})
+
 TASK_12 = {"12.public_all_to_all_2_ranks", "12.public_dispatch_combine_2_ranks", "12.layer_2_ranks_float64",
            "12.layer_4_ranks_float64", "12.top2_4_ranks_float64", "12.drops_tight_capacity_2_ranks",
            "12.collectives_2_ranks", "12.experts_not_divisible", "12.expert_mesh", "12.ep_x_dp_4_ranks_training",
@@ -878,6 +880,8 @@ def test_a_ring_that_deadlocks_is_stopped_within_a_minute_naming_rank_peer_and_s
         for rank, peer in ((0, 3), (1, 0), (2, 1), (3, 2)):
             assert (f"rank {rank} was waiting at student_src/context_parallel_attn.py" in test.output
                     and f"(waiting on its dist.isend of step 0 to rank {peer})" in test.output), test.output[:900]
+
+
 def test_expert_parallel_counts_never_exchanged_is_stopped_within_a_minute_naming_the_rank_and_the_call(tmp_path):
     """Task 12: all_to_all_single told to receive what the rank itself sends (no counts exchanged) ends the
     public layer check in under 60 s, the message naming the rank and the student's line of the call."""
