@@ -52,9 +52,11 @@ Cases the checks test
 ---------------------
 * ``shard_inputs``: this rank's contiguous slice of every ``[batch, s]`` tensor and global position
   ids; a sequence length that C does not divide: ``ValueError`` in one line naming both;
-* a BERT encoder layer and the tiny BERT: the loss and every parameter's gradient (after
-  ``sync_context_parallel_grads``) equal single-process ones, with both attentions;
-* CP x DP on 4 ranks (CP groups {0, 1} and {2, 3}): the tiny BERT's losses equal single-node training;
+* the tiny BERT cut over 2 ranks with all-gather attention, a few SGD steps (gradients summed by
+  ``sync_context_parallel_grads``): the losses and every parameter after the steps equal
+  single-process training's;
+* CP x DP on 4 ranks (CP groups {0, 1} and {2, 3}) with ring attention: the tiny BERT's losses and
+  every parameter after the steps equal single-node training's;
 * the attentions: ``context_parallel_attn.py``'s docstring lists their cases.
 """
 

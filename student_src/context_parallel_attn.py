@@ -45,11 +45,18 @@ Cases the checks test
   gradients of q, k and v equal ``attention_reference`` over the whole sequence, cut to this rank's
   slice (within 1e-10), with padding spread over the ranks, including a rank whose tokens are all
   padding;
-* large logits (scores of order 1e4): no overflow, the same result (the running max);
-* the collectives: all-gather attention calls exactly one ``all_gather`` for K and one for V (and one
-  for the mask) forward and no point-to-point call; ring attention calls exactly C - 1 ``isend`` (one
-  packed block, ``pack_block``) and C - 1 ``irecv`` forward, and no all_gather; both send nothing
-  with one rank;
+* both attentions on 4 ranks as two CP groups ({0, 1} and {2, 3}, each made by ``dist.new_group``,
+  ``ranks`` its members' global ranks): the same, each group's ranks attending over their own
+  sequence (every collective on ``group``, every peer from ``ranks``);
+* large logits (scores of order 1e4): no overflow, the same result (the running max), including rows
+  whose every real score is near -6000 (the running max starts at ``finfo.min`` or -inf, not at 0:
+  against 0, ``exp(-6000)`` is 0 for every key and the row is 0 / 0) and rows whose every score is
+  near +6000;
+* the collectives at 4 ranks: all-gather attention calls exactly one ``all_gather`` for K and one for V
+  (and one for the mask) forward and two ``reduce_scatter`` backward (dK and dV), nothing else; ring
+  attention calls exactly C - 1 ``isend`` (one packed block, ``pack_block``) and C - 1 ``irecv``
+  forward and no other collective, and only point-to-point calls backward;
+* one rank (a group of one): both equal ``attention_reference`` and call no collective.
 """
 
 from __future__ import annotations

@@ -710,12 +710,14 @@ ZOO.update({
 
 # ------------------------------------------------------------------ 11 (context parallelism: its own block)
 TASK_11 = {"11.public_attention_2_ranks", "11.attention_2_ranks_float64", "11.attention_4_ranks_float64",
-           "11.large_logits_2_ranks_float64", "11.collectives_4_ranks", "11.shard_inputs_2_ranks",
-           "11.tiny_bert_2_ranks_allgather", "11.cp_x_dp_4_ranks_tiny_bert_ring"}
+           "11.large_logits_2_ranks_float64", "11.cp_groups_4_ranks_float64", "11.world_size_1",
+           "11.collectives_4_ranks", "11.shard_inputs_2_ranks", "11.tiny_bert_2_ranks_allgather",
+           "11.cp_x_dp_4_ranks_tiny_bert_ring"}
 ALL_OF["11"] = TASK_11
-#: the checks that run ring attention on values (the counts of collectives alone may still be right)
+#: the checks that run ring attention on values over more than one rank (the counts of collectives alone may still
+#: be right; with one rank every block is the rank's own)
 RING_VALUES = {"11.public_attention_2_ranks", "11.attention_2_ranks_float64", "11.attention_4_ranks_float64",
-               "11.large_logits_2_ranks_float64", "11.cp_x_dp_4_ranks_tiny_bert_ring"}
+               "11.large_logits_2_ranks_float64", "11.cp_groups_4_ranks_float64", "11.cp_x_dp_4_ranks_tiny_bert_ring"}
 
 
 def _solution_with(module: str, name: str, *swaps: tuple[str, str]) -> str:
@@ -746,7 +748,7 @@ ZOO.update({
          "kb, vb, _ = unpack_block(block, k, key_mask)\n            mb = key_mask\n            scores"),
         ("kb, vb, mb = unpack_block(block, k, key_mask)\n            dq_part",
          "kb, vb, _ = unpack_block(block, k, key_mask)\n            mb = key_mask\n            dq_part")),
-        RING_VALUES - {"11.large_logits_2_ranks_float64"} | {"11.large_logits_2_ranks_float64"}, "the mask travelling"),
+        RING_VALUES, "the mask travelling"),
     "11_ring_dk_dv_not_sent_home": ("context_parallel_attn", "11", _solution_with(
         "context_parallel_attn", "RingAttention",
         # every block's dk, dv added up where they were computed, never passed on to their owner
@@ -757,6 +759,22 @@ ZOO.update({
         ("torch.arange(r * part, (r + 1) * part,", "torch.arange(0, part,")),
         {"11.shard_inputs_2_ranks", "11.tiny_bert_2_ranks_allgather", "11.cp_x_dp_4_ranks_tiny_bert_ring"},
         "do not restart at 0"),
+    "11_ring_running_max_starts_at_0": ("context_parallel_attn", "11", _solution_with(
+        "context_parallel_attn", "RingAttention",
+        # the running max starts at 0, not finfo.min: right unless every real score of a row is below about -700
+        # (exp underflows to 0 for every key: 0 / 0); the large-logits draw always holds such rows
+        ("m = torch.full(shape, torch.finfo(q.dtype).min, dtype=q.dtype, device=q.device)",
+         "m = torch.zeros(shape, dtype=q.dtype, device=q.device)")),
+        {"11.large_logits_2_ranks_float64"}, "not at 0"),
+    "11_allgather_ignores_group": ("context_parallel_attn", "11", _solution_with(
+        "context_parallel_attn", "AllGatherAttention",
+        # dK, dV reduce-scattered over the default group (every rank), not the CP group: right while the CP group
+        # is the whole world; two CP groups on 4 ranks fail
+        ("dist.reduce_scatter(mine, chunks, op=dist.ReduceOp.SUM, group=ctx.group)",
+         "dist.reduce_scatter(mine, chunks, op=dist.ReduceOp.SUM)")),
+        {"11.cp_groups_4_ranks_float64"}, "reduce_scatter"),
+})
+
 TASK_12 = {"12.public_all_to_all_2_ranks", "12.public_dispatch_combine_2_ranks", "12.layer_2_ranks_float64",
            "12.layer_4_ranks_float64", "12.top2_4_ranks_float64", "12.drops_tight_capacity_2_ranks",
            "12.collectives_2_ranks", "12.experts_not_divisible", "12.expert_mesh", "12.ep_x_dp_4_ranks_training",
@@ -878,6 +896,8 @@ def test_a_ring_that_deadlocks_is_stopped_within_a_minute_naming_rank_peer_and_s
         for rank, peer in ((0, 3), (1, 0), (2, 1), (3, 2)):
             assert (f"rank {rank} was waiting at student_src/context_parallel_attn.py" in test.output
                     and f"(waiting on its dist.isend of step 0 to rank {peer})" in test.output), test.output[:900]
+
+
 def test_expert_parallel_counts_never_exchanged_is_stopped_within_a_minute_naming_the_rank_and_the_call(tmp_path):
     """Task 12: all_to_all_single told to receive what the rank itself sends (no counts exchanged) ends the
     public layer check in under 60 s, the message naming the rank and the student's line of the call."""

@@ -7,8 +7,14 @@ and runs the grader's own attention on the whole sequence. Both ways run in ever
 * ``attention_2_ranks_float64`` / ``attention_4_ranks_float64``: output, dq, dk, dv (1e-10), the key
   padding spread over the ranks, the last rank's tokens all padding in one row (a mask that does not
   travel with its block, dK/dV never sent home: each fails here);
+* ``cp_groups_4_ranks_float64``: the same on 4 ranks as two CP groups {0, 1} and {2, 3} (``dist.new_group``),
+  each group judged on its own sequence (a collective left on the default group, or peers counted from 0
+  instead of ``ranks``, fails here);
 * ``large_logits_2_ranks_float64``: q scaled by 3000 (scores of order 1e4): no inf or NaN, the same values
-  (a softmax without the running max overflows);
+  (a softmax without the running max overflows). Every draw, not only some secrets, holds rows whose every
+  real score is near -6000 (a running max starting at 0 gives 0 / 0 there) and rows near +6000
+  (``task11_common.U``);
+* ``world_size_1``: a group of one: both attentions equal the reference and call nothing;
 * ``collectives_4_ranks``: all-gather attention three all_gathers forward (K, V, mask) and two
   reduce_scatters backward; ring attention exactly C - 1 isends and irecvs forward, point to point only
   backward; nothing else;
@@ -65,7 +71,9 @@ LARGE = 3000.0
 @define_check("11.large_logits_2_ranks_float64", task=TASK, world_size=2, needs=shared.NEEDS, points=1, timeout=60,
               hang_hint=RING_HANG_HINT,
               title="scores of order 1e4: both attentions finite and equal to one process's (the running max)",
-              promise=("large logits (scores of order 1e4): no overflow",))
+              promise=("large logits (scores of order 1e4): no overflow",
+                       ("including rows whose every real score is near -6000 (the running max starts at "
+                        "``finfo.min`` or -inf, not at 0"), "and rows whose every score is near +6000"))
 def large_logits(ctx):
     return shared.run_attention(ctx, scale=LARGE)
 
@@ -75,12 +83,46 @@ def _(payloads, secrets):
     shared.judge_attention(payloads, secrets, scale=LARGE)
 
 
+#: the CP groups of the sub-group check: two rings of two ranks on a world of 4 (a collective on the default group, or
+#: peers counted from 0 instead of ``ranks``, fails)
+CP_GROUPS = ([0, 1], [2, 3])
+
+
+@define_check("11.cp_groups_4_ranks_float64", task=TASK, world_size=4, needs=shared.NEEDS, points=1, timeout=60,
+              hang_hint=RING_HANG_HINT,
+              title="both attentions on 4 ranks as two CP groups {0, 1} and {2, 3} (float64, padding): each group's "
+                    "output, dq, dk, dv equal to one process's attention on that group's sequence",
+              promise=("both attentions on 4 ranks as two CP groups ({0, 1} and {2, 3}",))
+def cp_groups(ctx):
+    return shared.run_attention(ctx, cp_groups=CP_GROUPS)
+
+
+@cp_groups.judge
+def _(payloads, secrets):
+    shared.judge_attention(payloads, secrets, cp_groups=CP_GROUPS)
+
+
+@define_check("11.world_size_1", task=TASK, world_size=1, needs=shared.NEEDS, points=1, timeout=60,
+              title="one rank (a group of one): both attentions equal one process's attention and call no collective",
+              promise=("one rank (a group of one): both equal ``attention_reference`` and call no collective",))
+def world_size_1(ctx):
+    return shared.run_attention(ctx)
+
+
+@world_size_1.judge
+def _(payloads, secrets):
+    shared.judge_calls(payloads)
+    shared.judge_attention(payloads, secrets)
+
+
 @define_check("11.collectives_4_ranks", task=TASK, world_size=4, needs=shared.NEEDS, points=2, timeout=60,
               hang_hint=RING_HANG_HINT,
               title="all-gather attention: 3 all_gathers forward, 2 reduce_scatters backward; ring: C - 1 isends and "
                     "irecvs forward, point to point backward; nothing else",
               promise=("all-gather attention calls exactly one ``all_gather`` for K and one for V",
-                       "ring attention calls exactly C - 1 ``isend``"))
+                       "and two ``reduce_scatter`` backward (dK and dV), nothing else",
+                       "ring attention calls exactly C - 1 ``isend``",
+                       "and only point-to-point calls backward"))
 def collectives(ctx):
     return shared.run_attention(ctx)
 
@@ -205,11 +247,12 @@ def _judge_cp(payloads, secrets, what: str) -> None:
                                    "gradient summed over the CP group?")
 
 
-@define_check("11.tiny_bert_2_ranks_allgather", task=TASK, world_size=2, needs=shared.NEEDS, points=3, timeout=90,
+@define_check("11.tiny_bert_2_ranks_allgather", task=TASK, world_size=2, needs=shared.NEEDS, points=2, timeout=90,
               title="the tiny BERT cut over 2 CP ranks (all-gather attention): losses and the trained model equal to "
                     "single-node training",
-              promise=("a BERT encoder layer and the tiny BERT: the loss and every parameter's gradient (after\n  "
-                       "``sync_context_parallel_grads``) equal single-process ones, with both attentions",))
+              promise=(("the tiny BERT cut over 2 ranks with all-gather attention, a few SGD steps (gradients summed "
+                        "by ``sync_context_parallel_grads``): the losses and every parameter after the steps equal "
+                        "single-process training's"),))
 def tiny_bert(ctx):
     return _cp_run(ctx, "allgather", [list(range(ctx.world_size))])
 
@@ -219,12 +262,12 @@ def _(payloads, secrets):
     _judge_cp(payloads, secrets, "parallelize_bert_for_context (CP 2, all-gather)")
 
 
-@define_check("11.cp_x_dp_4_ranks_tiny_bert_ring", task=TASK, world_size=4, needs=shared.NEEDS, points=3, timeout=90,
+@define_check("11.cp_x_dp_4_ranks_tiny_bert_ring", task=TASK, world_size=4, needs=shared.NEEDS, points=2, timeout=90,
               hang_hint=RING_HANG_HINT,
               title="the tiny BERT on 4 ranks as CP 2 x DP 2 (ring attention; the grader averages over the DP groups): "
                     "losses and the trained model equal to single-node training",
-              promise=("CP x DP on 4 ranks (CP groups {0, 1} and {2, 3}): the tiny BERT's losses equal single-node "
-                       "training",))
+              promise=(("CP x DP on 4 ranks (CP groups {0, 1} and {2, 3}) with ring attention: the tiny BERT's "
+                        "losses and every parameter after the steps equal single-node training's"),))
 def cp_x_dp(ctx):
     return _cp_run(ctx, "ring", [[0, 1], [2, 3]])
 

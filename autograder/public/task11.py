@@ -6,7 +6,9 @@ Every rank draws its slice of q, k, v and of the output's gradient from its own 
 padding mask is fixed (padding in two rows, CP rank 1's tokens all padding in row 0). The judge, in
 the grader's own process, joins every rank's slices into the whole sequence and runs plain attention
 on it (``task11_common.reference``). The hidden checks (``autograder/checks/task11.py``) reuse the
-rank side and the judge at 2 and 4 ranks in float64, with large logits, and count the collectives.
+rank side and the judge at 2 and 4 ranks in float64, on two CP groups of a world of 4, on one rank, with large
+logits (every draw holding rows whose scores are all near -6000 and rows all near +6000), and count the
+collectives.
 """
 
 from __future__ import annotations

@@ -31,10 +31,31 @@ def key_mask(world: int) -> torch.Tensor:
     return mask
 
 
+#: the large-logits draw (``scale`` > 1). Every key has the component KEY_ALONG_U along one direction U, no
+#: query has any, so most rows' scores are random and of order ``scale`` (1e4 at 3000). In every draw, in every
+#: rank's slice and every row of the batch, the first query of head 0 is ``-scale * U`` and that of head 1
+#: ``+scale * U`` (each plus an order-1 part): all the real scores of the first are about
+#: ``-scale * KEY_ALONG_U / 2`` (-6000: a running max that starts at 0 underflows every exp to 0, 0 / 0), all
+#: those of the second about +6000 (exp overflows without the running max). The secrets vary only the rest.
+U = torch.tensor([0.5, -0.5, 0.5, 0.5], dtype=torch.float64)
+KEY_ALONG_U = 4.0
+
+
 def draw(secret: int, label: str, world: int, dtype, scale: float = 1.0) -> torch.Tensor:
-    """One rank's slice ``[BATCH, HEADS, SEQ / world, DIM]`` of ``label`` (q, k, v or the output's gradient)."""
+    """One rank's slice ``[BATCH, HEADS, SEQ / world, DIM]`` of ``label`` (q, k, v or the output's gradient);
+    ``scale`` > 1: the large-logits q and k (``U``)."""
     gen = torch.Generator().manual_seed(fixtures.derive_seed(secret, "cp", label))
-    return (torch.randn(BATCH, HEADS, SEQ // world, DIM, generator=gen, dtype=torch.float64) * scale).to(dtype)
+    x = torch.randn(BATCH, HEADS, SEQ // world, DIM, generator=gen, dtype=torch.float64)
+    if scale != 1.0 and label in ("q", "k"):
+        x = x - (x @ U)[..., None] * U  # nothing along U
+        if label == "k":
+            x = x + KEY_ALONG_U * U
+        else:
+            small = x[:, :, 0].clone()
+            x = x * scale
+            x[:, 0, 0] = small[:, 0] - scale * U  # every real score about -6000
+            x[:, 1, 0] = small[:, 1] + scale * U  # every real score about +6000
+    return x.to(dtype)
 
 
 def whole(secrets, label: str, dtype, scale: float = 1.0) -> torch.Tensor:
@@ -71,13 +92,20 @@ def student(ctx):
     return mod
 
 
-def run_attention(ctx, dtype=torch.float64, scale: float = 1.0, modes=MODES) -> dict:
-    """Rank side: for each mode, this rank's slice through the student's ``context_parallel_attention`` (the
-    default group, global ranks in order), forward then backward, and the collectives of each phase."""
-    world, out = ctx.world_size, {}
-    q, k, v, grad = (draw(ctx.secret, label, world, dtype, scale if label == "q" else 1.0)
-                     for label in ("q", "k", "v", "dout"))
-    cut = slice(ctx.rank * SEQ // world, (ctx.rank + 1) * SEQ // world)
+def run_attention(ctx, dtype=torch.float64, scale: float = 1.0, modes=MODES, cp_groups=None) -> dict:
+    """Rank side: for each mode, this rank's slice through the student's ``context_parallel_attention``, forward
+    then backward, and the collectives of each phase. The CP group is every rank (the default group, global ranks
+    in order), or with ``cp_groups`` (lists of global ranks) this rank's group, made by ``dist.new_group``."""
+    group, ranks = None, list(range(ctx.world_size))
+    if cp_groups is not None:
+        import torch.distributed as dist
+
+        made = [(list(g), dist.new_group(list(g))) for g in cp_groups]  # every rank makes every group, in order
+        ranks, group = next((g, h) for g, h in made if ctx.rank in g)
+    world, out = len(ranks), {}
+    cp_rank = ranks.index(ctx.rank)
+    q, k, v, grad = (draw(ctx.secret, label, world, dtype, scale) for label in ("q", "k", "v", "dout"))
+    cut = slice(cp_rank * SEQ // world, (cp_rank + 1) * SEQ // world)
     mask = key_mask(world)[:, cut].clone()
     with ctx.spy() as spy:
         spy.name_waits = True  # a deadlocked ring's dump names each rank's peer and step
@@ -86,7 +114,7 @@ def run_attention(ctx, dtype=torch.float64, scale: float = 1.0, modes=MODES) -> 
             spy.calls.clear()
             spy.phase = "forward"
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            y = mod.context_parallel_attention(*leaves, mask, None, list(range(world)), mode)
+            y = mod.context_parallel_attention(*leaves, mask, group, list(ranks), mode)
             if not isinstance(y, torch.Tensor) or tuple(y.shape) != tuple(q.shape) or not y.requires_grad:
                 ctx.fail(f"context_parallel_attention(..., mode={mode!r}) returned "
                          f"{tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__}"
@@ -109,11 +137,17 @@ HINTS = {"allgather": "all_gather K, V and the mask in CP-rank order; backward, 
                  "its block; backward, the dK/dV of each block travel on with it and arrive home after C steps"}
 
 
-def judge_attention(payloads, secrets, dtype=torch.float64, scale: float = 1.0, modes=MODES) -> None:
+def judge_attention(payloads, secrets, dtype=torch.float64, scale: float = 1.0, modes=MODES, cp_groups=None) -> None:
     """Each rank's output and dq, dk, dv against the matching slice of the grader's attention on the whole
-    sequence."""
+    sequence (with ``cp_groups``, each CP group's whole sequence: its ranks' slices)."""
+    for ranks in cp_groups or [list(range(len(payloads)))]:
+        _judge_group([payloads[r] for r in ranks], [secrets[r] for r in ranks], dtype, scale, modes,
+                     f" (CP group {list(ranks)})" if cp_groups else "")
+
+
+def _judge_group(payloads, secrets, dtype, scale: float, modes, group_name: str) -> None:
     world = len(payloads)
-    q, k, v = (whole(secrets, label, dtype, scale if label == "q" else 1.0) for label in ("q", "k", "v"))
+    q, k, v = (whole(secrets, label, dtype, scale) for label in ("q", "k", "v"))
     want = reference(q, k, v, key_mask(world), whole(secrets, "dout", dtype))
     tol = TOLERANCE[dtype]
     for mode in modes:
@@ -123,14 +157,17 @@ def judge_attention(payloads, secrets, dtype=torch.float64, scale: float = 1.0, 
             pairs = zip(("the output", "dq", "dk", "dv"), [got.get("y"), *(got.get("grads") or [None] * 3)], want)
             for what, g, w in pairs:
                 w = w[:, :, cut]
-                where = f"rank {r} of {world}, {mode} attention: {what}"
+                where = f"rank {r} of {world}{group_name}, {mode} attention: {what}"
                 if not isinstance(g, torch.Tensor):
                     raise CheckFailure(f"{where} is missing (None): {HINTS[mode]}")
                 if tuple(g.shape) != tuple(w.shape) or g.dtype != w.dtype:
                     raise CheckFailure(f"{where} is {tuple(g.shape)} {g.dtype}, expected {tuple(w.shape)} {w.dtype}")
                 if not torch.isfinite(g).all():
-                    raise CheckFailure(f"{where} holds inf or NaN (scores up to {scale:g} x the usual): subtract the "
-                                       "running max before exp (the online softmax)")
+                    large = (f" (scores up to {scale:g} x the usual; in some rows every score is near -6000, in "
+                             "some near +6000)" if scale != 1.0 else "")
+                    raise CheckFailure(f"{where} holds inf or NaN{large}: subtract the running max before exp (the "
+                                       "online softmax), the running max starting at finfo.min, not at 0 (a row whose "
+                                       "every score is near -6000 gets exp(-6000 - 0) = 0 for every key: 0 / 0)")
                 if not margins.close(g, w, tol, tol, what):
                     err = (g.double() - w.double()).abs().max().item()
                     raise CheckFailure(f"{where} differs from one process's attention on the whole sequence by "
@@ -139,14 +176,19 @@ def judge_attention(payloads, secrets, dtype=torch.float64, scale: float = 1.0, 
 
 def judge_calls(payloads, modes=MODES) -> None:
     """All-gather attention: three all_gathers forward (K, V, the mask), two reduce_scatters backward, nothing
-    else; ring attention: C - 1 isends and C - 1 irecvs forward, point to point only backward."""
+    else; ring attention: C - 1 isends and C - 1 irecvs forward, point to point only backward. One rank: nothing
+    at all, either way."""
     world = len(payloads)
     for r, p in enumerate(payloads):
         for mode in modes:
             calls = ((p or {}).get(mode) or {}).get("calls") or {}
             fwd = sorted(family(c) for c in calls.get("forward", []))
             bwd = sorted(family(c) for c in calls.get("backward", []))
-            if mode == "allgather":
+            if world == 1:
+                if fwd or bwd:
+                    raise CheckFailure(f"with one rank, {mode} attention called {fwd} forward and {bwd} backward; "
+                                       "with a group of one both attentions are plain attention and send nothing")
+            elif mode == "allgather":
                 want_f, want_b = ["all_gather"] * 3, ["reduce_scatter"] * 2
                 if fwd != want_f or bwd != want_b:
                     raise CheckFailure(f"rank {r}, allgather attention called {fwd} forward and {bwd} backward; "
