@@ -92,15 +92,17 @@ Cases the checks test
   receives no token at all;
 * top-2 routing (k = 2: each token's two experts, weights renormalised);
 * dropped tokens at a tight capacity (capacity factor below 1): dropped assignments add nothing;
-* the collectives: ``all_to_all_single`` only, on ``group``: three forward and two backward per layer;
-* ``parallelize_moe_layer``: keeps the router and only this rank's contiguous block of experts (copies
-  of the full layer's), E not divisible by P: ``ValueError`` naming both (``6 experts do not divide
-  by the expert-parallel size 4``);
+* the collectives: ``all_to_all_single`` only, on ``group``: three forward and two backward per layer,
+  and ``parallelize_moe_layer`` sends nothing;
+* ``parallelize_moe_layer``: keeps the router and only this rank's contiguous block of experts (the
+  same expert modules, in order), E not divisible by P: ``ValueError`` naming both (``6 experts do not
+  divide by the expert-parallel size 4``);
 * ``expert_mesh``: the EP groups are runs of P neighbouring ranks, the DP groups one rank of every EP
   group (the same ep_rank), in order; a world size that P does not divide: ValueError;
 * ``sync_expert_parallel_grads``: experts averaged over the DP group and divided by P, everything else
-  averaged over all ranks; EP x DP on 4 ranks (2 x 2) trains the ``tiny-moe`` BERT to the same losses
-  as single-node training;
+  averaged over all ranks; EP x DP on 4 ranks (2 x 2, and 4 x 1: divide by ``ep_size``, whatever it
+  is) trains a small MoE model to the same losses and parameters as single-node training, and EP 2
+  trains the ``tiny-moe`` BERT to the same losses as single-node training;
 * one rank (P = 1): nothing sent, the single-process layer.
 """
 

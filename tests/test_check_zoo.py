@@ -778,12 +778,12 @@ ZOO.update({
 TASK_12 = {"12.public_all_to_all_2_ranks", "12.public_dispatch_combine_2_ranks", "12.layer_2_ranks_float64",
            "12.layer_4_ranks_float64", "12.top2_4_ranks_float64", "12.drops_tight_capacity_2_ranks",
            "12.collectives_2_ranks", "12.experts_not_divisible", "12.expert_mesh", "12.ep_x_dp_4_ranks_training",
-           "12.tiny_moe_2_ranks"}
+           "12.ep_4_x_dp_1_training", "12.one_rank_layer", "12.tiny_moe_2_ranks"}
 ALL_OF["12"] = TASK_12
 #: the checks that run a whole expert-parallel layer (forward and backward, outputs and gradients)
 EP_LAYERS = {"12.public_dispatch_combine_2_ranks", "12.layer_2_ranks_float64", "12.layer_4_ranks_float64",
              "12.top2_4_ranks_float64", "12.drops_tight_capacity_2_ranks", "12.ep_x_dp_4_ranks_training",
-             "12.tiny_moe_2_ranks"}
+             "12.ep_4_x_dp_1_training", "12.one_rank_layer", "12.tiny_moe_2_ranks"}
 ZOO.update({
     "12_outputs_combined_in_the_wrong_order": ("expert_parallel", "12", """
         def expert_parallel_experts(x, plan, local_experts, group=None):  # outputs sent back expert-major, not source-major
@@ -796,9 +796,11 @@ ZOO.update({
                        for j, expert in enumerate(local_experts)]
             return combine(x, plan, all_to_all(torch.cat(outputs), recv_splits, send_splits, group))
         """,
-        # one local expert per rank (top-2 on 4 ranks) makes both orders one, and so does a rank that sends one
-        # token only (2 ranks: no rank receives from both sources for both experts); the calls and the rest are right
-        EP_LAYERS - {"12.top2_4_ranks_float64", "12.layer_2_ranks_float64"}, "inverse order of the dispatch"),
+        # one local expert per rank (4 experts on 4 ranks: top-2, EP 4 x DP 1) or one source (one rank) makes both
+        # orders one, and so does a rank that sends one token only (2 ranks: no rank receives from both sources for
+        # both experts); the calls and the rest are right
+        EP_LAYERS - {"12.top2_4_ranks_float64", "12.layer_2_ranks_float64", "12.ep_4_x_dp_1_training",
+                     "12.one_rank_layer"}, "inverse order of the dispatch"),
     "12_router_weights_left_out_of_the_backward": ("expert_parallel", "12", """
         _solution = expert_parallel_experts
 
@@ -812,7 +814,11 @@ ZOO.update({
             average(model, group=None)
         """,
         # on 2 ranks (tiny-moe) the DP group is one rank: averaging over the world mixes the two ranks' experts
-        {"12.ep_x_dp_4_ranks_training", "12.tiny_moe_2_ranks"}, "DP group"),
+        {"12.ep_x_dp_4_ranks_training", "12.ep_4_x_dp_1_training", "12.tiny_moe_2_ranks"}, "DP group"),
+    "12_sync_divides_by_two": ("expert_parallel", "12", _solution_with(
+        "expert_parallel", "sync_expert_parallel_grads", ("p.grad.div_(ep_size)", "p.grad.div_(2)")),
+        # P hard-coded: right at P = 2, which every other check that trains runs (EP 2 x DP 2, tiny-moe on 2 ranks)
+        {"12.ep_4_x_dp_1_training"}, "divided by P"),
     "12_counts_not_exchanged_before_the_tokens": ("expert_parallel", "12", """
         _solution_a2a = all_to_all
 
@@ -825,8 +831,9 @@ ZOO.update({
             outputs = [local_experts[j % local](p) for j, p in enumerate(pieces)]
             return combine(x, plan, _solution_a2a(torch.cat(outputs), splits, splits, group))
         """,
-        # gloo aborts the rank a bigger message reaches (the grader names it and the line of its all_to_all_single)
-        EP_LAYERS | {"12.collectives_2_ranks"}, "differ in number or shape"),
+        # gloo aborts the rank a bigger message reaches (the grader names it and the line of its all_to_all_single);
+        # one rank receives exactly what it sends, so the guess is right there
+        EP_LAYERS - {"12.one_rank_layer"} | {"12.collectives_2_ranks"}, "differ in number or shape"),
 })
 
 

@@ -172,3 +172,32 @@ def test_vocab_parallel_flag_is_checked_up_front():
     cfg = parse_config(["--task", "10", "--world_size", "4", "--tp_size", "2", "--vocab_parallel", "--sequence_parallel"])
     assert cfg.vocab_parallel and cfg.sequence_parallel
     assert not parse_config(["--task", "10", "--world_size", "2"]).vocab_parallel
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task", "12", "--model_name_or_path", "tiny-moe", "--world_size", "2", "--spawn", "--ep_size", "0"],
+     "--ep_size must be at least 1"),
+    (["--task", "12", "--model_name_or_path", "tiny-moe", "--world_size", "2", "--spawn", "--ep_size", "-2"],
+     "--ep_size must be at least 1"),
+    (["--task", "1", "--model_name_or_path", "tiny", "--num_experts", "8"], "--num_experts .*tiny-moe or minilm-moe"),
+    (["--task", "1", "--top_k", "2"], "--top_k .*--model_name_or_path minilm is not"),
+    (["--task", "1", "--model_name_or_path", "tiny", "--capacity_factor", "0"], "--capacity_factor "),
+    (["--task", "2b", "--world_size", "2", "--spawn", "--model_name_or_path", "tiny", "--aux_loss_coef", "0"],
+     "--aux_loss_coef "),
+    (["--task", "12", "--model_name_or_path", "tiny", "--world_size", "2", "--spawn"], "routes tokens to experts"),
+])
+def test_moe_flags_are_refused_where_they_mean_nothing(argv, message):
+    with pytest.raises(KitError, match=message) as err:
+        parse_config(argv)
+    assert "\n" not in str(err.value)
+
+
+def test_moe_flags_are_taken_with_a_moe_model_and_their_defaults_with_any():
+    cfg = parse_config(["--task", "1", "--model_name_or_path", "tiny-moe", "--num_experts", "8", "--top_k", "2",
+                        "--capacity_factor", "0", "--aux_loss_coef", "0"])
+    assert (cfg.num_experts, cfg.top_k, cfg.capacity_factor, cfg.aux_loss_coef) == (8, 2, 0.0, 0.0)
+    # the defaults, given or not, say nothing about the model: a plain BERT takes them
+    parse_config(["--task", "1", "--model_name_or_path", "tiny", "--num_experts", "4", "--top_k", "1"])
+    cfg = parse_config(["--task", "12", "--model_name_or_path", "tiny-moe", "--world_size", "4", "--spawn",
+                        "--ep_size", "2"])
+    assert cfg.ep_size == 2

@@ -19,7 +19,11 @@ with the grader's own single-process layer (``task12_common.reference``).
   trained as EP 2 x DP 2 with three SGD steps, the gradients synchronised by the student's
   ``sync_expert_parallel_grads`` with the grader's own average on the groups the docstring names: every
   step's mean loss and every rank's final parameters equal one process's training on the whole batch.
-  Experts averaged over the whole world (or not divided by P) fail here.
+  Experts averaged over the whole world (or not divided by P) fail here;
+* ``ep_4_x_dp_1_training``: the same training as EP 4 x DP 1 (every DP group one rank): the experts divided by
+  ``ep_size`` = 4, so a sync that divides by a literal 2 fails here (every other check runs P = 2);
+* ``one_rank_layer``: one rank (P = 1, top-2): no collective at all, the single-process layer's output and
+  gradients.
 
 On the real model, ``task12_bert.py``: the tiny BERT with 4 experts a layer, EP 2, against one process.
 """
@@ -64,7 +68,7 @@ _CALLS = dict(num_experts=4, top_k=2, factor=0.0, counts=(6, 7), tag="calls")
 
 @define_check("12.collectives_2_ranks", task=TASK, world_size=2, needs=NEEDS, hang_hint=shared.HANG, points=2,
               title="one layer's collectives: three all_to_all_single forward, two backward, nothing else",
-              promise=("three forward and two backward per layer",))
+              promise=("three forward and two backward per layer", "and ``parallelize_moe_layer`` sends nothing"))
 def collectives(ctx):
     return shared.run_layer(ctx, **_CALLS)
 
@@ -150,15 +154,20 @@ def _trusted_average(module, group=None):
             p.grad.div_(size)
 
 
-@define_check("12.ep_x_dp_4_ranks_training", task=TASK, world_size=4, needs=NEEDS, points=3, hang_hint=shared.HANG,
-              title="EP 2 x DP 2 on 4 ranks: three SGD steps of a small MoE model equal one process's training",
-              promise=("experts averaged over the DP group and divided by P, everything else",
-                       "averaged over all ranks"))
-def ep_x_dp_training(ctx):
+def _mesh_groups(ctx, ep_size):
+    """This rank's (dp_group, ep_group) on 4 ranks, rank = replica * P + ep_rank; every rank creates every group."""
+    world = ctx.world_size
+    ep_groups = [list(range(d * ep_size, (d + 1) * ep_size)) for d in range(world // ep_size)]
+    dp_groups = [list(range(e, world, ep_size)) for e in range(ep_size)]
+    made = [dist.new_group(g) for g in dp_groups + ep_groups]
+    return made[ctx.rank % ep_size], made[len(dp_groups) + ctx.rank // ep_size]
+
+
+def run_training(ctx, ep_size):
+    """The small MoE model trained as EP ``ep_size`` x DP (4 / ``ep_size``), synced by the student's function."""
     mod = shared.student(ctx)
     dtype, cfg = torch.float64, _TRAIN
-    groups = [dist.new_group(r) for r in ([0, 2], [1, 3], [0, 1], [2, 3])]  # every rank creates every group
-    dp_group, ep_group = groups[ctx.rank % 2], groups[2 + ctx.rank // 2]
+    dp_group, ep_group = _mesh_groups(ctx, ep_size)
     model = torch.nn.Module()
     model.moe = shared.full_layer(ctx, cfg["num_experts"], cfg["top_k"], cfg["factor"], dtype)
     model.head = torch.nn.Linear(HIDDEN, 1, bias=False).to(dtype)
@@ -170,7 +179,7 @@ def ep_x_dp_training(ctx):
         x, t = tokens(ctx.secret, cfg["n"], dtype, f"train{step}", cfg["num_experts"])
         loss = ((model.head(x + model.moe(x)) - t[:, :1]) ** 2).mean()
         loss.backward()
-        mod.sync_expert_parallel_grads(model, dp_group, 2, _trusted_average)
+        mod.sync_expert_parallel_grads(model, dp_group, ep_size, _trusted_average)
         with torch.no_grad():
             for p in model.parameters():
                 if p.grad is not None:
@@ -180,9 +189,9 @@ def ep_x_dp_training(ctx):
     return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
-@ep_x_dp_training.judge
-def _(payloads, secrets):
+def judge_training(payloads, secrets, ep_size):
     cfg, dtype = _TRAIN, torch.float64
+    what = f"EP {ep_size} x DP {len(payloads) // ep_size}"
     params = {f"moe.{k}": v.clone().requires_grad_() for k, v in weights(cfg["num_experts"], dtype).items()}
     params["head.weight"] = _head(dtype).requires_grad_()
     for step in range(cfg["steps"]):
@@ -194,21 +203,70 @@ def _(payloads, secrets):
         loss.backward()
         got, want = sum(p["losses"][step] for p in payloads) / len(payloads), float(loss.detach())
         if abs(got - want) > 1e-9:
-            raise CheckFailure(f"EP 2 x DP 2: at step {step + 1} the mean loss over the ranks is {got:.10f}, one "
+            raise CheckFailure(f"{what}: at step {step + 1} the mean loss over the ranks is {got:.10f}, one "
                                f"process's training gives {want:.10f}: the gradients are not those of the whole "
-                               "batch (experts averaged over their DP group and divided by P, the rest over all ranks?)")
+                               f"batch (experts averaged over their DP group and divided by P = {ep_size}, the rest "
+                               "over all ranks?)")
         with torch.no_grad():
             for v in params.values():
                 v -= cfg["lr"] * v.grad
                 v.grad = None
-    local = cfg["num_experts"] // 2
+    local = cfg["num_experts"] // ep_size
     for r, p in enumerate(payloads):
         for name, got in p["params"].items():
             key = name
             if ".experts." in name:
                 j, rest = name.split(".experts.")[1].split(".", 1)
-                key = f"moe.experts.{(r % 2) * local + int(j)}.{rest}"
+                key = f"moe.experts.{(r % ep_size) * local + int(j)}.{rest}"
             if key not in params or not torch.allclose(got, params[key].detach(), atol=1e-9, rtol=1e-9):
-                raise CheckFailure(f"EP 2 x DP 2: after {cfg['steps']} steps rank {r}'s {name} differs from one "
+                raise CheckFailure(f"{what}: after {cfg['steps']} steps rank {r}'s {name} differs from one "
                                    "process's training: experts are averaged over their DP group only (ranks with the "
-                                   "same ep_rank) and divided by P; everything else over all ranks")
+                                   f"same ep_rank) and divided by P (the ep_size argument, {ep_size} here); everything "
+                                   "else over all ranks")
+
+
+@define_check("12.ep_x_dp_4_ranks_training", task=TASK, world_size=4, needs=NEEDS, points=3, hang_hint=shared.HANG,
+              title="EP 2 x DP 2 on 4 ranks: three SGD steps of a small MoE model equal one process's training",
+              promise=("experts averaged over the DP group and divided by P, everything else",
+                       "averaged over all ranks"))
+def ep_x_dp_training(ctx):
+    return run_training(ctx, 2)
+
+
+@ep_x_dp_training.judge
+def _(payloads, secrets):
+    judge_training(payloads, secrets, 2)
+
+
+@define_check("12.ep_4_x_dp_1_training", task=TASK, world_size=4, needs=NEEDS, points=1, hang_hint=shared.HANG,
+              title="EP 4 x DP 1 on 4 ranks: the sync divides the experts by P = ep_size (4), the training equals "
+                    "one process's",
+              promise=("experts averaged over the DP group and divided by P, everything else",
+                       "4 x 1: divide by ``ep_size``, whatever it is"))
+def ep_4_training(ctx):
+    return run_training(ctx, 4)
+
+
+@ep_4_training.judge
+def _(payloads, secrets):
+    judge_training(payloads, secrets, 4)
+
+
+_ONE = dict(num_experts=4, top_k=2, factor=0.0, counts=(7,), tag="one")
+
+
+@define_check("12.one_rank_layer", task=TASK, world_size=1, needs=NEEDS, points=1,
+              title="one rank (P = 1, 4 experts, top-2): the layer sends nothing and equals the single-process layer",
+              promise=("one rank (P = 1): nothing sent, the single-process layer",))
+def one_rank(ctx):
+    return shared.run_layer(ctx, **_ONE)
+
+
+@one_rank.judge
+def _(payloads, secrets):
+    calls = (payloads[0] or {}).get("calls") or {}
+    sent = [name for phase in ("setup", "forward", "backward") for name in calls.get(phase, [])]
+    if sent:
+        raise CheckFailure(f"one rank (P = 1): the layer called {sent}; with one rank nothing is sent (exchange_counts "
+                           "returns a copy, AllToAll is the identity both ways)")
+    shared.judge_layer(payloads, secrets, **_ONE)

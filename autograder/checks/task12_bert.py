@@ -2,7 +2,9 @@
 experts (``tiny-moe``'s shape: hidden 64, experts of 128, a router without bias; top-2), trained as EP 2 on
 2 ranks with the student's ``parallelize_moe_layer`` on every layer and ``sync_expert_parallel_grads``
 (with the grader's own average), plain SGD: the mean loss over the ranks equals one process's training on
-the whole batch at every step, and every rank's model gives one process's loss on a probe batch.
+the whole batch at every step, every rank's model gives one process's loss on a probe batch, and every
+rank's experts equal one process's (``SAMPLE`` entries of each tensor, to ``EXPERT_TOL``): in three steps the
+experts move too little for the losses to tell an expert averaged with another rank's.
 
 Each rank trains on its share of every global batch, drawn from its own secret (``references``); the
 judge, in the grader's own process, runs the single-process reference with the grader's token-by-token
@@ -67,10 +69,49 @@ def _trusted_average(module, group=None):
             p.grad.div_(size)
 
 
+#: how many evenly spaced entries of each expert tensor a rank reports (the payload travels as JSON)
+SAMPLE = 128
+
+
+def sample(t: torch.Tensor) -> torch.Tensor:
+    """``SAMPLE`` evenly spaced entries of ``t``, flattened (every entry of a small tensor)."""
+    flat = t.reshape(-1)
+    return flat[::max(1, flat.numel() // SAMPLE)][:SAMPLE].clone()
+
+
+#: how far a trained expert weight may lie from one process's (float32: the solution's lie about 1e-8 off; the
+#: experts' updates in three steps are about 1e-3, too small for the loss to tell a wrong expert sync)
+EXPERT_TOL = 1e-6
+
+
+def _judge_experts(payloads, model) -> None:
+    """Every rank's experts after training against one process's: rank r's local expert j is expert r * E/P + j."""
+    local = EXPERTS // len(payloads)
+    ref = dict(model.named_parameters())
+    for r, p in enumerate(payloads):
+        got_experts = p.get("experts") or {}
+        if len(got_experts) != 4 * local * len(model.bert.encoder.layer):
+            raise CheckFailure(f"tiny-moe as EP 2: rank {r} holds {len(got_experts)} expert tensors, expected "
+                               f"{local} experts a layer (this rank's block), 4 tensors each")
+        for name, got in got_experts.items():
+            head, tail = name.split(".intermediate.experts.")
+            j, part = tail.split(".", 1)
+            want = sample(ref[f"{head}.intermediate.w.experts__{r * local + int(j)}__{part.replace('.', '__')}"]
+                          .detach())
+            err = (got - want).abs().max().item() if got.shape == want.shape else float("inf")
+            if not margins.within(err, EXPERT_TOL, "experts"):
+                raise CheckFailure(f"tiny-moe as EP 2: after {references.STEPS} steps rank {r}'s {name} differs from "
+                                   f"one process's expert {r * local + int(j)} by {err:.2e}: an expert's gradient is "
+                                   "averaged over its DP group only (here each rank alone) and divided by P; never "
+                                   "averaged with another rank's experts")
+
+
 @define_check("12.tiny_moe_2_ranks", task=TASK, world_size=2, needs=NEEDS, points=2, hang_hint=shared.HANG,
               title="the tiny BERT with 4 experts a layer (top-2) as EP 2: the mean loss of 3 SGD steps equals one "
-                    "process's training, and every rank's model the single-node one on a probe batch",
-              promise=("trains the ``tiny-moe`` BERT to the same losses as single-node training",))
+                    "process's training, every rank's model the single-node one on a probe batch, and its experts "
+                    "one process's",
+              promise=("trains the ``tiny-moe`` BERT to the same losses as single-node training",
+                       "experts averaged over the DP group and divided by P, everything else"))
 def tiny_moe_2_ranks(ctx):
     mod = shared.student(ctx)
     kit_moe = ctx.student(shared.KIT_MOE)
@@ -88,7 +129,8 @@ def tiny_moe_2_ranks(ctx):
     sync = lambda m: mod.sync_expert_parallel_grads(m, dp_groups[ctx.rank], ctx.world_size, _trusted_average)  # noqa: E731
     losses = [trusted_step(model, references.rank_batch(ctx.secret, s, ctx.world_size), opt, sync=sync).item()
               for s in range(references.STEPS)]
-    return {"losses": losses, "probe": references.probe_loss(model, references.probe_batch())}
+    experts = {n: sample(p.detach()) for n, p in model.named_parameters() if ".experts." in n}
+    return {"losses": losses, "probe": references.probe_loss(model, references.probe_batch()), "experts": experts}
 
 
 @tiny_moe_2_ranks.judge
@@ -105,6 +147,7 @@ def _(payloads, secrets):
                                f"process's training gives {want:.6f}: the experts' gradients are not the whole "
                                "batch's (tokens to the wrong experts, outputs back in the wrong order, or the sync?)")
     probe = references.probe_loss(model, references.probe_batch())
+    _judge_experts(payloads, model)
     for r, p in enumerate(payloads):
         if not margins.within(abs(float(p["probe"]) - probe), references.TOL, "probe"):
             raise CheckFailure(f"tiny-moe as EP 2: after {references.STEPS} steps rank {r}'s model gives "

@@ -6,9 +6,13 @@ the config module to keep each file short, one function per parallelism. ``cfg``
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 
 from student_src.kit import tasks
 from student_src.kit.errors import KitError
+
+#: the MoE model's flags (``TrainConfig`` fields), meaningful only for a ``*-moe`` model
+MOE_FLAGS = ("num_experts", "top_k", "capacity_factor", "aux_loss_coef")
 
 
 def validate_parallelisms(cfg, task) -> None:
@@ -136,20 +140,32 @@ def _validate_context_parallel(cfg, task) -> None:
     if cfg.timeline or cfg.torch_sharding or cfg.fp16:
         raise KitError(f"--task {task.id} trains without --timeline, --torch_sharding or --fp16 (not there yet for "
                        "context parallelism)")
+
+
 def _validate_moe(cfg, task) -> None:
-    """Task 12's flags: a MoE model (``*-moe``), experts the EP size divides, no checkpoints or timeline yet."""
+    """The MoE flags (``--num_experts``, ``--top_k``, ``--capacity_factor``, ``--aux_loss_coef``: only with a MoE
+    model, ``*-moe``) and Task 12's (``--ep_size``: only with expert parallelism, at least 1, dividing the ranks
+    and the experts; a MoE model; no timeline or fp16 yet). A MoE flag counts as given when it differs from
+    ``TrainConfig``'s default (the config keeps no record of what was typed; the pipeline's flags do the same)."""
     expert = tasks.spoken(tasks.ids(lambda t: t.sync == "expert_parallel"))
     if task.sync != "expert_parallel" and cfg.ep_size is not None:
         raise KitError(f"--ep_size is for expert parallelism: use it with --task {expert}")
+    moe_model = cfg.model_name_or_path.endswith("-moe")
+    given = [f"--{f.name}" for f in fields(cfg) if f.name in MOE_FLAGS and getattr(cfg, f.name) != f.default]
+    if given and not moe_model:
+        raise KitError(f"{'/'.join(given)} shape a mixture of experts, which --model_name_or_path "
+                       f"{cfg.model_name_or_path} is not: use --model_name_or_path tiny-moe or minilm-moe")
+    if cfg.ep_size is not None and cfg.ep_size < 1:
+        raise KitError("--ep_size must be at least 1")
     if not (1 <= cfg.top_k <= cfg.num_experts) or cfg.aux_loss_coef < 0:
         raise KitError(f"--top_k {cfg.top_k} must be 1..--num_experts {cfg.num_experts}; --aux_loss_coef at least 0")
     if task.sync != "expert_parallel":
         return
-    if not cfg.model_name_or_path.endswith("-moe"):
+    if not moe_model:
         raise KitError(f"--task {task.id} routes tokens to experts: use --model_name_or_path tiny-moe or minilm-moe")
     world = cfg.world_size or (int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None)
     ep = cfg.ep_size or world
-    if ep and (ep < 1 or (world and world % ep) or cfg.num_experts % ep):
+    if ep and ((world and world % ep) or cfg.num_experts % ep):
         raise KitError(f"--ep_size {ep} must divide --world_size {world} and --num_experts {cfg.num_experts}")
     if cfg.timeline or cfg.fp16:
         raise KitError(f"--task {task.id} trains without --timeline or --fp16 (not there yet for expert parallelism)")
