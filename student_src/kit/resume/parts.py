@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import torch
+
 from student_src.kit.resume.layout import SavedLayout
 
 
@@ -29,6 +31,45 @@ class CheckpointPart:
     load_model_state: Callable
     owns_model: Optional[Callable] = None
     optimizer: Optional[Callable] = None
+
+
+def rank_prefixed_part(name: str, layout: SavedLayout, owns_model: Callable, prefix: Callable) -> CheckpointPart:
+    """The part of a parallelism whose ranks hold different tensors under equal names (a TP rank's shards,
+    an EP rank's experts): every key of the model's state and of its AdamW's (torch's flat optimizer state)
+    is prefixed with ``prefix(model)`` (``"tp1/"``), so each rank saves and loads its own; the replicas of
+    one such rank hold equal entries under equal keys, which DCP writes once. Before the first step the
+    optimizer's entries are zeros: also the template DCP loads into."""
+
+    def model_state(model) -> dict:
+        p = prefix(model)
+        return {p + n: t.detach() for n, t in model.named_parameters()}
+
+    def load_model_state(model, state: dict) -> None:
+        p = prefix(model)
+        with torch.no_grad():
+            for n, t in model.named_parameters():
+                if state[p + n].data_ptr() != t.data_ptr():  # DCP filled another tensor than ours
+                    t.copy_(state[p + n])
+
+    def optimizer(model, opt) -> tuple:
+        """``(get, load)`` (``resume/state.optimizer_hooks``' form) for AdamW over such a model."""
+        import torch.distributed.checkpoint.state_dict as dcp_state  # heavy: imported on save or load only
+
+        flat, p = dcp_state.StateDictOptions(flatten_optimizer_state_dict=True), prefix(model)
+
+        def get(base):
+            return {p + k: v for k, v in dcp_state.get_optimizer_state_dict(model, opt, options=flat).items()}
+
+        def load(base, state):
+            mine = {k[len(p):]: v for k, v in state.items() if k.startswith(p)}
+            dcp_state.set_optimizer_state_dict(model, opt, mine, options=flat)
+
+        return get, load
+
+    return CheckpointPart(name, layout, owns=lambda run: owns_model(getattr(run, "model", None)),
+                          model_state=lambda run: model_state(run.model),
+                          load_model_state=lambda run, state: load_model_state(run.model, state),
+                          owns_model=owns_model, optimizer=optimizer)
 
 
 #: the registered parts, in the order they were registered

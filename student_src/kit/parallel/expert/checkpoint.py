@@ -17,11 +17,9 @@ refused in one line, before any rank starts where the world size is known). The 
 
 from __future__ import annotations
 
-import torch
-
 from student_src.kit import tasks
 from student_src.kit.resume.layout import SavedLayout
-from student_src.kit.resume.parts import CheckpointPart
+from student_src.kit.resume.parts import rank_prefixed_part
 
 #: kit.json's key for the layout an expert-parallel checkpoint was saved on
 KEY = "ep_layout"
@@ -47,44 +45,6 @@ def _prefix(model) -> str:
     return f"ep{getattr(model, MARK)['ep_rank']}/"
 
 
-def model_state(model) -> dict:
-    """This rank's parameters (its experts and the replicated ones), each key prefixed with its EP rank."""
-    p = _prefix(model)
-    return {p + n: t.detach() for n, t in model.named_parameters()}
-
-
-def load_model_state(model, state: dict) -> None:
-    p = _prefix(model)
-    with torch.no_grad():
-        for n, t in model.named_parameters():
-            if state[p + n].data_ptr() != t.data_ptr():
-                t.copy_(state[p + n])
-
-
-def _flat():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions  # heavy: only when saving or loading
-
-    return StateDictOptions(flatten_optimizer_state_dict=True)
-
-
-def optimizer_hooks(model, optimizer) -> tuple:
-    """``(get, load)`` for AdamW over an EP run's model, its keys prefixed with the EP rank."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict  # as _flat
-
-    p = _prefix(model)
-
-    def get(base):
-        return {p + k: v for k, v in get_optimizer_state_dict(model, optimizer, options=_flat()).items()}
-
-    def load(base, state):
-        mine = {k[len(p):]: v for k, v in state.items() if k.startswith(p)}
-        set_optimizer_state_dict(model, optimizer, mine, options=_flat())
-
-    return get, load
-
-
-#: expert parallelism's part of a checkpoint, registered with ``resume/parts.py`` by this room
-PART = CheckpointPart("expert_parallel", LAYOUT, owns=lambda run: is_ep_model(getattr(run, "model", None)),
-                      model_state=lambda run: model_state(run.model),
-                      load_model_state=lambda run, state: load_model_state(run.model, state),
-                      owns_model=is_ep_model, optimizer=optimizer_hooks)
+#: expert parallelism's part of a checkpoint (every key prefixed with the EP rank), registered
+#: with ``resume/parts.py`` by this room
+PART = rank_prefixed_part("expert_parallel", LAYOUT, is_ep_model, _prefix)

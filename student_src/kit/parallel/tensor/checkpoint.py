@@ -23,11 +23,9 @@ any rank starts where the world size is known (``preflight.py``), else on load.
 
 from __future__ import annotations
 
-import torch
-
 from student_src.kit import tasks
 from student_src.kit.resume.layout import SavedLayout
-from student_src.kit.resume.parts import CheckpointPart
+from student_src.kit.resume.parts import rank_prefixed_part
 
 #: kit.json's key for the layout a tensor-parallel checkpoint was saved on
 KEY = "tp_layout"
@@ -56,52 +54,6 @@ def _prefix(model) -> str:
     return f"tp{getattr(model, MARK)['tp_rank']}/"
 
 
-def model_state(model) -> dict:
-    """This rank's parameters (shards and whole ones), each key prefixed with its TP rank."""
-    p = _prefix(model)
-    return {p + n: t.detach() for n, t in model.named_parameters()}
-
-
-def load_model_state(model, state: dict) -> None:
-    """Put ``model_state``'s entries, filled in by DCP, back into ``model``."""
-    p = _prefix(model)
-    with torch.no_grad():
-        for n, t in model.named_parameters():
-            if state[p + n].data_ptr() != t.data_ptr():
-                t.copy_(state[p + n])
-
-
-def _flat():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(flatten_optimizer_state_dict=True)
-
-
-def optimizer_state(model, optimizer) -> dict:
-    """AdamW's state over ``model`` (torch's flat form: one key per parameter and state), prefixed
-    with the TP rank. Before the first step the entries are zeros: also the template DCP loads into."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    p = _prefix(model)
-    return {p + k: v for k, v in get_optimizer_state_dict(model, optimizer, options=_flat()).items()}
-
-
-def load_optimizer_state(model, optimizer, state: dict) -> None:
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-    p = _prefix(model)
-    mine = {k[len(p):]: v for k, v in state.items() if k.startswith(p)}
-    set_optimizer_state_dict(model, optimizer, mine, options=_flat())
-
-
-def optimizer_hooks(model, optimizer) -> tuple:
-    """``(get, load)`` for AdamW over a TP run's cut model (``resume/state.optimizer_hooks``' form)."""
-    return ((lambda base: optimizer_state(model, optimizer)),
-            (lambda base, state: load_optimizer_state(model, optimizer, state)))
-
-
-#: tensor parallelism's part of a checkpoint, registered with ``resume/parts.py`` by this room
-PART = CheckpointPart("tensor_parallel", LAYOUT, owns=lambda run: is_tp_model(getattr(run, "model", None)),
-                      model_state=lambda run: model_state(run.model),
-                      load_model_state=lambda run, state: load_model_state(run.model, state),
-                      owns_model=is_tp_model, optimizer=optimizer_hooks)
+#: tensor parallelism's part of a checkpoint (every key prefixed with the TP rank), registered
+#: with ``resume/parts.py`` by this room
+PART = rank_prefixed_part("tensor_parallel", LAYOUT, is_tp_model, _prefix)
