@@ -3,22 +3,14 @@ same global loss at every step (floating-point error only). This is true by cons
 same seed, the same permutation split across ranks, fixed padding, sync before clipping."""
 
 import pytest
-
-from student_src.kit.core.config import parse_config
-from student_src.kit.train.start import run
+from short_runs import train_tiny
 
 STEPS = 4
 
 
 def _losses(small_rte, tmp_path, task, world_size=None, *extra):
-    argv = [*extra, "--task", task, "--model_name_or_path", "tiny", "--dropout", "0", "--max_steps", str(STEPS),
-            "--global_batch_size", "16", "--max_seq_length", "32", "--data_dir", str(small_rte),
-            "--do_train", "--no_progress", "--output_dir", str(tmp_path / f"t{task}-{world_size}{''.join(extra)}")]
-    if world_size:
-        argv += ["--world_size", str(world_size), "--spawn", "--num_threads", "1"]
-    metrics = run(parse_config(argv))
-    assert len(metrics["losses"]) == STEPS
-    return metrics
+    return train_tiny(small_rte, tmp_path / f"t{task}-{world_size}{''.join(extra)}", task, *extra,
+                      world_size=world_size, steps=STEPS)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ the fp32 average): measured within 6.1e-6 (seeds 42, 7); allowed 3e-5 (``BF16_EQ
 
 import pytest
 import torch
+from short_runs import train_tiny
 
 from student_src.kit.core.config import parse_config
 from student_src.kit.errors import KitError
@@ -25,14 +26,7 @@ BF16_EQUIVALENCE = 3e-5  # Task 2b x 2 vs Task 1, both --bf16 (measured: up to 6
 
 
 def _run(small_rte, out, task="1", *extra, world_size=None):
-    argv = [*extra, "--task", task, "--model_name_or_path", "tiny", "--dropout", "0", "--max_steps", str(STEPS),
-            "--global_batch_size", "16", "--max_seq_length", "32", "--data_dir", str(small_rte),
-            "--do_train", "--no_progress", "--output_dir", str(out)]
-    if world_size:
-        argv += ["--world_size", str(world_size), "--spawn", "--num_threads", "1"]
-    metrics = run(parse_config(argv))
-    assert len(metrics["losses"]) == STEPS
-    return metrics
+    return train_tiny(small_rte, out, task, *extra, world_size=world_size, steps=STEPS)
 
 
 @pytest.fixture(scope="module")

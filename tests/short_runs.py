@@ -1,0 +1,19 @@
+"""A few steps of ``run_glue`` on ``tiny`` (dropout 0, 16 rows x 32 tokens, the small synthetic RTE),
+the runs the loss-equivalence tests compare with Task 1's: one helper, so every such test trains the
+same way and a change of the recipe is made once."""
+
+from student_src.kit.core.config import parse_config
+from student_src.kit.train.start import run
+
+
+def train_tiny(small_rte, out, task, *extra, world_size=None, steps=4) -> dict:
+    """``metrics.json``'s dict of a ``steps``-step run of ``task`` (``--spawn``ed on ``world_size`` ranks
+    with one thread each where given) writing into ``out``; ``extra``: more flags."""
+    argv = [*extra, "--task", task, "--model_name_or_path", "tiny", "--dropout", "0", "--max_steps", str(steps),
+            "--global_batch_size", "16", "--max_seq_length", "32", "--data_dir", str(small_rte),
+            "--do_train", "--no_progress", "--output_dir", str(out)]
+    if world_size:
+        argv += ["--world_size", str(world_size), "--spawn", "--num_threads", "1"]
+    metrics = run(parse_config(argv))
+    assert len(metrics["losses"]) == steps
+    return metrics
