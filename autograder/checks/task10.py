@@ -279,19 +279,13 @@ TP_X_DP_HANG_HINT = ("After your layers' backward the grader averages every grad
                        "gradients averaged over the DP groups): the ``tiny`` BERT gives the same losses as single-node "
                        "training", "``mesh_ranks``: the TP groups are runs of T neighbouring ranks"))
 def tp_x_dp(ctx):
-    import torch.distributed as dist
-
     world = ctx.world_size
     shares = [ctx.all_gather_object(references.rank_batch(ctx.secret, step, world)) for step in range(references.STEPS)]
     mod = shared.student(ctx)
     mine, tp_group, dp_group = _tp_x_dp_groups(ctx, mod)  # mine: the ranks of this rank's TP group
-    dp_size = dist.get_world_size(dp_group)
 
     def average(model):  # the grader's own mean over the student's DP group
-        for p in model.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad, group=dp_group)
-                p.grad.div_(dp_size)
+        references.average_gradients(model, dp_group)
 
     model = references.tiny_model()
     for layer in model.bert.encoder.layer:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from autograder.judging import references
 from autograder.public import task12 as shared
 from autograder.public.task12_common import HIDDEN, NEEDS, TASK, reference_layer, tokens, weights
 from autograder.registry import CheckFailure, define_check
@@ -145,15 +146,6 @@ def _head(dtype):
     return (torch.randn(1, HIDDEN, generator=torch.Generator().manual_seed(77), dtype=torch.float64)).to(dtype)
 
 
-def _trusted_average(module, group=None):
-    """The grader's own Task 2b: every gradient all_reduced (sum) over ``group``, divided by its size."""
-    size = dist.get_world_size(group)
-    for p in module.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
-            p.grad.div_(size)
-
-
 def _mesh_groups(ctx, ep_size):
     """This rank's (dp_group, ep_group) on 4 ranks, rank = replica * P + ep_rank; every rank creates every group."""
     world = ctx.world_size
@@ -179,7 +171,7 @@ def run_training(ctx, ep_size):
         x, t = tokens(ctx.secret, cfg["n"], dtype, f"train{step}", cfg["num_experts"])
         loss = ((model.head(x + model.moe(x)) - t[:, :1]) ** 2).mean()
         loss.backward()
-        mod.sync_expert_parallel_grads(model, dp_group, ep_size, _trusted_average)
+        mod.sync_expert_parallel_grads(model, dp_group, ep_size, references.average_gradients)
         with torch.no_grad():
             for p in model.parameters():
                 if p.grad is not None:

@@ -61,14 +61,6 @@ def with_experts(model, make_moe):
     return model
 
 
-def _trusted_average(module, group=None):
-    size = dist.get_world_size(group)
-    for p in module.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
-            p.grad.div_(size)
-
-
 #: how many evenly spaced entries of each expert tensor a rank reports (the payload travels as JSON)
 SAMPLE = 128
 
@@ -126,7 +118,10 @@ def tiny_moe_2_ranks(ctx):
 
     model = with_experts(references.tiny_model(), make_moe)
     opt = references.sgd(model.parameters())
-    sync = lambda m: mod.sync_expert_parallel_grads(m, dp_groups[ctx.rank], ctx.world_size, _trusted_average)  # noqa: E731
+    average = references.average_gradients  # the grader's own Task 2b
+
+    def sync(m):
+        mod.sync_expert_parallel_grads(m, dp_groups[ctx.rank], ctx.world_size, average)
     losses = [trusted_step(model, references.rank_batch(ctx.secret, s, ctx.world_size), opt, sync=sync).item()
               for s in range(references.STEPS)]
     experts = {n: sample(p.detach()) for n, p in model.named_parameters() if ".experts." in n}

@@ -100,6 +100,15 @@ def judge_mean(payloads, task: str, model_kwargs: dict, secrets: list[int], dtyp
             raise CheckFailure(f"{fn} on {world} rank(s), a different random{what} {kind} gradient per rank: {msg}")
 
 
+def family(name: str) -> str:
+    """A collective's family: torch's list and tensor forms of all_gather / reduce_scatter are one each."""
+    if name in ("all_gather", "all_gather_into_tensor"):
+        return "all_gather"
+    if name in ("reduce_scatter", "reduce_scatter_tensor"):
+        return "reduce_scatter"
+    return name
+
+
 def judge_collectives(payloads, task: str) -> None:
     allowed, required = ALLOWED_COLLECTIVES[task], REQUIRED_COLLECTIVES[task]
     fn = SYNC_FUNCTIONS[task]

@@ -95,14 +95,15 @@ def single_node(secrets: list[int]) -> dict:
     return {"losses": losses, "probe": probe_loss(model, probe_batch())}
 
 
-def average_gradients(model) -> None:
-    """The grader's own gradient mean (rank side): all_reduce(SUM) / world size, skipping None."""
+def average_gradients(model, group=None) -> None:
+    """The grader's own gradient mean (rank side): all_reduce(SUM) over ``group`` (None: every rank) /
+    its size, skipping None."""
     import torch.distributed as dist
 
-    world = dist.get_world_size()
+    world = dist.get_world_size(group)
     for p in model.parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad)
+            dist.all_reduce(p.grad, group=group)
             p.grad.div_(world)
 
 

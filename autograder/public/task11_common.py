@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from autograder.judging import fixtures, margins
+from autograder.judging.judging import family
 from autograder.registry import CheckFailure
 
 TASK = "11"
@@ -71,15 +72,6 @@ def reference(q, k, v, mask, grad):
     out = torch.softmax(scores, dim=-1) @ v
     out.backward(grad)
     return out.detach(), q.grad, k.grad, v.grad
-
-
-def family(name: str) -> str:
-    """A collective's family: torch's list and tensor forms of all_gather / reduce_scatter are one each."""
-    if name in ("all_gather", "all_gather_into_tensor"):
-        return "all_gather"
-    if name in ("reduce_scatter", "reduce_scatter_tensor"):
-        return "reduce_scatter"
-    return name
 
 
 # ---------------------------------------------------------------- rank side
