@@ -195,9 +195,11 @@ def ring_4(ctx):
     mod = shared.student(ctx)
     model = references.tiny_model().double()
     cp_model = mod.parallelize_bert_for_context(model, None, list(range(world)), "ring")
-    loss = cp_model(**batch).loss
-    loss.backward()
-    mod.sync_context_parallel_grads(model, None)
+    with ctx.spy() as spy:
+        spy.name_waits = True  # a deadlocked ring's dump names each rank's peer and step
+        loss = cp_model(**batch).loss
+        loss.backward()
+        mod.sync_context_parallel_grads(model, None)
     return {"loss": float(loss.detach()), "grads": {n: sample(p.grad) for n, p in model.named_parameters()
                                                     if p.grad is not None and n not in _UNSENT}}
 
