@@ -247,6 +247,15 @@ _ROWS = (
          "12_expert_parallel", color="#7f7f7f", sync="expert_parallel",
          collectives=frozenset({"all_to_all_single"}), must_call=frozenset({"all_to_all_single"}), extra_credit=True,
          export=True, memory="expert_parallel", needs_tasks=("1", "2", "2b"), checks_build_bert=True),
+    # Task 14 is advanced, extra credit like Tasks 9-12: the parallelisms composed on one N-D grid (the layout, every
+    # axis's groups, the data shards, the composed sync through the student's own Tasks 2b, 10, 11 and 12). Its sync
+    # calls all_reduce only (2b's average, 10's and 11's sums). Not a training row yet (sync None): the kit's mesh
+    # (parallel/mesh.py) and its composed run call these functions through student_api.
+    Task("14", "the parallelisms composed (N-D parallelism)", "parallel_dims",
+         ("coords_to_rank", "rank_to_coords", "axis_ranks", "build_axis_groups", "data_shard", "loss_rank",
+          "sync_composed_grads"),
+         "14_parallel_dims", color="#98df8a", collectives=frozenset({"all_reduce"}), extra_credit=True,
+         needs_tasks=("2b", "10", "11", "12")),
 )
 
 #: every task by id, in the assignment's order
