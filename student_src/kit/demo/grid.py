@@ -16,9 +16,12 @@ point. While the functions are TODOs it prints which to fill in, and draws nothi
 from __future__ import annotations
 
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from student_src.kit import student_api, tasks
 from student_src.kit.notebook.runs import grading, session
+from student_src.kit.plots.figures import to_png
+from student_src.kit.report.build import markdown_table
 
 #: the Task 14 functions the picture calls
 DRAWN = ("rank_to_coords", "axis_ranks", "data_shard", "loss_rank")
@@ -70,18 +73,13 @@ def grid_figure(rows: list[dict], degrees: dict, order) -> Figure:
 
 
 def _box(x, y, color, edge):
-    from matplotlib.patches import Rectangle
-
     return Rectangle((x + 0.04, y + 0.06), 0.92, 0.88, facecolor=color, edgecolor=edge, linewidth=1.5)
 
 
 def show_grid(degrees: dict, order=None) -> list[dict] | None:
     """The picture and the table of ``degrees`` (in ``order``; None: your ``ORDER``); None while the functions
     it calls are TODOs (or while nbgrader executes the notebook)."""
-    from IPython.display import Image, Markdown, display
-
-    from student_src.kit.plots.figures import to_png
-    from student_src.kit.report.build import markdown_table
+    from IPython.display import Image, Markdown, display  # here: IPython only where a notebook shows it
 
     if grading():
         return None
