@@ -247,6 +247,13 @@ _ROWS = (
          "12_expert_parallel", color="#7f7f7f", sync="expert_parallel",
          collectives=frozenset({"all_to_all_single"}), must_call=frozenset({"all_to_all_single"}), extra_credit=True,
          export=True, memory="expert_parallel", needs_tasks=("1", "2", "2b"), checks_build_bert=True),
+    # Task 13 is extra credit, like the advanced tasks. Not a training task of its own (sync None, like Task 8): every
+    # task whose whole model is on each rank calls its functions when a run asks, --gradient_accumulation_steps K
+    # (accumulation_step in place of train_step: the sync once per optimizer step) and --recompute (apply_recompute
+    # rewrites the encoder before the task wraps it; RecomputeFunction is what it applies).
+    Task("13", "memory levers: gradient accumulation and activation recomputation", "recompute",
+         ("accumulation_step", "RecomputeFunction", "apply_recompute"), "13_memory_levers", color="#aec7e8",
+         extra_credit=True, needs_tasks=("1", "2"), checks_build_bert=True),
 )
 
 #: every task by id, in the assignment's order
