@@ -37,6 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from student_src.kit import student_api
+from student_src.kit.measure.activations import SavedBytes
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -124,13 +127,9 @@ def measure_layers(config, batch: int, seq: int, mode: str | None = None, layers
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from student_src.kit.measure.activations import SavedBytes
-
     model = encoder_model(config, layers)
     if mode is not None:
         if apply is None:
-            from student_src.kit import student_api
-
             apply = student_api.named("apply_recompute")
         apply(model, mode)
     x = torch.randn(batch, seq, config.hidden_size, requires_grad=True)
