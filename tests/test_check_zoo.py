@@ -906,6 +906,69 @@ ZOO.update({
         {"14.layout_random_degrees_and_orders"}, "last stage"),
 })
 
+TASK_13 = {"13.public_layer_recompute", "13.layer_dropout_gradients", "13.layer_saves_inputs_only",
+           "13.every_k_and_selective", "13.accumulation_matches_larger_batch", "13.accumulation_syncs_once"}
+ALL_OF["13"] = TASK_13
+#: the checks that compare recomputed gradients with dropout on (the public one has dropout off)
+RECOMPUTED_WITH_DROPOUT = {"13.layer_dropout_gradients", "13.layer_saves_inputs_only", "13.every_k_and_selective"}
+ZOO.update({
+    "13_rng_not_restored": ("recompute", "13", _solution_with(
+        "recompute", "RecomputeFunction", ("torch.set_rng_state(ctx.cpu_state)", "pass")),
+        RECOMPUTED_WITH_DROPOUT, "restore it around the rerun"),
+    "13_recomputed_under_no_grad": ("recompute", "13", _solution_with(
+        "recompute", "RecomputeFunction", ("with torch.enable_grad():", "with torch.no_grad():")),
+        RECOMPUTED_WITH_DROPOUT | {"13.public_layer_recompute"}, "does not require grad"),
+    "13_inputs_not_detached": ("recompute", "13", _solution_with(
+        "recompute", "RecomputeFunction",
+        ("[x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors]", "list(ctx.saved_tensors)")),
+        # one layer on a leaf input comes out right (the rerun's backward reaches the leaf itself); in a model the
+        # rerun's backward runs on into the layers before, through the forward's graph, and again after it
+        {"13.every_k_and_selective"}, "backward through the graph a second time"),
+    "13_output_saved_anyway": ("recompute", "13", """
+        class RecomputeFunction(torch.autograd.Function):  # keeps the block's output too: no memory saved
+            @staticmethod
+            def forward(ctx, run, *inputs):
+                ctx.run, ctx.n, ctx.cpu_state = run, len(inputs), torch.get_rng_state()
+                with torch.no_grad():
+                    out = run(*inputs)
+                ctx.save_for_backward(*inputs, out)
+                return out
+
+            @staticmethod
+            def backward(ctx, grad_output):
+                inputs = [x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors[:ctx.n]]
+                with torch.random.fork_rng(devices=[]):
+                    torch.set_rng_state(ctx.cpu_state)
+                    with torch.enable_grad():
+                        output = ctx.run(*inputs)
+                torch.autograd.backward(output, grad_output)
+                return (None, *(x.grad if x.requires_grad else None for x in inputs))
+        """,
+        # every:2 and selective still keep fewer bytes than no recomputation: the output of a recomputed block is
+        # the next block's input, which that block keeps anyway (one storage, counted once)
+        {"13.layer_saves_inputs_only"}, "nothing else (not the output)"),
+    "13_sync_on_every_micro_step": ("recompute", "13", """
+        def accumulation_step(model, micro_batches, optimizer, scheduler=None, sync_gradients=None, max_grad_norm=1.0,
+                              no_sync=None):  # syncs after every backward: K times the bytes
+            k = len(micro_batches)
+            total = 0.0
+            for batch in micro_batches:
+                loss = model(**batch).loss
+                (loss / k).backward()
+                if sync_gradients is not None:
+                    sync_gradients(model)
+                total = total + loss.detach()
+            if max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            return total / k
+        """,
+        {"13.accumulation_syncs_once"}, "exactly once"),
+})
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_sandbox_for_the_zoo():
