@@ -283,7 +283,7 @@ def _ring_half_s(link: LinkModel, nbytes: float, n: int) -> float:
 
 def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
          compute_efficiency: float = COMPUTE_EFFICIENCY) -> dict:
-    """One step's seconds split into ``compute_s``, ``exposed_comm_s`` (per axis in ``comm_s_by_axis``),
+    """One step's seconds split into ``compute_s`` (of which ``optimizer_s``), ``exposed_comm_s`` (per axis in ``comm_s_by_axis``),
     ``bubble_s``, their sum ``total_s``, the bytes one rank sends per axis (``bytes_by_axis``) and ``mfu``."""
     L, links = layout, group_links(cluster, layout)
     rate = cluster.flops * compute_efficiency
@@ -357,7 +357,7 @@ def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
     total = schedule + dp_exposed + optimizer
     busy_fraction = m * (f + b) / schedule_free if schedule_free else 1.0
     return {
-        "total_s": total, "compute_s": compute, "exposed_comm_s": in_stage + pp_s + dp_exposed, "bubble_s": bubble,
+        "total_s": total, "compute_s": compute, "optimizer_s": optimizer, "exposed_comm_s": in_stage + pp_s + dp_exposed, "bubble_s": bubble,
         "comm_s_by_axis": {"tp": m * (tp_f + tp_b), "cp": m * (cp_f + cp_b), "ep": m * (ep_f + ep_b), "pp": pp_s,
                            "dp": dp_exposed},
         "bytes_by_axis": {"tp": tp_bytes, "cp": cp_bytes, "ep": ep_bytes, "pp": pp_bytes, "dp": dp_bytes},

@@ -119,7 +119,9 @@ def _sentence(shape, cluster, work: Workload, best: dict, feasible: int) -> str:
         parts.append(f"CP {L['cp']} splits the {work.seq}-token sequences")
     if L["ep"] > 1:
         parts.append(f"EP {L['ep']} spreads the {shape.experts} experts")
-    rest = f"DP {L['dp']} (ZeRO-{L['zero']}) takes the rest of the {cluster.gpus} GPUs"
+    zero = f"ZeRO-{L['zero']}" if L["zero"] else "no ZeRO"
+    rest = (f"DP {L['dp']} ({zero}) takes the rest of the {cluster.gpus} GPUs" if L["dp"] > 1
+            else f"no DP ({zero} over the CP ranks)" if L["cp"] > 1 else "no DP")
     settings = (f"{best['micro_batches']} micro-batches of {L['micro_batch']}"
                 + (f", {L['virtual']} virtual stages" if L["virtual"] > 1 else "")
                 + (f", {L['recompute']} recomputation" if L["recompute"] != "none" else ""))
