@@ -197,3 +197,27 @@ def test_a_layout_that_cannot_run_says_why():
     assert "TP 3 does not divide the 64 attention heads" in C.check(L70, six, C.Layout(dp=2, tp=3), WORK)
     assert "CP 3 does not divide" in C.check(L70, cluster("h100", nodes=3), C.Layout(dp=8, cp=3), WORK)
     assert "interleaving needs" in C.check(L70, c, C.Layout(dp=4, pp=2, virtual=3), WORK)
+
+
+def test_the_emulated_validation_compares_rank_order_and_the_pick():
+    """benchmarks/composition/validate_emulated.py's compare: Spearman's rho and the pick against the measured
+    best (its measure half waits for run_glue --task 14)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validate_emulated", ROOT / "benchmarks/composition/validate_emulated.py")
+    ve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ve)
+    assert ve.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert ve.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    assert ve.spearman([1, 1, 2], [5, 5, 9]) == pytest.approx(1.0)  # ties share their rank
+    predicted = {"rows": [{"mesh": [8 >> i, 1, 1, 1], "label": f"L{i}", "predicted_s": 1.0 + i} for i in range(5)]}
+    measured = {"rows": [{"mesh": [8 >> i, 1, 1, 1], "measured_s": [1.05, 1.0, 3, 4, 5][i]} for i in range(5)]}
+    out = ve.compare(predicted, measured)
+    assert out["spearman"] == pytest.approx(0.9) and out["pick"] == "L0"
+    assert out["pick_over_best"] == pytest.approx(0.05) and out["passes"]
+    with pytest.raises(KitError, match="at least five"):
+        ve.compare(predicted, {"rows": measured["rows"][:4]})
+    # every layout it would measure is one the composed model can price on 2 nodes x 4 ranks
+    shape, work = model_shape("tiny"), C.Workload(ve.SEQ, ve.GLOBAL_BATCH, "fp32")
+    where = cluster("h100", nodes=2, gpus_per_node=4)
+    assert len(ve.LAYOUTS) >= 5 and all(C.check(shape, where, ve.layout_of(*m), work) == "" for m in ve.LAYOUTS)

@@ -13,7 +13,8 @@ cluster (``shapes.py``). The planner (``planner.py``) evaluates many; each axis 
   parallelism keeps even the norms' inputs cut), for ``s / cp`` tokens a rank, times the micro-batches a
   stage holds at once (``parallel/pipeline/memory.pipeline_held``: 1F1B's first stage ``min(pp, m)``;
   interleaved with ``v`` virtual stages ``x (1 + (pp - 1) / (pp v))``, Korthikanti et al. 2022, §4.2.3);
-  without flash attention the scores of ``parallel/context/memory.attention_bytes``; the last stage the
+  without flash attention what ``parallel/context/memory.attention_bytes`` says attention keeps (plain
+  attention's ``s x s`` probabilities; ring attention's output and statistics); the last stage the
   logits (fp32, and their gradient: 8 bytes each, ``/ tp``).
 * **bytes per axis** one rank sends per step: TP 4 all_reduces of ``b (s / cp) h`` per layer and
   micro-batch (``parallel/tensor/traffic.tp_calls``; Megatron-SP's all_gather + reduce_scatter move the
@@ -86,7 +87,9 @@ class Layout:
     """One way to run: the degrees (``dp * tp * pp * cp`` GPUs; ``ep`` divides ``dp``), the ZeRO stage over
     DP x CP, ``micro_batch`` sequences per micro-batch, ``virtual`` stages per PP rank (interleaved 1F1B;
     1: plain 1F1B) and ``recompute`` (none, selective: the norms' and activation functions' outputs
-    rebuilt in backward, and the scores without flash attention; full: only each layer's input kept)."""
+    rebuilt in backward, and the scores without flash attention; full: only each layer's input kept);
+    ``vocab_parallel``: TP cuts the embeddings and the head too (Megatron's; the kit's Task 10 with
+    ``--vocab_parallel``), else every TP rank holds them whole."""
     dp: int = 1
     tp: int = 1
     pp: int = 1
@@ -96,6 +99,7 @@ class Layout:
     micro_batch: int = 1
     virtual: int = 1
     recompute: str = "none"
+    vocab_parallel: bool = True
 
     @property
     def gpus(self) -> int:
@@ -217,18 +221,19 @@ def stage_params(shape: ModelShape, layout: Layout) -> tuple:
     """``(stage, layers, dense, experts)`` of the first and the last stage's ranks: the parameters one rank
     holds, TP cutting every matrix (the norms whole), EP the experts, the embeddings on the first stage,
     the head on the last (both vocabulary-parallel)."""
-    return _stage_params(shape, layout.pp, layout.tp, layout.ep)
+    return _stage_params(shape, layout.pp, layout.tp, layout.ep, layout.vocab_parallel)
 
 
 @lru_cache(maxsize=None)
-def _stage_params(shape: ModelShape, pp: int, tp: int, ep: int) -> tuple:
+def _stage_params(shape: ModelShape, pp: int, tp: int, ep: int, vocab_parallel: bool) -> tuple:
     first, last = stage_layers(shape, pp)
+    vocab_tp = tp if vocab_parallel else 1
     layer_dense = (shape.dense_params_per_layer - shape.norm_params) / tp + shape.norm_params
     layer_experts = shape.expert_params_per_layer / (ep * tp)
     out = []
     for stage, layers in ((0, first), (pp - 1, last)):
-        dense = layers * layer_dense + (shape.embedding_params / tp if stage == 0 else 0)
-        dense += shape.head_params / tp if stage == pp - 1 else 0
+        dense = layers * layer_dense + (shape.embedding_params / vocab_tp if stage == 0 else 0)
+        dense += shape.head_params / vocab_tp if stage == pp - 1 else 0
         out.append((stage, layers, dense, layers * layer_experts))
     return tuple(out)
 
@@ -263,12 +268,12 @@ def memory(shape: ModelShape, layout: Layout, work: Workload) -> dict:
         per_layer = activation_elements(shape, L.recompute) / L.tp * tokens * work.act_bytes
         if not shape.flash and L.recompute == "none":
             per_layer += attention_bytes(L.micro_batch, max(1, shape.heads // L.tp), work.seq, shape.head_dim, L.cp,
-                                         "allgather", work.act_bytes)["saved"]
+                                         "ring" if L.cp > 1 else "allgather", work.act_bytes)["saved"]
         acts = held * layers * per_layer
         if L.recompute == "full":  # one layer rebuilt whole at a time in backward
             acts += activation_elements(shape, "none") / L.tp * tokens * work.act_bytes
         if stage == L.pp - 1 and shape.lm_head:
-            acts += LOGIT_BYTES * tokens * shape.vocab / L.tp
+            acts += LOGIT_BYTES * tokens * shape.vocab / (L.tp if L.vocab_parallel else 1)
         row = {"stage": stage, "params": states["params"], "grads": states["grads"], "optimizer": states["optimizer"],
                "working_set": working, "activations": acts}
         row["peak"] = row["params"] + row["grads"] + row["optimizer"] + working + acts
