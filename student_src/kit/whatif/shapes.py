@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
+from student_src.kit.core.models import BUILTIN_MODELS, load_model
 from student_src.kit.errors import KitError
 
 
@@ -134,8 +135,6 @@ def from_config(config: dict, name: str = "config") -> ModelShape:
 
 def _kit_model(name: str) -> ModelShape:
     """A kit model's shape from its config (its eager attention keeps the scores: ``flash`` False)."""
-    from student_src.kit.core.models import load_model
-
     model = load_model(name, num_labels=2)
     config = model.config.to_dict()
     moe = getattr(model, "kit_moe", None)
@@ -147,8 +146,6 @@ def _kit_model(name: str) -> ModelShape:
 def model_shape(spec: str) -> ModelShape:
     """``spec``: a named shape (``NAMED_MODELS``), a kit model (``tiny``, ``minilm``, ``tiny-moe``,
     ``minilm-moe``) or the path of a JSON config file."""
-    from student_src.kit.core.models import BUILTIN_MODELS
-
     key = _key(spec)
     if key in NAMED_MODELS:
         return NAMED_MODELS[key]
