@@ -157,12 +157,12 @@ def check(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload) -
 
 @lru_cache(maxsize=None)
 def stage_layers(shape: ModelShape, pp: int) -> tuple[int, int]:
-    """(layers of the first / middle stages, layers of the last one): the last stage also holds the head,
+    """(layers of the first / middle stages, layers of the last one): the last stage also runs the head,
     so it takes fewer layers when that balances them (Llama 3 moved a layer off its first and last
     stages for this); the heaviest stage sets the pace."""
     if pp == 1:
         return shape.layers, shape.layers
-    head = (shape.head_params if shape.lm_head else 0) / max(1, shape.dense_params_per_layer + shape.expert_params_per_layer)
+    head = (shape.vocab * shape.hidden if shape.lm_head else 0) / max(1, shape.dense_params_per_layer + shape.expert_params_per_layer)
     best = None
     for k in range(math.ceil(shape.layers / pp), shape.layers + 1):
         last = max(0, shape.layers - (pp - 1) * k)
@@ -233,7 +233,9 @@ def _stage_params(shape: ModelShape, pp: int, tp: int, ep: int, vocab_parallel: 
     out = []
     for stage, layers in ((0, first), (pp - 1, last)):
         dense = layers * layer_dense + (shape.embedding_params / vocab_tp if stage == 0 else 0)
-        dense += shape.head_params / vocab_tp if stage == pp - 1 else 0
+        # the head: its own matrix, or with tied embeddings a copy on the last stage when PP cuts them apart
+        head = shape.head_params if not shape.tied else (shape.embedding_params if shape.lm_head and pp > 1 else 0)
+        dense += head / vocab_tp if stage == pp - 1 else 0
         out.append((stage, layers, dense, layers * layer_experts))
     return tuple(out)
 

@@ -113,7 +113,7 @@ def _sentence(shape, cluster, work: Workload, best: dict, feasible: int) -> str:
     if L["pp"] > 1:
         where = "across nodes" if best["links"]["pp"] == "network" else "within a node"
         parts.append(f"PP {L['pp']} {where} spreads the {shape.layers} layers")
-    fit = (f"{shape.name}'s {shape.params / 1e9:.3g} B parameters fit in {mem['peak'] / 1e9:.1f} of "
+    fit = (f"{shape.name}'s {shape.params / 1e9:.3g} B parameters fit in {mem['peak'] / 1e9:.3g} of "
            f"{cluster.memory_bytes / 1e9:.0f} GB per GPU")
     if L["cp"] > 1:
         parts.append(f"CP {L['cp']} splits the {work.seq}-token sequences")
@@ -122,7 +122,8 @@ def _sentence(shape, cluster, work: Workload, best: dict, feasible: int) -> str:
     zero = f"ZeRO-{L['zero']}" if L["zero"] else "no ZeRO"
     rest = (f"DP {L['dp']} ({zero}) takes the rest of the {cluster.gpus} GPUs" if L["dp"] > 1
             else f"no DP ({zero} over the CP ranks)" if L["cp"] > 1 else "no DP")
-    settings = (f"{best['micro_batches']} micro-batches of {L['micro_batch']}"
+    m = best["micro_batches"]
+    settings = (f"{m} micro-batch{'es' if m > 1 else ''} of {L['micro_batch']}"
                 + (f", {L['virtual']} virtual stages" if L["virtual"] > 1 else "")
                 + (f", {L['recompute']} recomputation" if L["recompute"] != "none" else ""))
     head = ", ".join(parts) + ", so" if parts else "no model parallelism is needed:"
@@ -187,6 +188,12 @@ def plan(model: str = DEFAULTS["model"], cluster: str = DEFAULTS["cluster"], nod
             "tried": tried, "infeasible": tried - sum(len(rows) for rows in by_mesh.values())}
 
 
+def _time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.1f} us"
+
+
 def format_plan(result: dict, top: int = DEFAULTS["top"]) -> str:
     """The plan as text: the setting, the ``top`` fastest meshes, the pick and why."""
     c, w = result["cluster"], result["workload"]
@@ -195,12 +202,13 @@ def format_plan(result: dict, top: int = DEFAULTS["top"]) -> str:
              f"{c['intra_bytes_per_s'] / 1e9:.0f} GB/s in a node, {c['inter_bytes_per_s'] / 1e9:.0f} GB/s between nodes); "
              f"{w['global_batch']} sequences of {w['seq_len']} tokens a step; {len(result['layouts'])} feasible meshes",
              f"{'#':>3} {'layout':<30} {'ZeRO':>4} {'mb x m':>8} {'v':>2} {'recompute':<9} {'GB/GPU':>7} "
-             f"{'step s':>8} {'compute':>8} {'exposed':>8} {'bubble':>8} {'MFU':>5}"]
+             f"{'step':>9} {'compute':>9} {'exposed':>9} {'bubble':>9} {'MFU':>5}"]
     for i, r in enumerate(result["layouts"][:top], 1):
         L = r["layout"]
         lines.append(f"{i:>3} {r['label']:<30} {L['zero']:>4} {str(L['micro_batch']) + ' x ' + str(r['micro_batches']):>8} "
-                     f"{L['virtual']:>2} {L['recompute']:<9} {r['memory']['peak'] / 1e9:>7.1f} {r['total_s']:>8.3f} "
-                     f"{r['compute_s']:>8.3f} {r['exposed_comm_s']:>8.3f} {r['bubble_s']:>8.3f} {r['mfu']:>5.0%}")
+                     f"{L['virtual']:>2} {L['recompute']:<9} {r['memory']['peak'] / 1e9:>7.3g} "
+                     + " ".join(f"{_time(r[k]):>9}" for k in ("total_s", "compute_s", "exposed_comm_s", "bubble_s"))
+                     + f" {r['mfu']:>5.0%}")
     lines.append(f"pick: {result['pick']['label']}. {result['why']}")
     return "\n".join(lines)
 
