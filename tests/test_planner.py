@@ -135,6 +135,15 @@ def test_the_published_405b_layout_is_in_the_top_three_within_10_points(llama405
     assert rank <= 3 and 0.28 <= row["mfu"] <= 0.53
 
 
+def test_with_cp_held_back_for_long_sequences_the_published_layout_is_second():
+    """The Playbook adds CP for long sequences; 8k is not one. With CP held to 1 (``max_cp=1``, an option, not
+    the default) the model ranks the published layout 2nd, behind PP 8 x DP 256 (benchmarks/composition)."""
+    result = plan("llama-3-405b", "h100", nodes=2048, seq_len=8192, global_batch_tokens="16M", max_cp=1)
+    assert {r["layout"]["cp"] for r in result["layouts"]} == {1}
+    rank, _ = _published(result)
+    assert rank == 2 and result["pick"]["label"] == "TP 8 x CP 1 x PP 8 x DP 256"
+
+
 def test_cli_defaults_are_the_readmes(capsys):
     text = " ".join((ROOT / "README.md").read_text().split())
     said = re.search(r"python -m student_src.kit.whatif plan` alone plans (.+?) \(", text)
@@ -171,6 +180,7 @@ def test_a_config_file_with_experts_plans_expert_parallel_layouts(tmp_path, caps
     (["--global_batch", "0"], "a positive number of sequences"),
     (["--top", "0"], "--top must be at least 1"),
     (["--compute_efficiency", "2"], "fractions in (0, 1]"),
+    (["--max_cp", "0"], "--max_cp must be a positive integer"),
 ])
 def test_bad_input_gets_one_line(flags, message, capsys):
     assert main(flags) == 2

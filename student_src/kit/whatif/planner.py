@@ -61,7 +61,7 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def meshes(shape, cluster, work: Workload):
+def meshes(shape, cluster, work: Workload, max_cp: int = MAX_CP):
     """The degrees worth trying: TP a divisor of a node's GPUs and of the heads (TP stays inside a node:
     its 4 all_reduces a layer sit on the critical path), CP a power of two dividing the sequence, PP at
     most the layers, DP what is left (it must split the global batch), EP a divisor of DP and of the experts."""
@@ -69,7 +69,7 @@ def meshes(shape, cluster, work: Workload):
     for tp in _divisors(cluster.gpus_per_node):
         if shape.heads % tp or gpus % tp:
             continue
-        for cp in _powers_of_two(min(MAX_CP, work.seq)):
+        for cp in _powers_of_two(min(max_cp, work.seq)):
             if work.seq % cp or (gpus // tp) % cp:
                 continue
             for pp in _divisors(gpus // (tp * cp)):
@@ -135,13 +135,14 @@ def plan(model: str = DEFAULTS["model"], cluster: str = DEFAULTS["cluster"], nod
          seq_len: int = DEFAULTS["seq_len"], global_batch: Optional[int] = None,
          global_batch_tokens=None, precision: str = "mixed",
          compute_efficiency: float = composed.COMPUTE_EFFICIENCY, usable: float = composed.USABLE_MEMORY,
-         **cluster_fields) -> dict:
+         max_cp: int = MAX_CP, **cluster_fields) -> dict:
     """Every feasible mesh, fastest first (its best settings), and the pick with its reason.
 
     ``model``: a name or config path (``shapes.model_shape``); ``cluster``: a preset (``shapes.CLUSTERS``)
     with ``nodes`` and any ``Cluster`` field in ``cluster_fields`` (``gpus_per_node``, ``memory_bytes``,
     ``intra_bytes_per_s``, ``inter_bytes_per_s``, ``flops``, ...); the global batch in sequences
-    (``global_batch``) or tokens (``global_batch_tokens``, a multiple of ``seq_len``; default 64 sequences).
+    (``global_batch``) or tokens (``global_batch_tokens``, a multiple of ``seq_len``; default 64 sequences);
+    ``max_cp``: the largest CP degree tried (1: none, the Playbook's "CP for long sequences" as a rule).
     Returns ``{"model", "cluster", "workload", "layouts", "pick", "why", "tried", "infeasible"}``."""
     shape = model_shape(model)
     where = make_cluster(cluster, nodes, **cluster_fields)
@@ -157,12 +158,14 @@ def plan(model: str = DEFAULTS["model"], cluster: str = DEFAULTS["cluster"], nod
     global_batch = DEFAULTS["global_batch"] if global_batch is None else global_batch
     if not isinstance(global_batch, int) or global_batch < 1:
         raise KitError(f"the global batch must be a positive number of sequences, got {global_batch!r}")
+    if not isinstance(max_cp, int) or max_cp < 1:
+        raise KitError(f"--max_cp must be a positive integer, got {max_cp!r}")
     if not 0 < compute_efficiency <= 1 or not 0 < usable <= 1:
         raise KitError(f"the compute efficiency and the usable memory are fractions in (0, 1], got "
                        f"{compute_efficiency} and {usable}")
     work = Workload(seq_len, global_batch, precision)
     by_mesh, tried, smallest = {}, 0, None
-    for mesh in meshes(shape, where, work):
+    for mesh in meshes(shape, where, work, max_cp):
         for mb, v, recompute in variants(shape, work, *mesh):
             for r in zero_stages(lambda zero: composed.evaluate(shape, where, Layout(*mesh, zero, mb, v, recompute),
                                                                 work, compute_efficiency, usable)):
@@ -201,11 +204,11 @@ def format_plan(result: dict, top: int = DEFAULTS["top"]) -> str:
              f"{c['gpus_per_node']} {c['name']} GPUs ({c['memory_bytes'] / 1e9:.0f} GB, {c['flops'] / 1e12:.0f} TFLOP/s, "
              f"{c['intra_bytes_per_s'] / 1e9:.0f} GB/s in a node, {c['inter_bytes_per_s'] / 1e9:.0f} GB/s between nodes); "
              f"{w['global_batch']} sequences of {w['seq_len']} tokens a step; {len(result['layouts'])} feasible meshes",
-             f"{'#':>3} {'layout':<30} {'ZeRO':>4} {'mb x m':>8} {'v':>2} {'recompute':<9} {'GB/GPU':>7} "
+             f"{'#':>3} {'layout':<34} {'ZeRO':>4} {'mb x m':>8} {'v':>2} {'recompute':<9} {'GB/GPU':>7} "
              f"{'step':>9} {'compute':>9} {'exposed':>9} {'bubble':>9} {'MFU':>5}"]
     for i, r in enumerate(result["layouts"][:top], 1):
         L = r["layout"]
-        lines.append(f"{i:>3} {r['label']:<30} {L['zero']:>4} {str(L['micro_batch']) + ' x ' + str(r['micro_batches']):>8} "
+        lines.append(f"{i:>3} {r['label']:<34} {L['zero']:>4} {str(L['micro_batch']) + ' x ' + str(r['micro_batches']):>8} "
                      f"{L['virtual']:>2} {L['recompute']:<9} {r['memory']['peak'] / 1e9:>7.3g} "
                      + " ".join(f"{_time(r[k]):>9}" for k in ("total_s", "compute_s", "exposed_comm_s", "bubble_s"))
                      + f" {r['mfu']:>5.0%}")
@@ -233,6 +236,7 @@ def main(argv=None) -> int:
                    help="fraction of the peak FLOP/s the matmuls reach (default %(default)s: composed.py says why)")
     p.add_argument("--usable_memory", type=float, default=composed.USABLE_MEMORY,
                    help="fraction of a GPU's memory training may use (default %(default)s)")
+    p.add_argument("--max_cp", type=int, default=MAX_CP, help="the largest CP degree tried (default %(default)s; 1: no CP)")
     p.add_argument("--top", type=int, default=DEFAULTS["top"], help="meshes to list (default %(default)s)")
     p.add_argument("--json", help="write the whole plan (every feasible mesh) to this JSON file")
     args = p.parse_args(argv)
@@ -245,7 +249,7 @@ def main(argv=None) -> int:
         if args.top < 1:
             raise KitError(f"--top must be at least 1, got {args.top}")
         result = plan(args.model, args.cluster, args.nodes, args.seq_len, args.global_batch, args.global_batch_tokens,
-                      args.precision, args.compute_efficiency, args.usable_memory, **fields)
+                      args.precision, args.compute_efficiency, args.usable_memory, args.max_cp, **fields)
     except KitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
