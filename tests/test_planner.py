@@ -93,6 +93,9 @@ def test_bytes_per_axis_follow_the_ring_formulas():
     # TP inside a node, DP (stride 4) across nodes of 8: on the network
     assert r["links"]["tp"] == "node" and r["links"]["dpcp"] == "network"
     assert r["mfu"] == pytest.approx(C.model_flops(L70, WORK) / (r["total_s"] * 32 * c.flops))
+    # the step is its three parts, and the exposed communication its axes'
+    assert r["total_s"] == pytest.approx(r["compute_s"] + r["exposed_comm_s"] + r["bubble_s"], rel=1e-12)
+    assert r["exposed_comm_s"] == pytest.approx(sum(r["comm_s_by_axis"].values()), rel=1e-12)
 
 
 def test_nothing_listed_exceeds_memory_and_what_does_is_refused():
