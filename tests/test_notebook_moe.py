@@ -111,3 +111,34 @@ def test_the_predict_first_shape_is_the_runs(quick, monkeypatch, tmp_path, capsy
     shape = moe_nb.run_shape(["--model_name_or_path", model, "--ep_size", "2"])
     assert (shape["rows"], shape["seq"], shape["hidden"], shape["layers"]) == ((4, 32, 64, 2) if quick else (16, 128, 384, 6))
     assert f"N = {shape['rows']} rows x {shape['seq']} tokens" in capsys.readouterr().out
+
+
+def test_task_1_for_another_model_is_the_reference_run_and_is_reused(monkeypatch, tmp_path):
+    """Notebook 12 (tiny-moe) in a fresh runs folder: its Task 1 is ``task1_reference``, not ``task1`` (which
+    the notebooks on this mode's own model compare with); a run that matches is reused, not run again."""
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.setattr(nb_runs, "_SESSION", nb_runs.Session(root=tmp_path, data_dir=tmp_path, runs_dir=tmp_path,
+                                                             quick=True, flags=list(nb_runs.QUICK_FLAGS)))
+    saved, calls = {}, []
+
+    def run_task(task, steps=None, name=None, extra=()):
+        calls.append((name, list(extra)))
+        metrics = _metrics(task="1")
+        metrics["config"] = {**metrics["config"], **dict(zip((a[2:] for a in extra[::2]), extra[1::2]))}
+        for key in ("learning_rate", "dropout", "aux_loss_coef", "capacity_factor"):
+            metrics["config"][key] = float(metrics["config"][key])
+        for key in ("max_seq_length", "seed", "num_experts", "top_k"):
+            metrics["config"][key] = int(metrics["config"][key])
+        saved[name] = metrics
+        return metrics
+
+    monkeypatch.setattr(nb_runs, "run_task", run_task)
+    monkeypatch.setattr(nb_runs, "load_metrics", lambda task, name=None: saved.get(name or "task1"))
+    ref = nb_runs.task1_reference(_metrics())
+    assert [c[0] for c in calls] == ["task1_reference"] and incomparable_reasons(ref, _metrics()) == []
+    assert nb_runs.task1_reference(_metrics()) is ref and len(calls) == 1  # reused
+    tiny = _metrics()
+    tiny.pop("moe")
+    tiny["config"] = {**tiny["config"], "model_name_or_path": "tiny"}
+    nb_runs.task1_reference(tiny)
+    assert calls[-1][0] == "task1"  # this mode's own model, and no task1 yet
