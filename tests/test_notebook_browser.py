@@ -54,7 +54,19 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def lab(tmp_path, small_rte):
+def browser_tools():
+    """Playwright's sync API and a Chromium to drive, or the test skips saying which is missing (before
+    JupyterLab starts)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="no playwright: pip install -e '.[dev]'")
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("no Chromium to drive: `make browser-tools` installs Debian's (root, apt-get), "
+                    "or set KIT_CHROMIUM=/path/to/chromium")
+    return sync_api, chromium
+
+
+@pytest.fixture
+def lab(browser_tools, tmp_path, small_rte):
     """JupyterLab on a folder holding a copy of the notebook (autosave never touches notebooks/), in quick
     mode on the small synthetic RTE, its settings in the test's folder; stopped (its process group) after."""
     work = tmp_path / "lab"
@@ -97,12 +109,8 @@ def lab(tmp_path, small_rte):
         log.close()
 
 
-def test_notebook_runs_in_jupyterlab_in_a_browser(lab):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="no playwright: pip install -e '.[dev]'")
-    chromium = _chromium()
-    if chromium is None:
-        pytest.skip("no Chromium to drive: `make browser-tools` installs Debian's (root, apt-get), "
-                    "or set KIT_CHROMIUM=/path/to/chromium")
+def test_notebook_runs_in_jupyterlab_in_a_browser(browser_tools, lab):
+    sync_api, chromium = browser_tools
     url, saved, lab_log = lab
     with sync_api.sync_playwright() as p:
         try:
