@@ -282,6 +282,29 @@ _ROWS = (
                 "`all_to_all_single` and uneven splits (the counts first), the reverse all-to-all as the "
                 "backward you write; EP x DP (`--ep_size`; experts averaged over their replicas, the rest over "
                 "all ranks, with your 2b)"), advanced=True),
+    # Task 13 is extra credit, like the advanced tasks. Not a training task of its own (sync None, like Task 8): every
+    # task whose whole model is on each rank calls its functions when a run asks, --gradient_accumulation_steps K
+    # (accumulation_step in place of train_step: the sync once per optimizer step) and --recompute (apply_recompute
+    # rewrites the encoder before the task wraps it; RecomputeFunction is what it applies).
+    Task("13", "memory levers: gradient accumulation and activation recomputation", "recompute",
+         ("accumulation_step", "RecomputeFunction", "apply_recompute"), "13_memory_levers", color="#aec7e8",
+         extra_credit=True, needs_tasks=("1", "2"), checks_build_bert=True,
+         built=("the two memory levers: gradient accumulation (`--gradient_accumulation_steps`, one sync per "
+                "optimizer step) and activation recomputation by hand (an autograd function that keeps only its "
+                "inputs and the RNG state; `--recompute full\\|every:k\\|selective`)"), advanced=True),
+    # Task 14 is advanced, extra credit like Tasks 9-12: the parallelisms composed on one N-D grid (the layout, every
+    # axis's groups, the data shards, the composed sync through the student's own Tasks 2b, 10, 11 and 12). Its sync
+    # calls all_reduce only (2b's average, 10's and 11's sums). Not a training row yet (sync None): the kit's mesh
+    # (parallel/mesh.py) and its composed run call these functions through student_api.
+    Task("14", "the parallelisms composed (N-D parallelism)", "parallel_dims",
+         ("coords_to_rank", "rank_to_coords", "axis_ranks", "build_axis_groups", "data_shard", "loss_rank",
+          "sync_composed_grads"),
+         "14_parallel_dims", color="#98df8a", collectives=frozenset({"all_reduce"}), extra_credit=True,
+         needs_tasks=("2b", "10", "11", "12"),
+         built=("the parallelisms composed on one N-D grid: coordinates <-> rank in one order (TP innermost), "
+                "every axis's process groups created by every rank in the same order, which ranks share a data "
+                "shard, which rank reads the loss, and the composed gradient sync (DP average, CP sum, TP's "
+                "replicated parameters, experts over their replicas) through your own Tasks 2b, 10, 11 and 12"), advanced=True),
 )
 
 #: every task by id, in the assignment's order
