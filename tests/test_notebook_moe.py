@@ -142,3 +142,9 @@ def test_task_1_for_another_model_is_the_reference_run_and_is_reused(monkeypatch
     tiny["config"] = {**tiny["config"], "model_name_or_path": "tiny"}
     nb_runs.task1_reference(tiny)
     assert calls[-1][0] == "task1"  # this mode's own model, and no task1 yet
+
+
+def test_nothing_is_shown_or_run_while_nbgrader_grades(monkeypatch, capsys):
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    assert moe_nb.run_shape([]) is None and moe_nb.show_bytes(_metrics(), 1) is None
+    assert moe_nb.compare_with_task1(_metrics()) is None and capsys.readouterr().out == ""
