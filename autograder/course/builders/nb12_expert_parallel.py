@@ -82,8 +82,8 @@ you run anything else:
           "auxiliary loss, no capacity limit). With dropout off, Task 12 then matches it step by step: every token "
           "meets the same experts with the same weights, on another rank. The line under the tables gives the "
           "largest difference (the kit's own tests hold it below 1e-6 on tiny-moe). With drops or the auxiliary "
-          "loss on, the two differ a little: each rank routes, caps and balances its *own* tokens, as in "
-          "DeepSpeed-MoE and Megatron-LM, where one process caps and balances the whole batch.")
+          "loss on, the two differ a little: each rank routes, caps and balances its *own* tokens (as in "
+          "DeepSpeed-MoE and Megatron-LM), while Task 1's one process caps and balances the whole batch.")
     nb.code('kit.show_results("12", m12)\nmoe_nb.compare_with_task1(m12)')
     nb.md("""
 ## Measured: the all-to-all bytes and the load
