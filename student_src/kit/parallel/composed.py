@@ -79,6 +79,12 @@ def validate(cfg) -> None:
                            "without --pipeline_stages, --cp_size and --ep_size")
         if dims.ep > 1 and not cfg.model_name_or_path.endswith("-moe"):
             raise KitError(f"--ep_size {dims.ep} spreads experts: use --model_name_or_path tiny-moe or minilm-moe")
+        if dims.pp > 1 and cfg.model_name_or_path.endswith("-moe") and cfg.aux_loss_coef:
+            raise KitError("--pipeline_stages with a MoE model trains without the load-balancing loss for now (the last "
+                           "stage computes the loss; the other stages' routers' losses are not carried to it): pass "
+                           "--aux_loss_coef 0")
+        if dims.ep > 1 and cfg.num_experts % dims.ep:
+            raise KitError(f"--ep_size {dims.ep} must divide --num_experts {cfg.num_experts}")
         g = cfg.global_batch_size or 64
         if cfg.do_train and cfg.per_device_train_batch_size is None and g % (dims.dp * (cfg.micro_batches
                                                                                        if dims.pp > 1 else 1)):

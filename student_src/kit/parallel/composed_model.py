@@ -36,10 +36,9 @@ class Built:
     trained: torch.nn.Module
     inner: torch.nn.Module
     cut: dict
-    prefix: str = ""
     owner: Optional[dict] = field(default=None)
     fsdp: Optional[torch.nn.Module] = None  # --dp_shard fsdp: the student's FSDP around ``inner`` (it trains)
-    dp_sharded: frozenset = frozenset()     # the names FSDP cut over the DP group
+    split: dict = field(default_factory=dict)  # {id(parameter): the axes beside PP that split it} (``_split_axes``)
 
 
 def build(model, dims: ParallelDims, groups: dict, cp_ranks: list, cfg) -> Built:
@@ -48,32 +47,37 @@ def build(model, dims: ParallelDims, groups: dict, cp_ranks: list, cfg) -> Built
         inner = expert_layers.parallelize(model, _student("parallelize_moe_layer"), groups["ep"], dims.ep)
     else:
         inner = copy.deepcopy(model)
-    trained, prefix = inner, ""
+    trained = inner
     if dims.cp > 1:
         trained = _student("parallelize_bert_for_context")(inner, groups["cp"], list(cp_ranks), cfg.cp_attention)
-        inner, prefix = getattr(trained, "model", inner), "model."
+        inner = getattr(trained, "model", inner)
     cut = {}
     if dims.tp > 1:
         tensor_layers.cut_layers(inner, _student("parallelize_bert_layer"), groups["tp"])
         cut = tensor_layers.cut_dims(model, inner)
-    built = Built(trained, inner, cut, prefix)
+    built = Built(trained, inner, cut)
     if getattr(cfg, "dp_shard", "none") == "fsdp":
         # every module that holds a weight of its own but a LayerNorm: the Linears, Embeddings and TP's cut layers
         policy = lambda m: "weight" in m._parameters and not isinstance(m, torch.nn.LayerNorm)  # noqa: E731
         built.fsdp = _student("FSDP")(inner, policy=policy, process_group=groups["dp"])
         built.trained = built.fsdp
-        built.dp_sharded = frozenset(n for n, p in inner.named_parameters()
-                                     if any(p is sp.shard for sp in built.fsdp.sharded))
+    built.split = _split_axes(built, dims)
     return built
 
 
-def _axes_of(name: str, built: Built, dims: ParallelDims) -> tuple:
-    """The axes over which ``name`` (of the module that trains) is split: a stage's parameters over PP, a
-    TP-cut one over TP as well, an expert over EP as well."""
-    inner = name[len(built.prefix):] if name.startswith(built.prefix) else name
-    inner = inner[len("module."):] if built.fsdp is not None and inner.startswith("module.") else inner
-    return (*(("pp",) if dims.pp > 1 else ()), *(("dp",) if inner in built.dp_sharded else ()),
-            *(("tp",) if inner in built.cut else ()), *(("ep",) if dims.ep > 1 and is_expert_parameter(inner) else ()))
+def _split_axes(built: Built, dims: ParallelDims) -> dict:
+    """``{id(parameter): axes}`` of the parameters ``inner`` holds now (FSDP's shards once it wraps): the axes
+    besides PP over which each is split, DP (FSDP's shards), TP (a cut weight), EP (an expert). By identity,
+    not name: a stage (``BertStage``) names the same parameters otherwise."""
+    fsdp = {id(sp.shard) for sp in built.fsdp.sharded} if built.fsdp is not None else set()
+    return {id(p): (*(("dp",) if id(p) in fsdp else ()), *(("tp",) if name in built.cut else ()),
+                    *(("ep",) if dims.ep > 1 and is_expert_parameter(name) else ()))
+            for name, p in built.inner.named_parameters()}
+
+
+def _axes_of(p, built: Built, dims: ParallelDims) -> tuple:
+    """The axes over which parameter ``p`` is split: with stages every one over PP, then ``built.split``'s."""
+    return (*(("pp",) if dims.pp > 1 else ()), *built.split[id(p)])
 
 
 def clip_fn(built: Built, dims: ParallelDims, groups: dict):
@@ -83,7 +87,7 @@ def clip_fn(built: Built, dims: ParallelDims, groups: dict):
     (a class this rank lacks adds a zero), so every rank scales by the same factor."""
     classes = [()]
     for axis in ("pp", "dp", "tp", "ep"):
-        if axis == "dp" and not built.dp_sharded:
+        if axis == "dp" and built.fsdp is None:
             continue
         if dims.degree(axis) > 1:
             classes = [c + (axis,) for c in classes] + ([c for c in classes] if axis != "pp" else [])
@@ -92,12 +96,12 @@ def clip_fn(built: Built, dims: ParallelDims, groups: dict):
     def clip(module, max_norm: float) -> None:
         if not max_norm or max_norm <= 0:
             return
-        params = list(module.named_parameters())
-        grads = [(n, p.grad) for n, p in params if p.grad is not None]
-        device = grads[0][1].device if grads else params[0][1].device if params else torch.device("cpu")
+        params = list(module.parameters())
+        grads = [(p, p.grad) for p in params if p.grad is not None]
+        device = grads[0][1].device if grads else params[0].device if params else torch.device("cpu")
         sq = {c: torch.zeros((), dtype=torch.float32, device=device) for c in classes}
-        for n, g in grads:
-            key = _axes_of(n, built, dims)
+        for p, g in grads:
+            key = _axes_of(p, built, dims)
             sq[key] = sq[key] + torch.linalg.vector_norm(g.detach().float()) ** 2
         total = torch.zeros((), dtype=torch.float32, device=device)
         for c in classes:
