@@ -70,6 +70,13 @@ student package.
                   of the batch; ``sync_expert_parallel_grads`` averages the experts over the DP group and the
                   rest over all ranks with the first ``"function"`` task of ``needs_tasks`` (2b); the kit
                   gathers the experts into the whole model before evaluating (``parallel/expert/``).
+* ``"composed"``  the parallelisms composed on one grid (Task 14): the degrees from ``--pipeline_stages``,
+                  ``--tp_size``, ``--cp_size``, ``--ep_size`` (dp what they leave), the kit's mesh
+                  (``parallel/mesh.py``) checks them; the student's ``build_axis_groups`` builds every axis's
+                  groups and ``sync_composed_grads`` syncs the gradients; the kit cuts the model with the
+                  student's Tasks 10-12 and, with stages, runs the pipeline step of Task 9 around it, clips by
+                  the global norm over every axis, and refills the whole model before evaluating
+                  (``parallel/composed.py``).
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ from dataclasses import dataclass
 WRAPPERS = ("ddp", "bucketed")
 #: every ``sync`` kind the training loop knows (module docstring; ``train/task_setup.py``)
 SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp", "pipeline", "tensor_parallel",
-              "context_parallel", "expert_parallel")
+              "context_parallel", "expert_parallel", "composed")
 #: the collectives gloo carries on CUDA tensors (PyTorch's backend table); a task that calls only these
 #: keeps its model on a GPU that several local ranks share (``ranks/device_choice.py``)
 GLOO_CUDA_COLLECTIVES = frozenset({"all_reduce", "broadcast", "barrier"})
@@ -299,7 +306,7 @@ _ROWS = (
     Task("14", "the parallelisms composed (N-D parallelism)", "parallel_dims",
          ("coords_to_rank", "rank_to_coords", "axis_ranks", "build_axis_groups", "data_shard", "loss_rank",
           "sync_composed_grads"),
-         "14_parallel_dims", color="#98df8a", collectives=frozenset({"all_reduce"}), extra_credit=True,
+         "14_parallel_dims", color="#98df8a", collectives=frozenset({"all_reduce"}), extra_credit=True, sync="composed",
          needs_tasks=("2b", "10", "11", "12"),
          built=("the parallelisms composed on one N-D grid: coordinates <-> rank in one order (TP innermost), "
                 "every axis's process groups created by every rank in the same order, which ranks share a data "
