@@ -296,9 +296,11 @@ _ROWS = (
     Task("13", "memory levers: gradient accumulation and activation recomputation", "recompute",
          ("accumulation_step", "RecomputeFunction", "apply_recompute"), "13_memory_levers", color="#aec7e8",
          extra_credit=True, needs_tasks=("1", "2"), checks_build_bert=True,
-         built=("the two memory levers: gradient accumulation (`--gradient_accumulation_steps`, one sync per "
-                "optimizer step) and activation recomputation by hand (an autograd function that keeps only its "
-                "inputs and the RNG state; `--recompute full\\|every:k\\|selective`)"), advanced=True),
+         built=("the two memory levers: gradient accumulation (`--gradient_accumulation_steps K`, Hugging Face's "
+                "meaning: your `accumulation_step` syncs once per optimizer step, every backward but the last under "
+                "`no_sync`) and activation recomputation (`--recompute full\\|every:k\\|selective`: your "
+                "`RecomputeFunction` keeps a block's input and the RNG state, reruns it in backward with the same "
+                "dropout masks; `--torch_recompute`: torch's checkpoint)"), advanced=True),
     # Task 14 is advanced, extra credit like Tasks 9-12: the parallelisms composed on one N-D grid (the layout, every
     # axis's groups, the data shards, the composed sync through the student's own Tasks 2b, 10, 11 and 12). Its sync
     # calls all_reduce only (2b's average, 10's and 11's sums). Not a training row yet (sync None): the kit's mesh
