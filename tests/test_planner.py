@@ -160,6 +160,19 @@ def test_cli_defaults_are_the_readmes(capsys):
     assert len([line for line in out.splitlines() if re.match(r"\s+\d+ TP ", line)]) == 3
 
 
+def test_the_readme_command_as_a_command():
+    """``python -m student_src.kit.whatif plan`` reaches the planner through the package's ``__main__``."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "student_src.kit.whatif", "plan", "--top", "1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("llama-3-8b (8.03 B parameters)") and "\npick: TP 1 x CP 1 x PP 1 x DP 8." in done.stdout
+
+
 def test_a_config_file_with_experts_plans_expert_parallel_layouts(tmp_path, capsys):
     path = tmp_path / "moe.json"
     path.write_text(json.dumps(MOE))
