@@ -3,11 +3,11 @@
 cluster (``shapes.py``). The planner (``planner.py``) evaluates many; each axis divides what it divides:
 
 * **memory per rank** (the busiest: the first stage, which holds the most micro-batches in flight, or the
-  last, which holds the head and the logits). Parameters: a stage's share of the layers (``stage_layers``: the last takes fewer when its head weighs),
-  TP cutting every matrix (``/ tp``; the norms whole), EP the experts (``/ ep``, and TP cuts them too, as
-  Megatron's expert tensor parallelism does by default), the embeddings on the first
-  stage and the head on the last (vocabulary-parallel, ``/ tp``, unless ``Layout.vocab_parallel`` is off; a
-  tied head copied there when PP parts it from the embeddings). Their gradients and optimizer state come
+  last, which holds the head and the logits). Parameters: a stage's share of the layers (``stage_layers``:
+  the last takes fewer when its head weighs), TP cutting every matrix (``/ tp``; the norms whole), EP the
+  experts (``/ ep``, and TP cuts them too, as Megatron's expert tensor parallelism does by default), the
+  embeddings on the first stage and the head on the last (vocabulary-parallel, ``/ tp``, unless
+  ``Layout.vocab_parallel`` is off; a tied head copied there when PP parts it from the embeddings). Their gradients and optimizer state come
   from ``measure/memory_model.per_rank``: ZeRO stage 0/1/2/3 = ``ddp``/``zero1``/``zero2``/``fsdp`` over the
   replicas of that shard, DP x CP ranks (CP ranks hold equal weights; Megatron's distributed optimizer
   shards over both), the experts over DP x CP / EP; ZeRO-3 adds one layer gathered whole. Activations:
