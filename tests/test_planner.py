@@ -247,3 +247,18 @@ def test_the_emulated_validation_compares_rank_order_and_the_pick():
     shape, work = model_shape("tiny"), C.Workload(ve.SEQ, ve.GLOBAL_BATCH, "fp32")
     where = cluster("h100", nodes=2, gpus_per_node=4)
     assert len(ve.LAYOUTS) >= 5 and all(C.check(shape, where, ve.layout_of(*m), work) == "" for m in ve.LAYOUTS)
+
+
+def test_a_kit_models_states_agree_with_the_rooms_exact_models():
+    """tiny's shape counts its parameters from the live model: DDP's states are exactly 16 bytes each, TP 2's
+    within 0.1% of the TP room's per-tensor model (the composed model does not cut the column biases)."""
+    from student_src.kit.core.models import load_model
+    from student_src.kit.measure import memory_model
+
+    shape, work = model_shape("tiny"), C.Workload(32, 16, "fp32")
+    states = lambda m: m["params"] + m["grads"] + m["optimizer"]  # noqa: E731
+    assert states(C.memory(shape, C.Layout(dp=2, zero=0), work)) == 16 * 2_057_666
+    layout = memory_model.model_layout(load_model("tiny", num_labels=2))
+    room = memory_model.for_model("tensor_parallel", 2, layout, tp_size=2)[0]["states"]
+    ours = states(C.memory(shape, C.Layout(tp=2, zero=0, vocab_parallel=False), work))
+    assert ours == pytest.approx(room, rel=1e-3)

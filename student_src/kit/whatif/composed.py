@@ -234,10 +234,10 @@ def _stage_params(shape: ModelShape, pp: int, tp: int, ep: int, vocab_parallel: 
     layer_experts = shape.expert_params_per_layer / (ep * tp)
     out = []
     for stage, layers in ((0, first), (pp - 1, last)):
-        dense = layers * layer_dense + (shape.embedding_params / vocab_tp if stage == 0 else 0)
+        dense = layers * layer_dense + ((shape.embedding_params / vocab_tp + shape.other_params) if stage == 0 else 0)
         # the head: its own matrix, or with tied embeddings a copy on the last stage when PP cuts them apart
         head = shape.head_params if not shape.tied else (shape.embedding_params if shape.lm_head and pp > 1 else 0)
-        dense += head / vocab_tp if stage == pp - 1 else 0
+        dense += head / vocab_tp + shape.hidden if stage == pp - 1 else 0  # and the final norm
         out.append((stage, layers, dense, layers * layer_experts))
     return tuple(out)
 
