@@ -45,6 +45,7 @@ from student_src.kit.core.config import parse_config
 from student_src.kit.core.progress import RunMonitor
 from student_src.kit.errors import KitError
 from student_src.kit.report.build import incomparable_reasons
+from student_src.kit.report.runs import MOE_KEYS
 
 ENV_QUICK, ENV_RUNS, ENV_DATA, ENV_ROOT = "KIT_NOTEBOOK_QUICK", "KIT_RUNS_DIR", "KIT_DATA_DIR", "KIT_ROOT"
 
@@ -341,4 +342,19 @@ def task1_reference(like: dict | None = None) -> dict | None:
         return None
     steps = len(like["losses"]) if like and like.get("losses") else None
     print("no matching Task 1 run yet: running Task 1 with the same settings for the comparison")
-    return run_task(tasks.reference(), steps=steps, name="task1" if ref is None else "task1_reference")
+    return run_task(tasks.reference(), steps=steps, name="task1" if ref is None else "task1_reference",
+                    extra=_model_flags(like))
+
+
+def _model_flags(like: dict | None) -> list[str]:
+    """The flags that make Task 1 comparable with ``like`` (``incomparable_reasons``' keys): its model,
+    batch, sequence length, learning rate, seed and dropout and, for a MoE model, its routing options
+    (notebook 12 compares Task 12 on ``tiny-moe`` with Task 1 on ``tiny-moe``, not on ``tiny``)."""
+    cfg = (like or {}).get("config") or {}
+    keys = ["model_name_or_path", "max_seq_length", "learning_rate", "seed", "dropout"]
+    if (like.get("moe") or {}).get("options") if like else False:  # a MoE model: route as it did
+        keys += MOE_KEYS
+    flags = [a for key in keys if cfg.get(key) is not None for a in (f"--{key}", str(cfg[key]))]
+    if like and like.get("global_batch_size"):
+        flags += ["--global_batch_size", str(like["global_batch_size"])]
+    return flags

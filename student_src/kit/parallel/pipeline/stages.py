@@ -21,6 +21,7 @@ from torch import nn
 
 from student_src.kit.core import compat
 from student_src.kit.errors import KitError
+from student_src.kit.parallel.mesh import clip_global_norm
 
 
 def split_micro_batches(batch: dict, m: int) -> list[dict]:
@@ -111,23 +112,6 @@ def _device(params) -> torch.device:
     return next((p.device for p in params), torch.device("cpu"))
 
 
-def clip_global_norm(params, max_norm: float, group=None, reduce: bool = True) -> None:
-    """``torch.nn.utils.clip_grad_norm_`` over the parameters of *every* stage: each stage adds the
-    squares of its gradients' norms, one all_reduce sums them, every stage scales by the same factor."""
-    import torch.distributed as dist
-
-    params = list(params)
-    grads = [p.grad for p in params if p.grad is not None]
-    norms = [torch.linalg.vector_norm(g.detach(), 2.0) for g in grads]
-    # on the gradients' device: an nccl group (a GPU per rank) refuses CPU tensors
-    squares = torch.stack(norms).pow(2).sum() if norms else torch.zeros((), device=_device(params))
-    if reduce and dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(squares, group=group)
-    coef = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
-    for g in grads:
-        g.detach().mul_(coef.to(g.dtype))
-
-
 def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: int, schedule: str, ranks=None,
                     group=None, replica: int = 0, replicas: int = 1, average=None, runner=None, activations=None):
     """A ``train_step(model, batch, optimizer, scheduler, sync_gradients, max_grad_norm)`` for the
@@ -160,7 +144,8 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
         if average is not None:
             average(model)
         if max_grad_norm and max_grad_norm > 0:
-            clip_global_norm(model.parameters(), max_grad_norm, group=group, reduce=num_stages > 1)
+            # the mesh's clip: every parameter of a stage is its own (the others' are on the other stages)
+            clip_global_norm(model, lambda name: True, group, max_grad_norm, reduce=num_stages > 1)
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
@@ -173,22 +158,6 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
         return out
 
     return train_step
-
-
-def process_groups(world_size: int, stages: int) -> tuple[list, list]:
-    """Pipeline x data parallel on ``world_size`` ranks, rank = replica * stages + stage:
-    ``(pipeline groups, data-parallel groups)``, one per replica and one per stage, each
-    ``(ranks, group)``; every rank creates every group, in the same order (``dist.new_group``)."""
-    import torch.distributed as dist
-
-    replicas = world_size // stages
-    pipelines = [[d * stages + s for s in range(stages)] for d in range(replicas)]
-    data_parallel = [[d * stages + s for d in range(replicas)] for s in range(stages)]
-    if replicas == 1:
-        return [(pipelines[0], None)], [([s], None) for s in range(stages)]
-    if stages == 1:
-        return [([d], None) for d in range(replicas)], [(data_parallel[0], None)]
-    return ([(r, dist.new_group(r)) for r in pipelines], [(r, dist.new_group(r)) for r in data_parallel])
 
 
 def owners(model, stage_modules) -> dict:
