@@ -41,10 +41,11 @@ cluster (``shapes.py``). The planner (``planner.py``) evaluates many; each axis 
 * **MFU**: the model's FLOPs (``6`` per parameter and token plus attention's ``12 L s h``, recomputation
   not counted) over the step time and the cluster's peak.
 
-Rank order (Megatron-LM's default, tp-cp-ep-dp-pp): TP innermost on the fastest link (its traffic is the
-largest and on the critical path), then CP, then DP (EP within it), PP outermost (its traffic is the
-smallest). An axis's group stays on a node's link when its stride times its size fits a node, else it
-crosses the network at the GPU's own NIC bandwidth.
+Rank order: the kit's one mesh's (``parallel/mesh.ORDER``, Llama 3's [TP, CP, PP, DP], innermost first):
+TP on the fastest link (its traffic is the largest and on the critical path), then CP, then PP, DP
+outermost (one gradient average a step, overlapped with backward); EP splits DP, its inner part. A group
+stays on a node's link when its extent (the stride of its outermost axis times that axis's size) fits a
+node, else it crosses the network at the GPU's own NIC bandwidth.
 
 Calibration, documented constants only: ``COMPUTE_EFFICIENCY`` (the fraction of peak the matmuls reach)
 and the links' ``GLOO_EFFICIENCY`` (the kit's measured fraction of a link its collectives reach, reused
@@ -61,6 +62,7 @@ from student_src.kit.measure import memory_model
 from student_src.kit.parallel.context.memory import attention_bytes
 from student_src.kit.parallel.context.traffic import sent as cp_sent
 from student_src.kit.parallel.expert.traffic import uniform_layer_bytes
+from student_src.kit.parallel.mesh import ORDER as MESH_ORDER
 from student_src.kit.parallel.pipeline.memory import pipeline_held
 from student_src.kit.parallel.pipeline.whatif import StageProfile, pipeline_iteration
 from student_src.kit.parallel.tensor.traffic import tp_calls
@@ -80,8 +82,8 @@ OPTIMIZER_BYTES = 28
 LOGIT_BYTES = 8
 ZERO_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
 RECOMPUTE = ("none", "selective", "full")
-#: rank order, innermost first (Megatron-LM's default); EP is carved out of DP
-ORDER = ("tp", "cp", "dp", "pp")
+#: rank order, innermost first: the kit's mesh's (``parallel/mesh.ORDER`` lists it outermost first)
+ORDER = tuple(reversed(MESH_ORDER))
 
 
 @dataclass(frozen=True)
@@ -181,14 +183,14 @@ def group_links(cluster: Cluster, layout: Layout) -> dict:
     fast = LinkModel(cluster.intra_bytes_per_s * 8, cluster.intra_latency_s, GLOO_EFFICIENCY)
     slow = LinkModel(cluster.inter_bytes_per_s * 8, cluster.inter_latency_s, GLOO_EFFICIENCY)
     sizes = {"tp": layout.tp, "cp": layout.cp, "dp": layout.dp, "pp": layout.pp}
-    links, stride = {}, 1
+    extent, stride = {}, 1
     for axis in ORDER:
-        links[axis] = fast if stride * sizes[axis] <= cluster.gpus_per_node else slow
         stride *= sizes[axis]
-    # DP x CP (the gradients' group) spans both axes; EP sits inside DP
-    links["dpcp"] = fast if layout.tp * layout.cp * layout.dp <= cluster.gpus_per_node else slow
-    links["ep"] = fast if layout.tp * layout.cp * layout.ep <= cluster.gpus_per_node else slow
-    return links
+        extent[axis] = stride
+    # DP x CP (the gradients' group) reaches as far as its outer axis; EP is DP's inner part
+    extent["dpcp"] = max(extent["dp"], extent["cp"]) if layout.dp > 1 else extent["cp"]
+    extent["ep"] = extent["dp"] // layout.dp * layout.ep
+    return {axis: fast if reach <= cluster.gpus_per_node else slow for axis, reach in extent.items()}
 
 
 def activation_elements(shape: ModelShape, recompute: str) -> float:
