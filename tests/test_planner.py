@@ -218,7 +218,8 @@ def test_a_config_that_is_not_one(tmp_path):
 
 def test_a_layout_that_cannot_run_says_why():
     c = cluster("h100", nodes=1)
-    assert "not the cluster's 8 GPUs" in C.check(L70, c, C.Layout(dp=4), WORK)
+    assert "the degrees' product must be the world" in C.check(L70, c, C.Layout(dp=4), WORK)
+    assert "--ep_size 4 does not divide the 2 ranks" in C.check(L70, c, C.Layout(dp=2, tp=4, ep=4), WORK)
     six = cluster("h100", nodes=1, gpus_per_node=6)
     assert "TP 3 does not divide the 64 attention heads" in C.check(L70, six, C.Layout(dp=2, tp=3), WORK)
     assert "CP 3 does not divide" in C.check(L70, cluster("h100", nodes=3), C.Layout(dp=8, cp=3), WORK)

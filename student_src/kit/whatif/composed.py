@@ -62,7 +62,7 @@ from student_src.kit.measure import memory_model
 from student_src.kit.parallel.context.memory import attention_bytes
 from student_src.kit.parallel.context.traffic import sent as cp_sent
 from student_src.kit.parallel.expert.traffic import uniform_layer_bytes
-from student_src.kit.parallel.mesh import ORDER as MESH_ORDER
+from student_src.kit.parallel.mesh import ORDER as MESH_ORDER, ParallelDims
 from student_src.kit.parallel.pipeline.memory import pipeline_held
 from student_src.kit.parallel.pipeline.whatif import StageProfile, pipeline_iteration
 from student_src.kit.parallel.tensor.traffic import tp_calls
@@ -135,20 +135,23 @@ class Workload:
 
 
 def check(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload) -> str:
-    """Why ``layout`` cannot run at all ('' when it can): the degrees' divisibility rules."""
+    """Why ``layout`` cannot run at all ('' when it can): the mesh's refusal of the degrees, then the model's
+    and the batch's divisibility rules."""
     L = layout
-    if min(L.dp, L.tp, L.pp, L.cp, L.ep, L.micro_batch, L.virtual) < 1:
-        return "every degree, the micro-batch and the virtual stages must be at least 1"
-    if L.gpus != cluster.gpus:
-        return f"dp x tp x pp x cp = {L.gpus}, not the cluster's {cluster.gpus} GPUs"
+    try:  # the degrees themselves: the kit's mesh refuses them as it refuses a run's
+        ParallelDims(cluster.gpus, L.dp, L.pp, L.cp, L.tp, L.ep)
+    except KitError as exc:
+        return str(exc)
+    if min(L.micro_batch, L.virtual) < 1:
+        return "the micro-batch and the virtual stages must be at least 1"
     if shape.heads % L.tp:
         return f"TP {L.tp} does not divide the {shape.heads} attention heads"
     if L.pp > shape.layers:
         return f"PP {L.pp} is more stages than the {shape.layers} layers"
     if work.seq % L.cp:
         return f"CP {L.cp} does not divide the {work.seq}-token sequence"
-    if L.dp % L.ep or (L.ep > 1 and (not shape.experts or shape.experts % L.ep)):
-        return f"EP {L.ep} must divide DP {L.dp} and the model's {shape.experts} experts"
+    if L.ep > 1 and (not shape.experts or shape.experts % L.ep):
+        return f"EP {L.ep} must divide the model's {shape.experts} experts"
     if work.global_batch % (L.dp * L.micro_batch):
         return f"the global batch of {work.global_batch} sequences does not split into DP {L.dp} x micro-batches of {L.micro_batch}"
     if L.virtual > 1 and (L.pp == 1 or math.ceil(shape.layers / L.pp) % L.virtual
