@@ -1,4 +1,4 @@
-"""The layout planner (student_src/kit/whatif/planner.py) and the composed model under it (composed.py):
+"""The layout planner (student_src/kit/whatif/plan.py) and the composed model under it (composed.py):
 each axis divides what it divides, the bubble and the bytes per axis follow their formulas, nothing listed
 exceeds memory, the command line's defaults are the README's, bad input gets one line, and the published
 Llama 3 405B layout against the planner's ranking (benchmarks/composition/README.md)."""
@@ -10,7 +10,7 @@ import pytest
 
 from student_src.kit.errors import KitError
 from student_src.kit.whatif import composed as C
-from student_src.kit.whatif.planner import DEFAULTS, format_plan, main, plan
+from student_src.kit.whatif.plan import DEFAULTS, format_plan, main, plan
 from student_src.kit.whatif.shapes import NAMED_MODELS, cluster, model_shape
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """The parallelisms composed, on paper: memory per rank, bytes per axis and the step's time of one layout
 (DP x TP x PP x CP x EP, a ZeRO stage, micro-batches, virtual stages, recomputation) of a model shape on a
-cluster (``shapes.py``). The planner (``planner.py``) evaluates many; each axis divides what it divides:
+cluster (``shapes.py``). The planner (``plan.py``) evaluates many; each axis divides what it divides:
 
 * **memory per rank** (the busiest: the first stage, which holds the most micro-batches in flight, or the
   last, which holds the head and the logits). Parameters: a stage's share of the layers (``stage_layers``:
