@@ -193,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--torch_sharding", action="store_true", default=None,
                    help="Task 6: torch's ZeroRedundancyOptimizer instead of your ShardedOptimizer; Task 7: torch's FSDP2 "
                         "(fully_shard) instead of your FSDP (as Task 3's DDP is to 2b)")
-    g.add_argument("--pipeline_stages", type=int, help="Task 9: pipeline stages (default: one per rank); with fewer, "
-                   "the ranks are stages x data-parallel replicas (4 ranks, 2 stages: 2 replicas)")
+    g.add_argument("--pipeline_stages", "--pp_size", type=int,
+                   help="Task 9 (and 14): pipeline stages (default: one per rank); with fewer, the ranks are stages x "
+                        "data-parallel replicas (4 ranks, 2 stages: 2 replicas)")
     g.add_argument("--micro_batches", type=int, help="Task 9: micro-batches per batch (default 4; must divide the global batch)")
     g.add_argument("--schedule", choices=("afab", "1f1b"), help="Task 9: all forwards then all backwards (GPipe), or 1F1B (default)")
     g.add_argument("--torch_pipelining", action="store_true", default=None,
