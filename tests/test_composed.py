@@ -96,3 +96,23 @@ def test_the_grids_flags_are_task_14s():
     cfg = parse_config(["--task", "14", "--world_size", "8", "--pp_size", "2", "--tp_size", "2", "--schedule",
                         "afab", "--micro_batches", "2"])
     assert (cfg.pipeline_stages, cfg.tp_size, cfg.schedule) == (2, 2, "afab")
+
+
+def test_a_student_layout_other_than_the_kits_is_refused_before_any_group(monkeypatch):
+    """The loader, the clip and evaluation count on the kit's order (TP innermost): a student's ``axis_ranks``
+    with TP outermost is one line naming the axis, before ``build_axis_groups`` creates anything."""
+    from student_src.kit import student_api
+    from student_src.kit.parallel import composed
+    from student_src.kit.parallel.mesh import ParallelDims
+
+    dims = ParallelDims(8, pp=2, tp=2)
+    degrees = {"dp": 2, "pp": 2, "cp": 1, "tp": 2, "ep": 1}
+
+    def axis_ranks(axis, rank, degrees):  # TP outermost: rank = tp * 4 + (dp * 2 + pp)
+        if axis == "tp":
+            return sorted({rank % 4 + 4 * t for t in range(2)})
+        return next(g for g in dims.ranks(axis) if rank in g)
+
+    monkeypatch.setattr(student_api, "function", lambda task, name=None, fresh=False: axis_ranks)
+    with pytest.raises(KitError, match=r"axis_ranks\('tp', 0, .*returned \[0, 4\], expected \[0, 1\].*TP innermost"):
+        composed._check_groups("14", dims, 0, degrees)
