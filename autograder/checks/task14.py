@@ -10,7 +10,7 @@ every rank (no process group, cheap), and the judge recomputes everything with `
   outermost instead of innermost, DP groups across TP peers, the loss read on a stage that is not the
   last: each fails here;
 * ``groups_8_ranks``: ``build_axis_groups`` for every rank of four 8-rank layouts (PP outermost, EP
-  inside DP, CP and TP with EP, DP 8 with EP 4), ``new_group`` recorded: every rank the same calls in
+  inside DP in the default order, CP and TP with EP, DP 8 with EP 4), ``new_group`` recorded: every rank the same calls in
   the same order (ranks whose order differs are named: on real ranks, a deadlock), every group of every
   axis created, each rank's group per axis the grader's.
 
@@ -163,7 +163,7 @@ def _(payloads, secrets):
 
 # ---------------------------------------------------------------- groups on 8 ranks
 GROUP_LAYOUTS = (({"dp": 2, "pp": 2, "tp": 2}, ("pp", "dp", "cp", "tp")),
-                 ({"dp": 4, "tp": 2, "ep": 2}, AXES),
+                 ({"dp": 4, "tp": 2, "ep": 2}, None),  # the default order: the student's ORDER
                  ({"dp": 2, "cp": 2, "tp": 2, "ep": 2}, AXES),
                  ({"dp": 8, "ep": 4}, ("tp", "cp", "pp", "dp")))
 
@@ -182,4 +182,5 @@ def groups_8_ranks(ctx):
 @groups_8_ranks.judge
 def _(payloads, secrets):
     for (degrees, order), ranks in zip(GROUP_LAYOUTS, payloads[0]["layouts"]):
+        order = order or AXES
         shared.judge_groups(ranks, ref_groups(degrees, order), describe(degrees, order))

@@ -61,12 +61,13 @@ def build(stage: int, secret: int) -> torch.nn.Module:
 
 def run_sync(ctx, degrees: dict, order) -> dict:
     mod = shared.student(ctx)
-    groups = {}
+    groups, made = {}, {}
     for axis, members in grid.ref_groups(degrees, order).items():
         for ranks in members:
-            group = dist.new_group(ranks)
+            if tuple(ranks) not in made:  # one group for the same ranks on two axes (here DP's and EP's)
+                made[tuple(ranks)] = dist.new_group(ranks)
             if ctx.rank in ranks:
-                groups[axis] = group
+                groups[axis] = made[tuple(ranks)]
     stage = grid.ref_coords(ctx.rank, degrees, order)["pp"]
     model = build(stage, ctx.secret)
     with ctx.spy() as spy:

@@ -54,7 +54,7 @@ def _ints(ranks) -> list:
 
 def run_groups(mod, degrees: dict, order, world: int) -> list[dict]:
     """For every rank of the grid: its ``new_group`` calls (the ranks of each) and, per axis, which call made
-    the group ``build_axis_groups`` returned."""
+    the group ``build_axis_groups`` returned. ``order`` None: the student's default (``ORDER``)."""
     out = []
     for rank in range(world):
         calls = []
@@ -63,17 +63,14 @@ def run_groups(mod, degrees: dict, order, world: int) -> list[dict]:
             calls.append(_ints(ranks))
             return Made(len(calls) - 1)
 
-        got = mod.build_axis_groups(rank, dict(degrees), tuple(order), new_group=new_group)
+        more = {} if order is None else {"order": tuple(order)}
+        got = mod.build_axis_groups(rank, dict(degrees), new_group=new_group, **more)
         if not isinstance(got, dict):
             raise CheckFailure(f"build_axis_groups(rank={rank}) returned {type(got).__name__}; expected a dict "
                                "{axis: group}")
         out.append({"calls": calls, "got": {str(a): g.index if isinstance(g, Made) else repr(g)
                                             for a, g in got.items()}})
     return out
-
-
-def _runs(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks))
 
 
 def judge_groups(ranks: list[dict], expected: dict, what: str) -> None:
@@ -83,18 +80,14 @@ def judge_groups(ranks: list[dict], expected: dict, what: str) -> None:
         by_sequence.setdefault(repr(p["calls"]), []).append(r)
     if len(by_sequence) > 1:
         parts = sorted(by_sequence.values())
-        first, other = ranks[parts[0][0]]["calls"], ranks[parts[1][0]]["calls"]
-        at = next((i for i, (a, b) in enumerate(zip(first, other)) if a != b), min(len(first), len(other)))
-        said = " and ".join(f"ranks {_runs(p)}" if len(p) > 1 else f"rank {p[0]}" for p in parts)
-        raise CheckFailure(f"{what}: {said} create their groups in different orders (new_group call {at}: "
-                           f"{first[at] if at < len(first) else 'none'} on rank {parts[0][0]}, "
-                           f"{other[at] if at < len(other) else 'none'} on rank {parts[1][0]}), a deadlock on "
-                           f"real ranks: {DEADLOCK}")
+        a, b = parts[0][0], parts[1][0]
+        first, other = ranks[a]["calls"], ranks[b]["calls"]
+        at = next((i for i, (x, y) in enumerate(zip(first, other)) if x != y), min(len(first), len(other)))
+        sets = " / ".join("{" + ", ".join(map(str, part)) + "}" for part in parts)
+        raise CheckFailure(f"{what}: the ranks create their groups in different orders (ranks grouped by order: {sets}); "
+                           f"new_group call {at} is {first[at] if at < len(first) else 'none'} on rank {a} but "
+                           f"{other[at] if at < len(other) else 'none'} on rank {b}: on real ranks a deadlock. {DEADLOCK}")
     calls = [tuple(c) for c in ranks[0]["calls"]]
-    for axis in GROUP_AXES:
-        for group in expected[axis]:
-            if tuple(group) not in calls:
-                raise CheckFailure(f"{what}: no new_group call made the {axis} group {list(group)}; {DEADLOCK}")
     for r, p in enumerate(ranks):
         got = p["got"]
         if sorted(got) != sorted(GROUP_AXES):
@@ -107,9 +100,13 @@ def judge_groups(ranks: list[dict], expected: dict, what: str) -> None:
                 raise CheckFailure(f"{what}: rank {r}'s {axis} group is {index}, not a group its new_group returned")
             have = list(calls[index])
             if have != want:
-                hint = (" (it holds ranks of another axis: the members differ along this axis only)"
+                hint = (" (it holds ranks of another axis: its members' other coordinates must equal this rank's)"
                         if r in have else f" (rank {r} is not in it: keep the group that holds the rank)")
                 raise CheckFailure(f"{what}: rank {r}'s {axis} group is {have}, expected {want}{hint}")
+    for axis in GROUP_AXES:
+        for group in expected[axis]:
+            if tuple(group) not in calls:
+                raise CheckFailure(f"{what}: no new_group call made the {axis} group {list(group)}; {DEADLOCK}")
 
 
 # ---------------------------------------------------------------- the public check
@@ -123,11 +120,13 @@ PUBLIC_GROUPS = {"dp": [[0, 4], [1, 5], [2, 6], [3, 7]], "pp": [[0, 2], [1, 3], 
 
 
 def coords_payload(mod, degrees, order, world) -> list:
+    """Every rank's ``rank_to_coords`` and those coordinates' ``coords_to_rank`` (``order`` None: the default)."""
+    more = {} if order is None else {"order": tuple(order)}
     out = []
     for rank in range(world):
-        c = mod.rank_to_coords(rank, dict(degrees), tuple(order))
+        c = mod.rank_to_coords(rank, dict(degrees), **more)
         coords = {a: int(c[a]) for a in AXES if a in c} if isinstance(c, dict) else repr(c)
-        back = mod.coords_to_rank(dict(c), dict(degrees), tuple(order)) if isinstance(c, dict) else None
+        back = mod.coords_to_rank(dict(c), dict(degrees), **more) if isinstance(c, dict) else None
         out.append({"coords": coords, "back": None if back is None else int(back)})
     return out
 
@@ -139,9 +138,8 @@ def coords_payload(mod, degrees, order, world) -> list:
                        "every rank calls ``new_group`` for every group of every axis, in the same order"))
 def public_coords_and_groups(ctx):
     mod = student(ctx)
-    order = tuple(getattr(mod, "ORDER", ()))
-    return {"order": list(order), "coords": coords_payload(mod, PUBLIC_DEGREES, order, 8),
-            "groups": run_groups(mod, PUBLIC_DEGREES, order, 8)}
+    return {"order": [str(a) for a in getattr(mod, "ORDER", ())], "coords": coords_payload(mod, PUBLIC_DEGREES, None, 8),
+            "groups": run_groups(mod, PUBLIC_DEGREES, None, 8)}
 
 
 @public_coords_and_groups.judge

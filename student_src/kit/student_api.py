@@ -22,6 +22,9 @@ student module              what the kit calls                                wh
 ``resume.py`` (8)           ``capture_training_state``, ``restore_training_state``  checkpoints
 ``pipeline.py`` (9)         ``build_stage(model, rank, p)``, ``pipeline_step``  ``setup_task``, the
                             (``parallel/pipeline/stages.make_train_step`` around it)  Task 9 notebook
+``recompute.py`` (13)       ``accumulation_step(model, micro_batches, ...)``,  the loop
+                            ``apply_recompute(model, mode)``                  (``train/accumulation.py``,
+                                                                              ``train/recompute.py``)
 ``parallel_dims.py`` (14)   ``rank_to_coords``, ``coords_to_rank``,          the kit's mesh
                             ``axis_ranks``, ``build_axis_groups``,            (``parallel/mesh.py``),
                             ``data_shard``, ``loss_rank``,                    the Task 14
