@@ -22,7 +22,9 @@ from student_src.kit.errors import KitError
 MOE_FLAGS = ("num_experts", "top_k", "capacity_factor", "aux_loss_coef")
 
 #: the flag checks and data-rank rules of the rooms above core, by the task table's ``sync`` kind: each
-#: parallelism hands its own in when its room is imported (``parallel/registry.register``); core names none
+#: parallelism hands its own in when its room is imported (``parallel/registry.register``); core names none.
+#: Every entry point loads them before ``parse_config`` (run_glue, ``train/start.py``, the notebooks' kit); a
+#: script that imports this module alone parses its flags without the parallelisms' checks
 ROOM_FLAGS: dict[str, tuple] = {}
 
 
@@ -359,9 +361,6 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.measure_traffic and task.sync == "fsdp":
             raise KitError("--measure_traffic's model follows your FSDP (FSDP2 gathers whole units and re-gathers "
                            "before every backward): measure without --torch_sharding")
-    if not ROOM_FLAGS:
-        raise KitError("the parallelisms' flag checks are not loaded: import student_src.kit.parallel before "
-                       "parse_config (run_glue and the notebooks' kit do)")
     _validate_moe_model(cfg)
     for check, _ in ROOM_FLAGS.values():
         if check is not None:
