@@ -67,3 +67,12 @@ def test_ranks_accumulated_equal_task1_and_sync_once(small_rte, tmp_path, task):
     # one sync per optimizer step: the bytes of a step that saw twice the rows are those of one sync
     measured, once = acc["traffic"]["measured_bytes_per_iter"], plain["traffic"]["measured_bytes_per_iter"]
     assert measured < 1.3 * once, (measured, once)
+
+
+def test_ddp_recomputing_and_accumulating_equals_task1(small_rte, tmp_path):
+    """Both levers under DDP: the reentrant recomputation's inner backward fires DDP's hooks inside no_sync on the
+    first micro-step and outside it on the last; the losses still equal Task 1's at the larger batch."""
+    single = train_tiny(small_rte, tmp_path / "one", "1", steps=2)
+    both = train_tiny(small_rte, tmp_path / "both", "3", "--gradient_accumulation_steps", "2", "--recompute", "full",
+                      world_size=2, steps=2)
+    _close(both["losses"], single["losses"])
