@@ -16,6 +16,17 @@ def _close(a, b):
     assert max(abs(x - y) for x, y in zip(a, b)) < TOL, (a, b)
 
 
+def test_micro_batches_group_k_and_drop_an_incomplete_group():
+    from types import SimpleNamespace
+
+    from student_src.kit.train.accumulation import MicroBatches
+
+    loader = SimpleNamespace(sampler="the sampler")
+    groups = MicroBatches(list(range(7)), 3)
+    assert len(groups) == 2 and list(groups) == [[0, 1, 2], [3, 4, 5]]  # 6 is dropped, as drop_last drops a batch
+    assert MicroBatches(loader, 2).sampler == "the sampler"  # set_epoch reaches the loader's sampler
+
+
 def test_batch_flags_keep_their_meaning():
     cfg = parse_config(["--global_batch_size", "64", "--gradient_accumulation_steps", "4", "--world_size", "2",
                         "--task", "2b"])
