@@ -11,10 +11,12 @@ points at a file of this session's own pins, which replaces ``/etc/xdg/pip``'s),
 
 1. every task a couple of steps on ``tiny`` (Task 0's collectives demo on 4 ranks, Tasks 1-10 on
    2 ranks with ``--spawn``, the ``--torch_*`` references, Task 8's save and resume, Task 10's
-   ``--sequence_parallel`` / ``--vocab_parallel``); a flag ``student_src.kit.core.compat`` says this
-   torch cannot do must be refused in one line (counted as "refused", not as a failure);
-2. ``python -m autograder grade student_src`` (the solution source: full marks expected; a
-   check lost fails the session);
+   ``--sequence_parallel`` / ``--vocab_parallel``, Task 11's ring and all-gather attention on 2
+   ranks and CP 2 x DP 2 on 4, Task 12 on ``tiny-moe`` with EP 2 and EP 2 x DP 2); a flag
+   ``student_src.kit.core.compat`` says this torch cannot do must be refused in one line (counted
+   as "refused", not as a failure);
+2. ``python -m autograder grade student_src`` (the solution source: full marks expected; any
+   check that did not pass fails the session, extra credit included: ``benchmarks/compat/verdict.py``);
 3. a fast slice of the tests (``FAST_TESTS``).
 
 The outcome of each step, with its wall time, goes to ``benchmarks/compat/results/<id>.json``;
@@ -35,6 +37,8 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "benchmarks" / "compat"))
+from verdict import grade_verdict, score_line, session_failures  # noqa: E402  (plain module: tests import it without nox)
 RESULTS = ROOT / "benchmarks" / "compat" / "results"
 
 #: (id, torch, transformers, numpy spec): what students' images carry, the ends of the range,
@@ -60,6 +64,8 @@ FAST_TESTS = ["tests/test_compat.py", "tests/test_config.py", "tests/test_train_
 TINY = ["--model_name_or_path", "tiny", "--max_steps", "2", "--max_seq_length", "32",
         "--global_batch_size", "8", "--num_train_epochs", "1", "--overwrite_output_dir"]
 SPAWN2 = ["--world_size", "2", "--spawn"]
+SPAWN4 = ["--world_size", "4", "--spawn"]
+MOE = ["--model_name_or_path", "tiny-moe"]  # after TINY in the command: the last --model_name_or_path wins
 
 #: (name, flags after ``python -m student_src.run_glue``, the compat feature it needs or None)
 RUNS = [
@@ -80,6 +86,11 @@ RUNS = [
     ("10 --sequence_parallel", ["--task", "10", *SPAWN2, "--tp_size", "2", "--dropout", "0", "--sequence_parallel"],
      "sequence_parallel"),
     ("10 --vocab_parallel", ["--task", "10", *SPAWN2, "--tp_size", "2", "--dropout", "0", "--vocab_parallel"], None),
+    ("11 ring", ["--task", "11", *SPAWN2, "--cp_attention", "ring", "--dropout", "0"], None),
+    ("11 allgather", ["--task", "11", *SPAWN2, "--cp_attention", "allgather", "--dropout", "0"], None),
+    ("11 CP 2 x DP 2 (4 ranks)", ["--task", "11", *SPAWN4, "--cp_size", "2", "--dropout", "0"], None),
+    ("12 EP 2 (tiny-moe)", ["--task", "12", *SPAWN2, "--ep_size", "2"], None),
+    ("12 EP 2 x DP 2 (tiny-moe, 4 ranks)", ["--task", "12", *SPAWN4, "--ep_size", "2"], None),
 ]
 
 
@@ -147,7 +158,9 @@ def compat(session: nox.Session, combo) -> None:
           {**run_env, "WORLD_SIZE": "4", "MPLBACKEND": "Agg"})
     for name, flags, needs in RUNS:
         out_dir = tmp / ("run_" + "".join(c if c.isalnum() else "_" for c in name))
-        _step(session, results, name, [py, "-m", "student_src.run_glue", *flags, *TINY, "--output_dir", str(out_dir)],
+        model = MOE if "tiny-moe" in name else []
+        _step(session, results, name, [py, "-m", "student_src.run_glue", *flags, *TINY, *model,
+                                       "--output_dir", str(out_dir)],
               run_env, expect_refusal=needs in missing)
     ckpt = tmp / "run_8"
     rc, _ = _step(session, results, "8 save (3 --save_every 1)",
@@ -164,12 +177,11 @@ def compat(session: nox.Session, combo) -> None:
                                                              "--json-only", "--results", str(grade_json)], run_env,
           timeout=900)
     if grade_json.exists():
-        data = json.loads(grade_json.read_text())
-        tests = data.get("tests", [])
-        lost = [t.get("name", "?") for t in tests if t.get("score", 0) < t.get("max_score", 0)]
-        results[-1]["score"] = f"{data.get('score')}/{sum(t.get('max_score', 0) for t in tests)}"
-        results[-1]["lost"] = lost
-        session.log(f"grade: {results[-1]['score']}; lost: {lost[:10]}")
+        verdict = grade_verdict(json.loads(grade_json.read_text()))  # a check is lost when it did not pass
+        results[-1].update(required=verdict["required"], extra_credit=verdict["extra_credit"], lost=verdict["lost"])
+        session.log(f"grade: {score_line(verdict)}")
+    else:
+        results[-1]["lost"] = ["no results file: the grader did not finish"]
     _step(session, results, "tests (fast slice)", [py, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                                                    *FAST_TESTS], run_env, timeout=900)
 
@@ -179,8 +191,6 @@ def compat(session: nox.Session, combo) -> None:
               "python": sys.version.split()[0], "steps": results,
               "command": f"python -m nox -s 'compat({cid})'", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     (RESULTS / f"{cid}.json").write_text(json.dumps(record, indent=1) + "\n")
-    failed = [r["step"] for r in results if r["outcome"].startswith("FAIL")]
-    if any(r.get("lost") for r in results):
-        failed.append("the grader's full marks (lost: " + "; ".join(next(r["lost"] for r in results if r.get("lost"))) + ")")
+    failed = session_failures(results)
     if failed:
         session.error(f"{cid}: {len(failed)} step(s) failed: {', '.join(failed)}")

@@ -310,6 +310,9 @@ def cmd_grade(args, public_only: bool = False) -> int:
     if args.json_only:
         json.dump(data, sys.stdout, indent=2)
         print()
+        if (results.isolation_level not in ("", "bwrap") and getattr(args, "sandbox", "auto") == "auto"
+                and not getattr(args, "quiet", False)):  # the table says it first; here one line, never silent
+            print(f"note: graded with weaker isolation than bubblewrap: {results.isolation}", file=sys.stderr)
     else:
         print(results.table())
         if args.results:

@@ -61,6 +61,9 @@ Pitfalls (each one is tested)
   ``finish_gradient_synchronization``.
 * **Divide by the world size exactly once**, and copy back with ``.copy_`` into the existing
   ``.grad`` so its dtype and identity stay what the optimizer expects.
+* **Leave nothing in flight after a step.** Every handle is waited for *and dropped* by the end
+  of ``finish_gradient_synchronization``: a work handle alive when the script ends is freed
+  during the interpreter's shutdown and can abort a rank after a passing run (see step 4 there).
 
 Compression (optional): with ``compression="fp16"`` or ``"bf16"`` each flat bucket is cast to
 16 bits before the all_reduce (half the bytes on the wire) and cast back afterwards; see
@@ -68,6 +71,7 @@ Compression (optional): with ``compression="fp16"`` or ``"bf16"`` each flat buck
 """
 import contextlib
 import itertools
+import weakref
 from typing import Dict, List, Optional
 
 import torch
@@ -195,6 +199,20 @@ def broadcast_from_rank0(module: nn.Module, process_group=None) -> None:
                 start += t.numel()
 
 
+def _weak_hook(wrapper_ref):
+    """A post-accumulate-grad hook that calls ``wrapper._on_grad_ready`` while the wrapper lives."""
+    def hook(param):
+        wrapper = wrapper_ref()
+        if wrapper is not None:
+            wrapper._on_grad_ready(param)
+    return hook
+
+
+def _remove_hooks(handles) -> None:
+    for h in handles:
+        h.remove()
+
+
 class BucketedDDP(nn.Module):
     """Data-parallel wrapper that all_reduces gradients in buckets while backward is running.
 
@@ -247,20 +265,43 @@ class BucketedDDP(nn.Module):
             Bucket(i, ps) for i, ps in enumerate(assign_buckets(trainable, self.bucket_cap_bytes))]
         self._bucket_of: Dict[int, Bucket] = {id(p): b for b in self.buckets for p in b.params}
         self._next_to_launch = 0  # buckets [0, _next_to_launch) have been launched this step
-        self._hook_handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        # The hooks reach the wrapper through a weak reference: a bound method would make every
+        # parameter keep the wrapper alive (a reference cycle), so a wrapper its caller dropped
+        # would live on, buffers and any handle with it, until the interpreter's exit.
+        me = weakref.ref(self)
+        self._hook_handles = [p.register_post_accumulate_grad_hook(_weak_hook(me))
                               for b in self.buckets for p in b.params]
+        weakref.finalize(self, _remove_hooks, self._hook_handles)
         pending_work.register(self)  # the kit drains the handles before it destroys the group
 
     def drop_pending_work(self) -> None:
         """Wait for every bucket's all_reduce still in flight and drop its handle (provided: the
-        kit calls it before ``destroy_process_group``; a handle alive past it can abort the exit)."""
+        kit calls it before ``destroy_process_group``; a handle alive past it can abort the exit).
+        Every bucket is reset, whatever happens: a wait that fails (a peer is gone, which the
+        caller is already reporting) drops its handle all the same and raises nothing here."""
         self._next_to_launch = 0
         for bucket in self.buckets:
             try:
                 if bucket.work is not None:
                     bucket.work.wait()
+            except Exception:  # noqa: BLE001 - the group is failing; the handle must go anyway
+                pass
             finally:
                 bucket.reset()
+
+    def close(self) -> None:
+        """Teardown (provided): wait for and drop every handle, remove the hooks and free the
+        reused flat buffers. Call it before ``destroy_process_group`` when the wrapper is done
+        with (the kit's launcher does the handles' part itself); the wrapper then syncs nothing."""
+        self.drop_pending_work()
+        _remove_hooks(self._hook_handles)
+        for bucket in self.buckets:
+            bucket._flat = None
+
+    def pending(self) -> int:
+        """How many buckets still hold a work handle or a communication buffer (0 after
+        :meth:`finish_gradient_synchronization` and after :meth:`close`)."""
+        return sum(b.work is not None or b.buffer is not None for b in self.buckets)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -344,26 +385,36 @@ class BucketedDDP(nn.Module):
            with ``decompress(bucket.buffer, bucket.dtype)``, divide by ``self.world_size``, and
            copy each parameter's slice (``offsets``, ``numel()``) into its ``.grad`` with
            ``p.grad.copy_(...)``; a parameter whose ``.grad`` is None stays None.
-        4. Reset for the next step: ``bucket.reset()`` for every bucket and
-           ``self._next_to_launch = 0``.
+        4. Reset for the next step, even when a wait above raised (``try`` / ``finally``): the
+           provided :meth:`drop_pending_work` waits for any handle still held, drops it, calls
+           ``bucket.reset()`` for every bucket and sets ``self._next_to_launch = 0``.
+
+        Why step 4 matters even after the last step: ``bucket.work`` holds gloo's group and the
+        tensors it carries. A handle still alive when the rank's script ends (after
+        ``destroy_process_group``) is freed while the interpreter shuts down; gloo's thread then
+        needs Python to free those tensors, Python is gone, and the rank aborts with "terminate
+        called without an active exception" *after* a run that passed. So after every step no
+        handle and no buffer may be left: :meth:`pending` must be 0 (the kit's tests check it).
         """
         ### BEGIN SOLUTION
-        while self._next_to_launch < len(self.buckets):
-            self._launch_bucket(self.buckets[self._next_to_launch])
-            self._next_to_launch += 1
-        for bucket in self.buckets:
-            if bucket.stale:
+        try:
+            while self._next_to_launch < len(self.buckets):
+                self._launch_bucket(self.buckets[self._next_to_launch])
+                self._next_to_launch += 1
+            for bucket in self.buckets:
+                if bucket.stale:
+                    if bucket.work is not None:
+                        bucket.work.wait()
+                    self._launch_bucket(bucket)
+            for bucket in self.buckets:
                 if bucket.work is not None:
                     bucket.work.wait()
-                self._launch_bucket(bucket)
-        for bucket in self.buckets:
-            if bucket.work is not None:
-                bucket.work.wait()
-            flat = decompress(bucket.buffer, bucket.dtype)
-            flat.div_(self.world_size)
-            for p, start in zip(bucket.params, bucket.offsets):
-                if p.grad is not None:
-                    p.grad.copy_(flat[start:start + p.numel()].view_as(p.grad))
-            bucket.reset()
-        self._next_to_launch = 0
+                    bucket.work = None  # done: drop the handle now, not at the next step
+                flat = decompress(bucket.buffer, bucket.dtype)
+                flat.div_(self.world_size)
+                for p, start in zip(bucket.params, bucket.offsets):
+                    if p.grad is not None:
+                        p.grad.copy_(flat[start:start + p.numel()].view_as(p.grad))
+        finally:
+            self.drop_pending_work()  # waits for any handle a failure above left, drops them all, resets
         ### END SOLUTION

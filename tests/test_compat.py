@@ -112,11 +112,27 @@ def test_the_students_init_sees_the_stores_address_during_the_call_only(monkeypa
 def test_set_pg_timeout_uses_torchs_private_setter_or_does_nothing(monkeypatch):
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
+        monkeypatch.delattr(dist, "set_timeout", raising=False)  # torch < 2.14: the private setter
         assert compat.set_pg_timeout(datetime.timedelta(seconds=321)) is True
         monkeypatch.delattr(dist.distributed_c10d, "_set_pg_timeout", raising=False)
         assert compat.set_pg_timeout(datetime.timedelta(seconds=321)) is False  # torch without it: a no-op
     finally:
         dist.destroy_process_group()
+
+
+def test_set_pg_timeout_prefers_the_public_set_timeout_where_torch_has_it(monkeypatch):
+    """torch >= 2.14: ``dist.set_timeout``; the private setter (deprecated there, with a
+    FutureWarning) is not called."""
+    called = []
+    monkeypatch.setattr(dist, "set_timeout", lambda timeout, group=None: called.append((timeout, group)),
+                        raising=False)
+
+    def private(*a, **kw):
+        raise AssertionError("the deprecated private setter was called")
+
+    monkeypatch.setattr(dist.distributed_c10d, "_set_pg_timeout", private, raising=False)
+    t = datetime.timedelta(seconds=123)
+    assert compat.set_pg_timeout(t) is True and called == [(t, None)]
 
 
 def test_dcp_gets_no_dist_only_where_its_signature_takes_it():

@@ -146,6 +146,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         return results
     if hasattr(results, "isolation"):
         results.isolation = isolation.describe()
+        results.isolation_level = isolation.level
     try:
         check_points_file()
     except PointsError as exc:  # a broken points.toml grades nothing rather than guess the points

@@ -99,6 +99,7 @@ class Results:
     grader_errors: list = field(default_factory=list)
     pools_started: int = 0
     isolation: str = ""       # how student code was isolated (set by the runner); shown first
+    isolation_level: str = ""  # its level alone (bwrap, user, process): results.json's extra_data has both
     stopped: str = ""         # why grading stopped before the end (a signal); shown as its own entry
 
     #: the Results most recently created in this process: what the CLI's SIGTERM handler writes
@@ -116,6 +117,7 @@ class Results:
         if other is not None:
             r.tests, r.header, r.grader_errors = list(other.tests), other.header, list(other.grader_errors)
             r.isolation, r.stopped = getattr(other, "isolation", ""), getattr(other, "stopped", "")
+            r.isolation_level = getattr(other, "isolation_level", "")
             r.execution_time, r.pools_started = other.execution_time, other.pools_started
         for k, v in changes.items():
             setattr(r, k, v)
@@ -210,7 +212,7 @@ class Results:
     def extra_data(self) -> dict:
         return {"required_score": round(self.required_score, 4), "required_max_score": round(self.required_max, 4),
                 "extra_credit_score": round(self.extra_score, 4), "extra_credit_max_score": round(self.extra_max, 4),
-                "isolation": self.isolation, "stopped": bool(self.stopped),
+                "isolation": self.isolation, "isolation_level": self.isolation_level, "stopped": bool(self.stopped),
                 "autograder_failed": bool(self.grader_errors)}
 
     def gradescope(self) -> dict:

@@ -110,6 +110,35 @@ def _readonly_roots() -> list[str]:
     return _minimal(roots)
 
 
+def _interpreter_aliases(roots: list[str]) -> list[tuple[str, str]]:
+    """``(real, apparent)`` pairs: the interpreter's folders by the paths the grader runs it
+    from, where those differ from their real paths and nothing bound shows them.
+
+    The sandbox runs ``sys.executable`` as the grader sees it, and Python finds its prefix (a
+    venv's ``pyvenv.cfg``, its ``site-packages``) from that path. ``_readonly_roots`` binds real
+    paths only, so an interpreter reached through a symlinked folder (``/tmp/env -> /opt/py``)
+    was not there at all when that path lies where the sandbox has its own folder (its private
+    ``/tmp``): bubblewrap could not start it, and grading fell back to a weaker level. Binding
+    each real folder at its apparent path as well keeps the interpreter where the grader runs it."""
+    pairs = []
+    for apparent in (os.path.dirname(os.path.abspath(sys.executable)), sys.prefix, sys.exec_prefix,
+                     sys.base_prefix, sys.base_exec_prefix):
+        apparent = os.path.abspath(apparent)
+        real = os.path.realpath(apparent)
+        if real == apparent or not os.path.isdir(real):
+            continue
+        if any(apparent == r or apparent.startswith(r.rstrip("/") + "/") for r in roots):
+            continue  # inside a bound folder: its symlinks resolve there (their targets are roots too)
+        pairs.append((real, apparent))
+    out, seen = [], set()
+    for real, apparent in sorted(pairs, key=lambda p: len(p[1])):
+        if apparent in seen or any(apparent.startswith(a.rstrip("/") + "/") for _, a in out):
+            continue  # a folder whose parent is already bound at its apparent path
+        seen.add(apparent)
+        out.append((real, apparent))
+    return out
+
+
 def _minimal(paths) -> list[str]:
     """Existing paths, without those inside another one of the list."""
     out: list[str] = []
@@ -141,8 +170,11 @@ def bwrap_argv(scratch: str, readable: list[str]) -> list[str]:
             "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL",
             "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev",
             "--size", str(256 << 20), "--tmpfs", "/dev/shm", "--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp"]
-    for root in _readonly_roots():
+    roots = _readonly_roots()
+    for root in roots:
         argv += ["--ro-bind", root, root]
+    for real, apparent in _interpreter_aliases(roots):  # after the private /tmp: bound on top of it
+        argv += ["--ro-bind", real, apparent]
     for link in SYSTEM_DIRS:  # usr-merged systems: /bin -> usr/bin and so on
         if os.path.islink(link):
             argv += ["--symlink", os.readlink(link), link]
@@ -172,7 +204,11 @@ def _bwrap_works() -> str:
         return f"bubblewrap did not run: {exc}"
     if probe.returncode != 0 or "ok" not in probe.stdout:
         lines = (probe.stderr or probe.stdout).strip().splitlines()
-        return f"bubblewrap cannot create namespaces here ({lines[-1] if lines else probe.returncode})"
+        last = lines[-1] if lines else str(probe.returncode)
+        if "execvp" in last:  # bubblewrap ran, but the interpreter is not where the sandbox looks
+            return (f"bubblewrap could not run this Python inside its sandbox ({last}); run the grader "
+                    f"with an interpreter outside {os.path.dirname(os.path.abspath(sys.executable))}")
+        return f"bubblewrap cannot create namespaces here ({last})"
     return ""
 
 

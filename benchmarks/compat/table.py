@@ -9,7 +9,7 @@ ORDER = ["newest", "default", "gpu-image", "colab-floor", "transformers-floor", 
 
 
 def rows() -> list[str]:
-    out = ["| combination | torch / transformers / numpy | task runs (0-10, on tiny) | refused in one line | "
+    out = ["| combination | torch / transformers / numpy | task runs (on tiny) | refused in one line | "
            "grader (solution) | test slice | run |",
            "| --- | --- | --- | --- | --- | --- | --- |"]
     files = sorted((HERE / "results").glob("*.json"), key=lambda p: ORDER.index(p.stem) if p.stem in ORDER else 99)
@@ -23,8 +23,12 @@ def rows() -> list[str]:
         grade = next((s for s in steps if s["step"].startswith("autograder")), {})
         tests = next((s for s in steps if s["step"].startswith("tests")), {})
         g = grade.get("outcome", "-")
-        if "score" in grade:
-            g = f"{grade['score'].split('/')[0]} pts" + (f", lost: {'; '.join(grade['lost'])}" if grade.get("lost") else ", nothing lost")
+        if "required" in grade:  # counted by verdict.py: a check is lost when it did not pass
+            g = (f"required {grade['required']}, extra credit {grade['extra_credit']}"
+                 + (f"; lost: {'; '.join(grade['lost'])}" if grade.get("lost") else "; nothing lost"))
+        elif "score" in grade:  # an older record: it listed as lost only required checks (score < max_score)
+            g = (f"{grade['score'].split('/')[0]} pts (old count: lost extra credit not listed)"
+                 + (f"; lost: {'; '.join(grade['lost'])}" if grade.get("lost") else ""))
         got = r["got"]
         out.append(f"| {r['combination']} | {got['torch']} / {got['transformers']} / {got['numpy']} | "
                    f"{ok}/{len(runs)} pass" + (f"; FAIL: {', '.join(failed)}" if failed else "") + " | "

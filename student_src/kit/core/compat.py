@@ -18,8 +18,9 @@ The switches that remain (each a function below):
   version compare); the compares are the three fixes inside torch no API shows;
 * ``agent_store_env(host, port)``: ``TORCHELASTIC_USE_AGENT_STORE`` plus the ``MASTER_ADDR`` /
   ``MASTER_PORT`` that torch 2.15 also asks for (the same on every version; see there);
-* ``set_pg_timeout(group_timeout)``: torch's private ``distributed_c10d._set_pg_timeout``
-  when it is there, else nothing (collectives keep the init timeout);
+* ``set_pg_timeout(group_timeout)``: torch's public ``set_timeout`` (torch >= 2.14, read in the
+  2.14.1 wheel's source), else the private ``distributed_c10d._set_pg_timeout`` that 2.14 deprecates,
+  else nothing (collectives keep the init timeout);
 * ``bert_layer_mask(model_or_config, mask, dtype)``: the mask a BERT encoder layer takes, built
   here (no private ``BertModel._create_attention_masks``, whose arguments changed in 5.24);
 * ``dcp_no_dist(fn, no_dist)``: DCP's ``save`` / ``load`` take ``no_dist=`` from torch 2.7 on; 2.6
@@ -177,10 +178,13 @@ def agent_store_env(host: str, port: int):
 
 def set_pg_timeout(timeout, group=None) -> bool:
     """Let the default group's collectives wait ``timeout`` (a ``timedelta``), longer than the
-    rendezvous timeout the student's ``init_process_group`` was given. torch's only way is the
-    private ``distributed_c10d._set_pg_timeout`` (torch >= 2.3); without it the collectives keep
-    the init timeout (a slow rank then fails sooner, nothing else changes). True if it was set."""
-    setter = getattr(getattr(dist, "distributed_c10d", None), "_set_pg_timeout", None)
+    rendezvous timeout the student's ``init_process_group`` was given. torch >= 2.14 has the
+    public ``torch.distributed.set_timeout`` (and warns that the private setter is deprecated);
+    before it, the private ``distributed_c10d._set_pg_timeout`` (torch >= 2.3) is the only way.
+    Without either the collectives keep the init timeout (a slow rank then fails sooner, nothing
+    else changes). True if it was set."""
+    setter = getattr(dist, "set_timeout", None) or getattr(getattr(dist, "distributed_c10d", None),
+                                                            "_set_pg_timeout", None)
     if setter is None:
         return False
     try:

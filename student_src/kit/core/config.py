@@ -16,8 +16,27 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from student_src.kit import tasks
-from student_src.kit.core.parallel_flags import data_ranks, validate_parallelisms  # data_ranks: start.py's
 from student_src.kit.errors import KitError
+
+#: the MoE model's flags (``TrainConfig`` fields), meaningful only for a ``*-moe`` model
+MOE_FLAGS = ("num_experts", "top_k", "capacity_factor", "aux_loss_coef")
+
+#: the flag checks and data-rank rules of the rooms above core, by the task table's ``sync`` kind: each
+#: parallelism hands its own in when its room is imported (``parallel/registry.register``); core names none
+ROOM_FLAGS: dict[str, tuple] = {}
+
+
+def register_room_flags(sync: str, validate, data_ranks) -> None:
+    """``validate(cfg)`` runs in ``validate`` for every task; ``data_ranks(cfg, world)`` answers ``data_ranks``
+    for the tasks of ``sync`` (either may be None)."""
+    ROOM_FLAGS[sync] = (validate, data_ranks)
+
+
+def data_ranks(cfg, world: int) -> int:
+    """How many ways the global batch is split on ``world`` ranks: one per rank, unless the task's room says
+    otherwise (the ranks of a TP or CP group read the same rows; every stage of a pipeline the whole batch)."""
+    rule = ROOM_FLAGS.get(tasks.get(cfg.task).sync, (None, None))[1]
+    return rule(cfg, world) if rule is not None else world
 
 
 @dataclass
@@ -93,6 +112,8 @@ class TrainConfig:
     capacity_factor: float = 1.25  # 0: no capacity limit (no token dropped)
     aux_loss_coef: float = 0.01
     ep_size: int | None = None  # None: every rank in one EP group; fewer: EP groups x data-parallel replicas
+    # Task 14: the parallelisms composed (student_src/parallel_dims.py; kit/parallel/composed.py)
+    dp_shard: str = "none"  # the DP axis's kind: "none" (Task 2b's average) or "fsdp" (Task 7's FSDP on the DP group)
     # checkpoints (student_src/kit/resume/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -215,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--capacity_factor", type=float, help="tiny-moe/minilm-moe: an expert keeps ceil(F * tokens * k / "
                    "experts) tokens, the first in token order (default 1.25; 0: no limit)")
     g.add_argument("--aux_loss_coef", type=float, help="tiny-moe/minilm-moe: the Switch load-balancing loss's weight (0.01)")
+    g.add_argument("--dp_shard", choices=("none", "fsdp", "zero1"),
+                   help="Task 14: the data-parallel axis's kind: none (your Task 2b average, default) or fsdp (your "
+                        "Task 7 FSDP over the DP group, e.g. TP 2 x FSDP 2); the degrees are --pipeline_stages, "
+                        "--tp_size, --cp_size, --ep_size, DP what they leave")
     g.add_argument("--ep_size", type=int, help="Task 12: ranks per expert-parallel group (default: all); with fewer, "
                    "EP groups x data-parallel replicas (4 ranks, --ep_size 2: 2 replicas)")
 
@@ -333,17 +358,33 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.measure_traffic and task.sync == "fsdp":
             raise KitError("--measure_traffic's model follows your FSDP (FSDP2 gathers whole units and re-gathers "
                            "before every backward): measure without --torch_sharding")
-    validate_parallelisms(cfg, task)
+    if not ROOM_FLAGS:
+        raise KitError("the parallelisms' flag checks are not loaded: import student_src.kit.parallel before "
+                       "parse_config (run_glue and the notebooks' kit do)")
+    _validate_moe_model(cfg)
+    for check, _ in ROOM_FLAGS.values():
+        if check is not None:
+            check(cfg)
     if cfg.grad_compression != "none" and cfg.task not in wrappers:
         raise KitError(f"--grad_compression compresses DDP's or your BucketedDDP's all_reduce: use it with "
                        f"--task {tasks.spoken(wrappers)}, not --task {cfg.task}")
     world = cfg.world_size
     if world is None and "RANK" in os.environ and os.environ.get("WORLD_SIZE", "").isdigit():
         world = int(os.environ["WORLD_SIZE"])  # torchrun
-    if cfg.do_train and world and task.sync != "pipeline":  # a pipeline's stages all load the whole batch
+    if cfg.do_train and world:  # a pipeline's stages all load the whole batch: its rule says 1
         per_worker_batch_size(cfg, data_ranks(cfg, world))  # a global batch the workers cannot split is refused here
 
 
+def _validate_moe_model(cfg: TrainConfig) -> None:
+    """The MoE model's flags (``--num_experts``, ``--top_k``, ``--capacity_factor``, ``--aux_loss_coef``): only
+    with a MoE model (``*-moe``, ``core/moe.py``), a ``--top_k`` within the experts. A flag counts as given when
+    it differs from ``TrainConfig``'s default (the config keeps no record of what was typed)."""
+    given = [f"--{f.name}" for f in fields(cfg) if f.name in MOE_FLAGS and getattr(cfg, f.name) != f.default]
+    if given and not cfg.model_name_or_path.endswith("-moe"):
+        raise KitError(f"{'/'.join(given)} shape a mixture of experts, which --model_name_or_path "
+                       f"{cfg.model_name_or_path} is not: use --model_name_or_path tiny-moe or minilm-moe")
+    if not (1 <= cfg.top_k <= cfg.num_experts) or cfg.aux_loss_coef < 0:
+        raise KitError(f"--top_k {cfg.top_k} must be 1..--num_experts {cfg.num_experts}; --aux_loss_coef at least 0")
 #: the ``sync`` kinds whose step the kit runs as K micro-steps then one sync (``kit/train/accumulation.py``);
 #: why each other kind refuses ``--gradient_accumulation_steps``, in one line
 ACCUMULATES = ("none", "function", "ddp", "bucketed", "sharded_optimizer")

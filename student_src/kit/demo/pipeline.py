@@ -27,9 +27,11 @@ import time
 import torch
 from matplotlib.figure import Figure
 
+from student_src.kit import student_api
 from student_src.kit.core.models import tiny_config
 from student_src.kit.notebook.runs import grading
 from student_src.kit.notebook.show import show_figure
+from student_src.kit.parallel.pipeline.stages import split_micro_batches
 from student_src.kit.ranks.launch import launch
 
 SCHEDULES = ("afab", "1f1b")
@@ -116,23 +118,24 @@ def _batch(step: int) -> dict:
 
 
 def demo_rank(ctx, m_values, steps: int) -> dict:
-    """One stage: your build_stage and pipeline_step, every schedule and m; timed events per run."""
-    from student_src import pipeline as P
+    """One stage: your build_stage and pipeline_step, every schedule and m; timed events per run.
+    The student's functions come through ``student_api`` (the one door to student code)."""
+    build_stage, pipeline_step = student_api.named("build_stage"), student_api.named("pipeline_step")
 
     out = {"rank": ctx.rank, "runs": {}}
     for schedule in SCHEDULES:
         for m in m_values:
             model = _model(ctx.world_size)
             try:
-                stage = TimedStage(P.build_stage(model, ctx.rank, ctx.world_size))
+                stage = TimedStage(build_stage(model, ctx.rank, ctx.world_size))
             except NotImplementedError:
                 return {"rank": ctx.rank, "todo": "build_stage"}
             opt = torch.optim.SGD(stage.inner.parameters(), lr=0.01)
             losses, events = [], []
             for step in range(steps):
-                micro = P.split_micro_batches(_batch(step), m)
+                micro = split_micro_batches(_batch(step), m)
                 try:
-                    loss = P.pipeline_step(stage, micro, ctx.rank, ctx.world_size, schedule, optimizer=opt)
+                    loss = pipeline_step(stage, micro, ctx.rank, ctx.world_size, schedule, optimizer=opt)
                 except NotImplementedError:
                     return {"rank": ctx.rank, "todo": "pipeline_step"}
                 losses.append(None if loss is None else float(loss))

@@ -210,7 +210,8 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
         if run.recorder is not None:  # --timeline N
             parts["extra"] = run.recorder.results(ctx.world_size)
         parts["extra"] = {**parts.get("extra", {}), "memory": memory.results()}  # every rank's bytes, gathered
-        moe = moe_step_log(run.model, reduce=_summed_over_ranks(ctx))  # a MoE model (core/moe.py): tokens per expert
+        # a MoE model (core/moe.py): tokens per expert, and each rank's rows of the last step
+        moe = moe_step_log(run.model, reduce=_summed_over_ranks(ctx), rank=ctx.rank, world_size=ctx.world_size)
         if moe is not None:
             parts["extra"]["moe"] = moe
         if precision.enabled:

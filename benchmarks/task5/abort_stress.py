@@ -1,0 +1,169 @@
+"""Aborts at exit after a passing Task 5 run, counted outside the kit's launcher (issue 44, item 8).
+
+Stanford CS336's DDP tests drive a bucketed sync in their own ``torch.multiprocessing.spawn``
+harness: each rank inits gloo, trains a toy model a few steps, ``destroy_process_group``s and
+returns; the interpreter then exits. A gloo work handle (or a tensor it carries) still alive then
+is freed while the interpreter finalizes, and the rank can abort with "terminate called without
+an active exception" after the test body passed. The kit's own launcher drains such handles
+(``kit/ranks/pending_work``) before it destroys the group; this harness does not, on purpose:
+it checks that the solution's ``BucketedDDP`` leaves nothing behind by itself.
+
+    python benchmarks/task5/abort_stress.py --runs 200              # counts aborts; JSON to stdout
+    python benchmarks/task5/abort_stress.py --runs 200 --out FILE   # also writes the JSON there
+
+One run = one ``mp.spawn`` of 2 ranks (plain torch, gloo on 127.0.0.1, a free port each run):
+construct ``BucketedDDP`` on a toy model with a tied weight, a frozen layer and an unused layer
+(two bucket caps: one bucket, several buckets), ``--steps`` training steps each with
+``finish_gradient_synchronization``, the parameters compared with one process training on the
+whole batch, then ``destroy_process_group`` and return. The runs go one after another from this
+process, as a test file's tests do. A run counts as an abort when a rank died of a signal (the
+abort's SIGABRT: the rank printed "terminate called ..." to stderr), as failed when a rank
+raised or exited non-zero, as hung past ``RUN_DEADLINE_S`` (killed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+#: a run that takes longer than this is counted as hung (and killed): nothing waits forever
+RUN_DEADLINE_S = 300
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _toy(seed: int):
+    import torch
+    from torch import nn
+
+    class Toy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(10, 16, bias=False)
+            self.frozen = nn.Linear(16, 16)
+            self.frozen.requires_grad_(False)
+            self.hidden = nn.Linear(16, 16)
+            self.ln = nn.LayerNorm(16)
+            self.unused = nn.Linear(16, 3)
+            self.out = nn.Linear(16, 10, bias=False)
+            self.head = self.out  # the same module under a second name: its weight is tied
+
+        def forward(self, x):
+            return self.head(self.ln(torch.relu(self.hidden(self.frozen(self.embed(x))))))
+
+    torch.manual_seed(seed)
+    return Toy()
+
+
+def _rank(rank: int, world_size: int, port: int, steps: int) -> None:
+    """One rank: plain torch.distributed, no kit launcher; raises if the sync is wrong."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+    import torch.distributed as dist
+
+    from student_src.bucketed import BucketedDDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        for cap_mb in (100.0, 0.0005):  # one bucket; several (the cap is 524 bytes)
+            reference = _toy(seed=1)  # rank 0's weights (seed 1 + 0): what BucketedDDP broadcasts
+            model = BucketedDDP(_toy(seed=1 + rank), bucket_cap_mb=cap_mb)
+            ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            gen = torch.Generator().manual_seed(123)
+            for _ in range(steps):
+                x = torch.randn(4 * world_size, 10, generator=gen)
+                y = torch.randn(4 * world_size, 10, generator=gen)
+                mine = slice(4 * rank, 4 * (rank + 1))
+                ref_opt.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(reference(x), y).backward()
+                ref_opt.step()
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+                model.finish_gradient_synchronization()
+                opt.step()
+            for (name, p), q in zip(model.module.named_parameters(), reference.parameters()):
+                if not torch.allclose(p, q, atol=1e-5):
+                    raise AssertionError(f"rank {rank}: {name} differs from one-process training (cap {cap_mb} MB)")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def one_run(steps: int) -> str:
+    """Spawn 2 ranks (``mp.spawn``'s start method and wrapper, with a deadline) and join them:
+    "passed", "abort (SIGABRT)" when a rank died of a signal, "failed: ..." or "hung"."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_rank, args=(2, _free_port(), steps), nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    try:
+        while not ctx.join(timeout=5):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                return "hung"
+    except mp.ProcessExitedException as exc:
+        if exc.signal_name:
+            return f"abort ({exc.signal_name})"
+        return f"failed: {str(exc).splitlines()[0]}"
+    except mp.ProcessRaisedException as exc:
+        return f"failed: {str(exc).strip().splitlines()[-1]}"
+    return "passed"
+
+
+def stress(runs: int, steps: int) -> dict:
+    """``runs`` spawns one after another in this process (as a test file's tests run), counted."""
+    import torch
+
+    counts = {"runs": 0, "passed": 0, "aborts": 0, "failed": 0, "hung": 0}
+    examples: list[str] = []
+    t0 = time.monotonic()
+    for i in range(runs):
+        outcome = one_run(steps)
+        counts["runs"] += 1
+        key = "passed" if outcome == "passed" else "aborts" if outcome.startswith("abort") else \
+            "hung" if outcome == "hung" else "failed"
+        counts[key] += 1
+        if key != "passed":
+            examples.append(f"run {i}: {outcome}")
+        if (i + 1) % 10 == 0:
+            print(f"{i + 1}/{runs}: {counts}", file=sys.stderr, flush=True)
+    return {**counts, "steps": steps, "seconds": round(time.monotonic() - t0, 1), "torch": torch.__version__,
+            "python": sys.version.split()[0], "examples": examples[:10],
+            "command": f"python benchmarks/task5/abort_stress.py --runs {runs} --steps {steps}",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=200, help="how many 2-rank spawns (default 200)")
+    ap.add_argument("--steps", type=int, default=3, help="training steps per bucket cap (default 3)")
+    ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    args = ap.parse_args(argv)
+    if args.runs < 1 or args.steps < 1:
+        ap.error("--runs and --steps must be at least 1")
+    result = stress(args.runs, args.steps)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0 if result["passed"] == result["runs"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
