@@ -16,6 +16,17 @@ def _close(a, b):
     assert max(abs(x - y) for x, y in zip(a, b)) < TOL, (a, b)
 
 
+def test_micro_batches_group_k_and_drop_an_incomplete_group():
+    from types import SimpleNamespace
+
+    from student_src.kit.train.accumulation import MicroBatches
+
+    loader = SimpleNamespace(sampler="the sampler")
+    groups = MicroBatches(list(range(7)), 3)
+    assert len(groups) == 2 and list(groups) == [[0, 1, 2], [3, 4, 5]]  # 6 is dropped, as drop_last drops a batch
+    assert MicroBatches(loader, 2).sampler == "the sampler"  # set_epoch reaches the loader's sampler
+
+
 def test_batch_flags_keep_their_meaning():
     cfg = parse_config(["--global_batch_size", "64", "--gradient_accumulation_steps", "4", "--world_size", "2",
                         "--task", "2b"])
@@ -67,3 +78,12 @@ def test_ranks_accumulated_equal_task1_and_sync_once(small_rte, tmp_path, task):
     # one sync per optimizer step: the bytes of a step that saw twice the rows are those of one sync
     measured, once = acc["traffic"]["measured_bytes_per_iter"], plain["traffic"]["measured_bytes_per_iter"]
     assert measured < 1.3 * once, (measured, once)
+
+
+def test_ddp_recomputing_and_accumulating_equals_task1(small_rte, tmp_path):
+    """Both levers under DDP: the reentrant recomputation's inner backward fires DDP's hooks inside no_sync on the
+    first micro-step and outside it on the last; the losses still equal Task 1's at the larger batch."""
+    single = train_tiny(small_rte, tmp_path / "one", "1", steps=2)
+    both = train_tiny(small_rte, tmp_path / "both", "3", "--gradient_accumulation_steps", "2", "--recompute", "full",
+                      world_size=2, steps=2)
+    _close(both["losses"], single["losses"])

@@ -84,7 +84,8 @@ BERT-base (h = 768, a = 12, I = 3072, 12 layers) at 8 x 512 tokens:
 Each mode applied by your `apply_recompute` to a fresh encoder; the bytes autograd keeps counted by
 the kit's saved-tensor hooks, the FLOPs by `torch.utils.flop_counter.FlopCounterMode`. Quick mode
 uses the tiny BERT at 128 tokens; `QUICK = False` runs BERT-base's shape at 512 tokens (minutes on a
-laptop's CPU). The time per step of each mode is in `benchmarks/recompute/` (a quiet machine's job).
+laptop's CPU). Time each mode yourself on a quiet machine: FLOPs are what recomputation adds, the
+seconds depend on how busy the machine is.
 """)
     nb.code(MEASURE)
     nb.md("""
