@@ -56,7 +56,7 @@ def test_recompute_full_equals_no_recompute_with_dropout(small_rte, tmp_path):
     _close(torch_ref["losses"], plain["losses"])
 
 
-@pytest.mark.parametrize("task", ["3", "2b"])
+@pytest.mark.parametrize("task", ["3", "2b", "5"])
 def test_ranks_accumulated_equal_task1_and_sync_once(small_rte, tmp_path, task):
     single = train_tiny(small_rte, tmp_path / "one", "1", steps=2)  # global batch 16
     acc = train_tiny(small_rte, tmp_path / "acc", task, "--gradient_accumulation_steps", "2", "--measure_traffic",

@@ -266,7 +266,7 @@ def test_each_parallelism_is_a_room_of_its_own():
 #: the layers that name no parallelism (``core/`` below ``parallel/``; ``train/``, ``measure/``, ``resume/``)
 GENERIC = ("core", "train", "measure", "resume")
 #: the sync kinds of the parallelisms (``tasks.py``): what a generic layer must not compare with
-PARALLEL_SYNCS = ("pipeline", "tensor_parallel", "context_parallel", "expert_parallel")
+PARALLEL_SYNCS = ("pipeline", "tensor_parallel", "context_parallel", "expert_parallel", "composed")
 
 
 def parallelism_named(folder: Path) -> list[str]:

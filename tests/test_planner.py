@@ -1,4 +1,4 @@
-"""The layout planner (student_src/kit/whatif/planner.py) and the composed model under it (composed.py):
+"""The layout planner (student_src/kit/whatif/plan.py) and the composed model under it (composed.py):
 each axis divides what it divides, the bubble and the bytes per axis follow their formulas, nothing listed
 exceeds memory, the command line's defaults are the README's, bad input gets one line, and the published
 Llama 3 405B layout against the planner's ranking (benchmarks/composition/README.md)."""
@@ -10,7 +10,7 @@ import pytest
 
 from student_src.kit.errors import KitError
 from student_src.kit.whatif import composed as C
-from student_src.kit.whatif.planner import DEFAULTS, format_plan, main, plan
+from student_src.kit.whatif.plan import DEFAULTS, format_plan, main, plan
 from student_src.kit.whatif.shapes import NAMED_MODELS, cluster, model_shape
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,6 +160,19 @@ def test_cli_defaults_are_the_readmes(capsys):
     assert len([line for line in out.splitlines() if re.match(r"\s+\d+ TP ", line)]) == 3
 
 
+def test_the_readme_command_as_a_command():
+    """``python -m student_src.kit.whatif plan`` reaches the planner through the package's ``__main__``."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "student_src.kit.whatif", "plan", "--top", "1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("llama-3-8b (8.03 B parameters)") and "\npick: TP 1 x CP 1 x PP 1 x DP 8." in done.stdout
+
+
 def test_a_config_file_with_experts_plans_expert_parallel_layouts(tmp_path, capsys):
     path = tmp_path / "moe.json"
     path.write_text(json.dumps(MOE))
@@ -205,7 +218,8 @@ def test_a_config_that_is_not_one(tmp_path):
 
 def test_a_layout_that_cannot_run_says_why():
     c = cluster("h100", nodes=1)
-    assert "not the cluster's 8 GPUs" in C.check(L70, c, C.Layout(dp=4), WORK)
+    assert "the degrees' product must be the world" in C.check(L70, c, C.Layout(dp=4), WORK)
+    assert "--ep_size 4 does not divide the 2 ranks" in C.check(L70, c, C.Layout(dp=2, tp=4, ep=4), WORK)
     six = cluster("h100", nodes=1, gpus_per_node=6)
     assert "TP 3 does not divide the 64 attention heads" in C.check(L70, six, C.Layout(dp=2, tp=3), WORK)
     assert "CP 3 does not divide" in C.check(L70, cluster("h100", nodes=3), C.Layout(dp=8, cp=3), WORK)
@@ -234,3 +248,18 @@ def test_the_emulated_validation_compares_rank_order_and_the_pick():
     shape, work = model_shape("tiny"), C.Workload(ve.SEQ, ve.GLOBAL_BATCH, "fp32")
     where = cluster("h100", nodes=2, gpus_per_node=4)
     assert len(ve.LAYOUTS) >= 5 and all(C.check(shape, where, ve.layout_of(*m), work) == "" for m in ve.LAYOUTS)
+
+
+def test_a_kit_models_states_agree_with_the_rooms_exact_models():
+    """tiny's shape counts its parameters from the live model: DDP's states are exactly 16 bytes each, TP 2's
+    within 0.1% of the TP room's per-tensor model (the composed model does not cut the column biases)."""
+    from student_src.kit.core.models import load_model
+    from student_src.kit.measure import memory_model
+
+    shape, work = model_shape("tiny"), C.Workload(32, 16, "fp32")
+    states = lambda m: m["params"] + m["grads"] + m["optimizer"]  # noqa: E731
+    assert states(C.memory(shape, C.Layout(dp=2, zero=0), work)) == 16 * 2_057_666
+    layout = memory_model.model_layout(load_model("tiny", num_labels=2))
+    room = memory_model.for_model("tensor_parallel", 2, layout, tp_size=2)[0]["states"]
+    ours = states(C.memory(shape, C.Layout(tp=2, zero=0, vocab_parallel=False), work))
+    assert ours == pytest.approx(room, rel=1e-3)

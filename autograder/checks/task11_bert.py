@@ -210,11 +210,12 @@ def _(payloads, secrets):
     model = references.tiny_model().double()
     loss = model(**_whole_batch([references.rank_batch(s, 0, len(secrets)) for s in secrets])).loss
     loss.backward()
+    one = float(loss.detach())
     want = {n: sample(p.grad) for n, p in model.named_parameters() if n not in _UNSENT}
     for r, p in enumerate(payloads):
         got = (p or {}).get("loss")
-        if not isinstance(got, float) or not margins.within(abs(got - float(loss)), GRAD_TOL, "loss"):
-            raise CheckFailure(f"{what}: rank {r}'s loss is {got}, one process's {float(loss):.12f}: {FORWARD_HINT}")
+        if not isinstance(got, float) or not margins.within(abs(got - one), GRAD_TOL, "loss"):
+            raise CheckFailure(f"{what}: rank {r}'s loss is {got}, one process's {one:.12f}: {FORWARD_HINT}")
     for r, p in enumerate(payloads):
         grads = (p or {}).get("grads") or {}
         for name, w in want.items():

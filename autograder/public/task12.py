@@ -7,7 +7,10 @@ expert-parallel rank routes its own share of the batch); the full layer's weight
 router and of the experts it holds, and per phase the collectives it called; the judge, in the grader's
 own process, recomputes everything token by token (``task12_common.reference``) and compares: the output
 and the input and router gradients with each rank's own tokens, every expert's gradient with the sum over
-all ranks' tokens.
+all ranks' tokens. Before the layer runs, each rank tries the student's ``exchange_counts`` on known counts on
+its EP group (``task12_common.probe_counts``), so counts of the wrong shape or from the wrong group are named as
+that function's fault rather than surfacing as gloo's size error inside the dispatch; and the judge compares
+each rank's experts with the layer's before any value ("rank 0 holds experts [0, 2], expected [0, 1]").
 
 The hidden checks (``autograder/checks/task12.py``) reuse this module's rank side and judges at 2 and 4
 ranks in float64, with top-2 routing, uneven counts, a rank without tokens, drops at a tight capacity,

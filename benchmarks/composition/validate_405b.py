@@ -2,7 +2,7 @@
 
 Meta trained Llama 3 405B at 8,192 tokens with 16M-token batches (2048 sequences) on 16,384 H100 GPUs as
 TP 8 x CP 1 x PP 16 x DP 128, at 38-43% BF16 MFU (Llama 3 paper, Table 4: 41% on 16,384 GPUs). This asks the
-planner (``student_src/kit/whatif/planner.py``, its documented constants unchanged unless
+planner (``student_src/kit/whatif/plan.py``, its documented constants unchanged unless
 ``--compute_efficiency`` says otherwise) for the same model, cluster and batch, and reports where the published
 layout ranks among the feasible meshes and its predicted MFU:
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 HERE = Path(__file__).resolve().parent
 
 from student_src.kit.whatif import composed  # noqa: E402
-from student_src.kit.whatif.planner import plan  # noqa: E402
+from student_src.kit.whatif.plan import plan  # noqa: E402
 
 PUBLISHED = {"tp": 8, "cp": 1, "pp": 16, "dp": 128}
 PUBLISHED_MFU = (0.38, 0.43)

@@ -70,6 +70,13 @@ student package.
                   of the batch; ``sync_expert_parallel_grads`` averages the experts over the DP group and the
                   rest over all ranks with the first ``"function"`` task of ``needs_tasks`` (2b); the kit
                   gathers the experts into the whole model before evaluating (``parallel/expert/``).
+* ``"composed"``  the parallelisms composed on one grid (Task 14): the degrees from ``--pipeline_stages``,
+                  ``--tp_size``, ``--cp_size``, ``--ep_size`` (dp what they leave), the kit's mesh
+                  (``parallel/mesh.py``) checks them; the student's ``build_axis_groups`` builds every axis's
+                  groups and ``sync_composed_grads`` syncs the gradients; the kit cuts the model with the
+                  student's Tasks 10-12 and, with stages, runs the pipeline step of Task 9 around it, clips by
+                  the global norm over every axis, and refills the whole model before evaluating
+                  (``parallel/composed.py``).
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ from dataclasses import dataclass
 WRAPPERS = ("ddp", "bucketed")
 #: every ``sync`` kind the training loop knows (module docstring; ``train/task_setup.py``)
 SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp", "pipeline", "tensor_parallel",
-              "context_parallel", "expert_parallel")
+              "context_parallel", "expert_parallel", "composed")
 #: the collectives gloo carries on CUDA tensors (PyTorch's backend table); a task that calls only these
 #: keeps its model on a GPU that several local ranks share (``ranks/device_choice.py``)
 GLOO_CUDA_COLLECTIVES = frozenset({"all_reduce", "broadcast", "barrier"})
@@ -289,9 +296,11 @@ _ROWS = (
     Task("13", "memory levers: gradient accumulation and activation recomputation", "recompute",
          ("accumulation_step", "RecomputeFunction", "apply_recompute"), "13_memory_levers", color="#aec7e8",
          extra_credit=True, needs_tasks=("1", "2"), checks_build_bert=True,
-         built=("the two memory levers: gradient accumulation (`--gradient_accumulation_steps`, one sync per "
-                "optimizer step) and activation recomputation by hand (an autograd function that keeps only its "
-                "inputs and the RNG state; `--recompute full\\|every:k\\|selective`)"), advanced=True),
+         built=("the two memory levers: gradient accumulation (`--gradient_accumulation_steps K`, Hugging Face's "
+                "meaning: your `accumulation_step` syncs once per optimizer step, every backward but the last under "
+                "`no_sync`) and activation recomputation (`--recompute full\\|every:k\\|selective`: your "
+                "`RecomputeFunction` keeps a block's input and the RNG state, reruns it in backward with the same "
+                "dropout masks; `--torch_recompute`: torch's checkpoint)"), advanced=True),
     # Task 14 is advanced, extra credit like Tasks 9-12: the parallelisms composed on one N-D grid (the layout, every
     # axis's groups, the data shards, the composed sync through the student's own Tasks 2b, 10, 11 and 12). Its sync
     # calls all_reduce only (2b's average, 10's and 11's sums). Not a training row yet (sync None): the kit's mesh
@@ -299,7 +308,7 @@ _ROWS = (
     Task("14", "the parallelisms composed (N-D parallelism)", "parallel_dims",
          ("coords_to_rank", "rank_to_coords", "axis_ranks", "build_axis_groups", "data_shard", "loss_rank",
           "sync_composed_grads"),
-         "14_parallel_dims", color="#98df8a", collectives=frozenset({"all_reduce"}), extra_credit=True,
+         "14_parallel_dims", color="#98df8a", collectives=frozenset({"all_reduce"}), extra_credit=True, sync="composed",
          needs_tasks=("2b", "10", "11", "12"),
          built=("the parallelisms composed on one N-D grid: coordinates <-> rank in one order (TP innermost), "
                 "every axis's process groups created by every rank in the same order, which ranks share a data "

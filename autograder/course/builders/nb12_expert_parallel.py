@@ -82,8 +82,8 @@ you run anything else:
           "auxiliary loss, no capacity limit). With dropout off, Task 12 then matches it step by step: every token "
           "meets the same experts with the same weights, on another rank. The line under the tables gives the "
           "largest difference (the kit's own tests hold it below 1e-6 on tiny-moe). With drops or the auxiliary "
-          "loss on, the two differ a little: each rank routes, caps and balances its *own* tokens, as in "
-          "DeepSpeed-MoE and Megatron-LM, where one process caps and balances the whole batch.")
+          "loss on, the two differ a little: each rank routes, caps and balances its *own* tokens (as in "
+          "DeepSpeed-MoE and Megatron-LM), while Task 1's one process caps and balances the whole batch.")
     nb.code('kit.show_results("12", m12)\nmoe_nb.compare_with_task1(m12)')
     nb.md("""
 ## Measured: the all-to-all bytes and the load
@@ -105,12 +105,13 @@ The cell below trains again with `--aux_loss_coef 0` and a tight capacity (`--ca
 then with the default coefficient (0.01) and the same capacity. Predict first: which run drops more
 tokens after a few dozen steps, and why?
 
-What to look for: the table above the maps gives each run's imbalance and dropped share at its first
-and last step; the maps show each expert's share at every step (a balanced router colours every cell
-1/E). Full mode (60 steps of MiniLM) is long enough for the router to drift and for the auxiliary loss
-to pull it back; quick mode's 12 steps of `tiny-moe` at this learning rate barely move the router, so
-its two maps look alike and only the table's last-step numbers can differ: quick mode shows the
-mechanics, full mode the answer.
+What to look for: the table above the maps gives each run's imbalance (busiest expert / mean) and
+dropped share at its first and last step; the maps show each expert's share at every step (a balanced
+router colours every cell 1/E). Both runs start from the same router, so their first columns are the
+same. Quick mode's 12 steps of `tiny-moe` move the router too little for the two maps to look
+different to the eye: read the table, where the runs part by their last step (with the kit's solution,
+the run without the loss ends more imbalanced and drops more tokens than the run with it). Full mode's
+60 steps of MiniLM give the router five times as long to drift: the numbers for your report.
 """)
     nb.code('m12_noaux = kit.run_task("12", name="noaux", steps=MOE_STEPS, '
             'extra=[*MOE, "--ep_size", EP_SIZE, "--aux_loss_coef", 0, "--capacity_factor", 1.0])\n'

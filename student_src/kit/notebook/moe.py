@@ -21,9 +21,13 @@ TASK = tasks.ids(lambda t: t.sync == "expert_parallel")[0]
 EQUAL_QUICK, EQUAL_FULL = 1e-6, 1e-4
 
 
-def run_shape(extra=()) -> dict:
+def run_shape(extra=()) -> dict | None:
     """The shape of the Task 12 run ``kit.run_task(TASK, extra=extra)`` makes, printed in one line: tokens a
-    rank routes per layer (rows x sequence), hidden size, MoE layers, top-k, P and E."""
+    rank routes per layer (rows x sequence), hidden size, MoE layers, top-k, P and E (None while nbgrader
+    grades: nothing runs then)."""
+    if grading():
+        return None
+    # here, not at the top: it imports transformers, heavy for a module that may never need it
     from student_src.kit.core.models import model_config
 
     cfg = parse_config(task_argv(TASK, extra=extra))
@@ -44,6 +48,7 @@ def show_bytes(metrics: dict | None, your_bytes=None) -> list[dict] | None:
     (the student's prediction for one rank's step) and a balanced router's; then the step's load."""
     from IPython.display import Markdown, display
 
+    # here, not at the top: it imports torch, heavy for a module that may never need it
     from student_src.kit.parallel.expert import traffic
 
     if grading():

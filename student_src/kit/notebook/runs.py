@@ -333,17 +333,31 @@ def load_metrics(task: str, name: str | None = None) -> dict | None:
 
 
 def task1_reference(like: dict | None = None) -> dict | None:
-    """Task 1's metrics for the comparison: the earlier run if it matches ``like``'s settings
-    and is long enough, otherwise a fresh Task 1 run with the same number of steps."""
-    ref = load_metrics(tasks.reference())
-    if ref is not None and (like is None or (not incomparable_reasons(ref, like) and len(ref["losses"]) >= len(like.get("losses", [])))):
-        return ref
+    """Task 1's metrics for the comparison: an earlier run (``task1``, else ``task1_reference``) if it
+    matches ``like``'s settings and is long enough, otherwise a fresh Task 1 run with the same number of
+    steps and ``like``'s model and routing (``_model_flags``). The fresh run is ``task1`` only when there is
+    none and it trains this mode's own model: a run on another model (notebook 12's ``tiny-moe``) is
+    ``task1_reference``, and leaves ``task1`` to the runs on this mode's model."""
+    ref_id = tasks.reference()
+    earlier = {name: load_metrics(ref_id, name) for name in (None, REFERENCE_RUN)}
+    for ref in earlier.values():
+        if ref is not None and (like is None or (not incomparable_reasons(ref, like)
+                                                 and len(ref["losses"]) >= len(like.get("losses", [])))):
+            return ref
     if grading():
         return None
     steps = len(like["losses"]) if like and like.get("losses") else None
+    extra = _model_flags(like)
+    own = session().flags
+    own_model = own[own.index("--model_name_or_path") + 1] if "--model_name_or_path" in own else None
+    model = extra[extra.index("--model_name_or_path") + 1] if "--model_name_or_path" in extra else own_model
+    name = run_name(ref_id) if earlier[None] is None and model == own_model else REFERENCE_RUN
     print("no matching Task 1 run yet: running Task 1 with the same settings for the comparison")
-    return run_task(tasks.reference(), steps=steps, name="task1" if ref is None else "task1_reference",
-                    extra=_model_flags(like))
+    return run_task(ref_id, steps=steps, name=name, extra=extra)
+
+
+#: the name of a Task 1 run made for a comparison with settings other than the notebook's own
+REFERENCE_RUN = "task1_reference"
 
 
 def _model_flags(like: dict | None) -> list[str]:

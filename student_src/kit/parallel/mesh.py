@@ -51,6 +51,9 @@ ORDER = ("dp", "pp", "cp", "tp")
 #: every axis a group can be asked for: the four of ``ORDER``, ``ep`` (ranks holding different experts of one
 #: expert replica) and ``edp`` (the expert replicas: the ranks that hold the same experts)
 AXES = ("tp", "cp", "ep", "pp", "dp", "edp")
+#: the task table's sync kind of a run that composes the parallelisms (Task 14, ``parallel/composed.py``): every
+#: room's flags are its flags too
+COMPOSED = "composed"
 #: the flag of each degree and what its groups are called in a refusal
 FLAGS = {"pp": ("--pipeline_stages", "stages"), "tp": ("--tp_size", "TP groups"), "cp": ("--cp_size", "CP groups"),
          "ep": ("--ep_size", "EP groups")}
@@ -59,6 +62,11 @@ FLAGS = {"pp": ("--pipeline_stages", "stages"), "tp": ("--tp_size", "TP groups")
 #: expert's over the ranks that hold the same expert (``edp``); a pipeline stage's over its ``dp`` group only
 #: (the other stages hold other parameters)
 AVERAGED_OVER = {"dense": "dp", "expert": "edp", "summed_first": "cp"}
+
+
+def composes(task) -> bool:
+    """Whether ``task`` runs the parallelisms composed (its flags are every room's)."""
+    return task.sync == COMPOSED
 
 
 def world_of(cfg) -> Optional[int]:
@@ -113,6 +121,12 @@ class ParallelDims:
             return (f"--ep_size {self.ep} does not divide the {dp} ranks that hold replicas (--world_size "
                     f"{self.world_size} / {inner} ranks per replica): the EP groups are carved out of them")
         return None
+
+    def describe(self) -> str:
+        """"PP 2 x TP 2 x DP 2": the axes of degree above 1, outermost first, EP inside DP."""
+        axes = [f"{a.upper()} {getattr(self, a)}" for a in ("pp", "cp", "tp") if getattr(self, a) > 1]
+        dp = f"DP {self.dp}" + (f" (EP {self.ep} x {self.dp // self.ep} expert replicas)" if self.ep > 1 else "")
+        return " x ".join(axes + [dp])
 
     # ------------------------------------------------------------------ rank <-> coordinates
     def degree(self, axis: str) -> int:

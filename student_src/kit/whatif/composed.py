@@ -1,11 +1,13 @@
 """The parallelisms composed, on paper: memory per rank, bytes per axis and the step's time of one layout
 (DP x TP x PP x CP x EP, a ZeRO stage, micro-batches, virtual stages, recomputation) of a model shape on a
-cluster (``shapes.py``). The planner (``planner.py``) evaluates many; each axis divides what it divides:
+cluster (``shapes.py``). The planner (``plan.py``) evaluates many; each axis divides what it divides:
 
 * **memory per rank** (the busiest: the first stage, which holds the most micro-batches in flight, or the
-  last, which holds the head and the logits). Parameters: a stage's ``ceil``-balanced share of the layers,
-  TP cutting every matrix (``/ tp``; the norms whole), EP the experts (``/ ep``), the embeddings on the first
-  stage and the head on the last (vocabulary-parallel, ``/ tp``). Their gradients and optimizer state come
+  last, which holds the head and the logits). Parameters: a stage's share of the layers (``stage_layers``:
+  the last takes fewer when its head weighs), TP cutting every matrix (``/ tp``; the norms whole), EP the
+  experts (``/ ep``, and TP cuts them too, as Megatron's expert tensor parallelism does by default), the
+  embeddings on the first stage and the head on the last (vocabulary-parallel, ``/ tp``, unless
+  ``Layout.vocab_parallel`` is off; a tied head copied there when PP parts it from the embeddings). Their gradients and optimizer state come
   from ``measure/memory_model.per_rank``: ZeRO stage 0/1/2/3 = ``ddp``/``zero1``/``zero2``/``fsdp`` over the
   replicas of that shard, DP x CP ranks (CP ranks hold equal weights; Megatron's distributed optimizer
   shards over both), the experts over DP x CP / EP; ZeRO-3 adds one layer gathered whole. Activations:
@@ -39,10 +41,11 @@ cluster (``shapes.py``). The planner (``planner.py``) evaluates many; each axis 
 * **MFU**: the model's FLOPs (``6`` per parameter and token plus attention's ``12 L s h``, recomputation
   not counted) over the step time and the cluster's peak.
 
-Rank order (Megatron-LM's default, tp-cp-ep-dp-pp): TP innermost on the fastest link (its traffic is the
-largest and on the critical path), then CP, then DP (EP within it), PP outermost (its traffic is the
-smallest). An axis's group stays on a node's link when its stride times its size fits a node, else it
-crosses the network at the GPU's own NIC bandwidth.
+Rank order: the kit's one mesh's (``parallel/mesh.ORDER``, Llama 3's [TP, CP, PP, DP], innermost first):
+TP on the fastest link (its traffic is the largest and on the critical path), then CP, then PP, DP
+outermost (one gradient average a step, overlapped with backward); EP splits DP, its inner part. A group
+stays on a node's link when its extent (the stride of its outermost axis times that axis's size) fits a
+node, else it crosses the network at the GPU's own NIC bandwidth.
 
 Calibration, documented constants only: ``COMPUTE_EFFICIENCY`` (the fraction of peak the matmuls reach)
 and the links' ``GLOO_EFFICIENCY`` (the kit's measured fraction of a link its collectives reach, reused
@@ -59,6 +62,7 @@ from student_src.kit.measure import memory_model
 from student_src.kit.parallel.context.memory import attention_bytes
 from student_src.kit.parallel.context.traffic import sent as cp_sent
 from student_src.kit.parallel.expert.traffic import uniform_layer_bytes
+from student_src.kit.parallel.mesh import ORDER as MESH_ORDER, ParallelDims
 from student_src.kit.parallel.pipeline.memory import pipeline_held
 from student_src.kit.parallel.pipeline.whatif import StageProfile, pipeline_iteration
 from student_src.kit.parallel.tensor.traffic import tp_calls
@@ -78,8 +82,8 @@ OPTIMIZER_BYTES = 28
 LOGIT_BYTES = 8
 ZERO_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
 RECOMPUTE = ("none", "selective", "full")
-#: rank order, innermost first (Megatron-LM's default); EP is carved out of DP
-ORDER = ("tp", "cp", "dp", "pp")
+#: rank order, innermost first: the kit's mesh's (``parallel/mesh.ORDER`` lists it outermost first)
+ORDER = tuple(reversed(MESH_ORDER))
 
 
 @dataclass(frozen=True)
@@ -131,20 +135,23 @@ class Workload:
 
 
 def check(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload) -> str:
-    """Why ``layout`` cannot run at all ('' when it can): the degrees' divisibility rules."""
+    """Why ``layout`` cannot run at all ('' when it can): the mesh's refusal of the degrees, then the model's
+    and the batch's divisibility rules."""
     L = layout
-    if min(L.dp, L.tp, L.pp, L.cp, L.ep, L.micro_batch, L.virtual) < 1:
-        return "every degree, the micro-batch and the virtual stages must be at least 1"
-    if L.gpus != cluster.gpus:
-        return f"dp x tp x pp x cp = {L.gpus}, not the cluster's {cluster.gpus} GPUs"
+    try:  # the degrees themselves: the kit's mesh refuses them as it refuses a run's
+        ParallelDims(cluster.gpus, L.dp, L.pp, L.cp, L.tp, L.ep)
+    except KitError as exc:
+        return str(exc)
+    if min(L.micro_batch, L.virtual) < 1:
+        return "the micro-batch and the virtual stages must be at least 1"
     if shape.heads % L.tp:
         return f"TP {L.tp} does not divide the {shape.heads} attention heads"
     if L.pp > shape.layers:
         return f"PP {L.pp} is more stages than the {shape.layers} layers"
     if work.seq % L.cp:
         return f"CP {L.cp} does not divide the {work.seq}-token sequence"
-    if L.dp % L.ep or (L.ep > 1 and (not shape.experts or shape.experts % L.ep)):
-        return f"EP {L.ep} must divide DP {L.dp} and the model's {shape.experts} experts"
+    if L.ep > 1 and (not shape.experts or shape.experts % L.ep):
+        return f"EP {L.ep} must divide the model's {shape.experts} experts"
     if work.global_batch % (L.dp * L.micro_batch):
         return f"the global batch of {work.global_batch} sequences does not split into DP {L.dp} x micro-batches of {L.micro_batch}"
     if L.virtual > 1 and (L.pp == 1 or math.ceil(shape.layers / L.pp) % L.virtual
@@ -179,14 +186,14 @@ def group_links(cluster: Cluster, layout: Layout) -> dict:
     fast = LinkModel(cluster.intra_bytes_per_s * 8, cluster.intra_latency_s, GLOO_EFFICIENCY)
     slow = LinkModel(cluster.inter_bytes_per_s * 8, cluster.inter_latency_s, GLOO_EFFICIENCY)
     sizes = {"tp": layout.tp, "cp": layout.cp, "dp": layout.dp, "pp": layout.pp}
-    links, stride = {}, 1
+    extent, stride = {}, 1
     for axis in ORDER:
-        links[axis] = fast if stride * sizes[axis] <= cluster.gpus_per_node else slow
         stride *= sizes[axis]
-    # DP x CP (the gradients' group) spans both axes; EP sits inside DP
-    links["dpcp"] = fast if layout.tp * layout.cp * layout.dp <= cluster.gpus_per_node else slow
-    links["ep"] = fast if layout.tp * layout.cp * layout.ep <= cluster.gpus_per_node else slow
-    return links
+        extent[axis] = stride
+    # DP x CP (the gradients' group) reaches as far as its outer axis; EP is DP's inner part
+    extent["dpcp"] = max(extent["dp"], extent["cp"]) if layout.dp > 1 else extent["cp"]
+    extent["ep"] = extent["dp"] // layout.dp * layout.ep
+    return {axis: fast if reach <= cluster.gpus_per_node else slow for axis, reach in extent.items()}
 
 
 def activation_elements(shape: ModelShape, recompute: str) -> float:
@@ -232,10 +239,10 @@ def _stage_params(shape: ModelShape, pp: int, tp: int, ep: int, vocab_parallel: 
     layer_experts = shape.expert_params_per_layer / (ep * tp)
     out = []
     for stage, layers in ((0, first), (pp - 1, last)):
-        dense = layers * layer_dense + (shape.embedding_params / vocab_tp if stage == 0 else 0)
+        dense = layers * layer_dense + ((shape.embedding_params / vocab_tp + shape.other_params) if stage == 0 else 0)
         # the head: its own matrix, or with tied embeddings a copy on the last stage when PP cuts them apart
         head = shape.head_params if not shape.tied else (shape.embedding_params if shape.lm_head and pp > 1 else 0)
-        dense += head / vocab_tp if stage == pp - 1 else 0
+        dense += head / vocab_tp + shape.hidden if stage == pp - 1 else 0  # and the final norm
         out.append((stage, layers, dense, layers * layer_experts))
     return tuple(out)
 

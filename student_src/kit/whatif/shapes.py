@@ -32,7 +32,9 @@ class ModelShape:
     matrix). With ``experts`` > 0 every MLP is ``experts`` experts of width ``ffn``, ``top_k`` per token.
     ``flash``: attention never keeps the ``s x s`` scores (FlashAttention, SDPA); the kit's eager
     attention on the CPU keeps them. ``lm_head``: the loss is over the vocabulary (a language model's
-    logits, ``vocab`` wide); the kit's classifiers predict 2 labels."""
+    logits, ``vocab`` wide); the kit's classifiers predict 2 labels. ``other_params``: what the formulas
+    leave out (biases, position and token-type embeddings, a pooler, a classifier), held whole with the
+    embeddings: a kit model's shape counts them from the live model, so its total is exact."""
     name: str
     layers: int
     hidden: int
@@ -46,6 +48,7 @@ class ModelShape:
     top_k: int = 1
     flash: bool = True
     lm_head: bool = True
+    other_params: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -94,7 +97,7 @@ class ModelShape:
     def params(self) -> int:
         """Ψ: every parameter (Llama-3-405B: 405.8 B)."""
         return (self.layers * (self.dense_params_per_layer + self.expert_params_per_layer)
-                + self.embedding_params + self.head_params + self.hidden)
+                + self.embedding_params + self.head_params + self.hidden + self.other_params)
 
 
 #: published shapes: Llama 3 from Meta's config.json files (Llama 3.1 models, same shapes), BERT-large
@@ -140,7 +143,9 @@ def _kit_model(name: str) -> ModelShape:
     moe = getattr(model, "kit_moe", None)
     if moe:
         config.update(num_experts=moe["num_experts"], num_experts_per_tok=moe["top_k"])
-    return replace(from_config({**config, "flash": False}, name), tied=True, lm_head=False)
+    shape = replace(from_config({**config, "flash": False}, name), tied=True, lm_head=False)
+    counted = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return replace(shape, other_params=counted - shape.params)
 
 
 def model_shape(spec: str) -> ModelShape:

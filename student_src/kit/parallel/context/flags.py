@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from student_src.kit import tasks
 from student_src.kit.errors import KitError
-from student_src.kit.parallel.mesh import ParallelDims, world_of
+from student_src.kit.parallel.mesh import ParallelDims, composes, world_of
 
 
 def dims(cfg, world: int) -> ParallelDims:
@@ -22,6 +22,8 @@ def validate(cfg) -> None:
     """Its flags only with a context-parallel task; a CP size that divides the ranks (the mesh's check) and
     the sequence; what it does not do yet refused in one line."""
     task = tasks.get(cfg.task)
+    if composes(task):  # its axis among the others: parallel/composed.py checks the grid
+        return
     if task.sync != "context_parallel":
         if cfg.cp_size is not None or cfg.cp_attention != "ring":
             raise KitError(f"--cp_size/--cp_attention are for context parallelism: use them with --task "

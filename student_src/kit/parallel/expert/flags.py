@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from student_src.kit import tasks
 from student_src.kit.errors import KitError
-from student_src.kit.parallel.mesh import ParallelDims, world_of
+from student_src.kit.parallel.mesh import ParallelDims, composes, world_of
 
 
 def dims(cfg, world: int) -> ParallelDims:
@@ -19,6 +19,8 @@ def validate(cfg) -> None:
     """``--ep_size`` only with expert parallelism, at least 1, dividing the experts and the ranks that hold
     replicas (the mesh's check); a MoE model; no timeline or fp16 yet."""
     task = tasks.get(cfg.task)
+    if composes(task):  # its axis among the others: parallel/composed.py checks the grid
+        return
     if task.sync != "expert_parallel":
         if cfg.ep_size is not None:
             raise KitError(f"--ep_size is for expert parallelism: use it with --task "

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from student_src.kit import tasks
 from student_src.kit.errors import KitError
-from student_src.kit.parallel.mesh import ParallelDims
+from student_src.kit.parallel.mesh import ParallelDims, composes
 
 
 def validate(cfg) -> None:
     """Its flags only with a pipeline task; stages that divide the ranks (the mesh's check); micro-batches
     and replicas that divide the batch; what it does not do yet refused in one line."""
     task = tasks.get(cfg.task)
+    if composes(task):  # its stages among the other axes: parallel/composed.py checks the grid
+        return
     if task.sync != "pipeline":
         if cfg.pipeline_stages is not None or cfg.micro_batches != 4 or cfg.schedule != "1f1b" or cfg.torch_pipelining:
             raise KitError(f"--pipeline_stages/--micro_batches/--schedule/--torch_pipelining are for a pipeline: use them "

@@ -113,7 +113,8 @@ def _device(params) -> torch.device:
 
 
 def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: int, schedule: str, ranks=None,
-                    group=None, replica: int = 0, replicas: int = 1, average=None, runner=None, activations=None):
+                    group=None, replica: int = 0, replicas: int = 1, average=None, runner=None, activations=None,
+                    clip=None):
     """A ``train_step(model, batch, optimizer, scheduler, sync_gradients, max_grad_norm)`` for the
     kit's loop, around the student's ``pipeline_step``: this replica's share of the batch (rows
     ``replica`` of ``replicas`` equal parts) cut into micro-batches, the schedule among ``ranks``
@@ -123,7 +124,9 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
     last stage's loss broadcast in the pipeline, so that every rank returns its replica's loss.
     ``runner(model, batch)``, when given, runs the schedule in place of ``pipeline_step``
     (``--torch_pipelining``: ``torch_pipelining.py``). ``activations`` (an ``activations.ActivationMeter``)
-    counts what autograd keeps for backward during the first step of ``pipeline_step``."""
+    counts what autograd keeps for backward during the first step of ``pipeline_step``. ``clip(model,
+    max_norm)``, when given, clips in place of the norm over the pipeline's stages (a composed run's
+    stages are cut by the other axes too: ``parallel/composed_model.clip_fn``)."""
     import contextlib
 
     import torch.distributed as dist
@@ -143,7 +146,9 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
                                      ranks=ranks, group=group)
         if average is not None:
             average(model)
-        if max_grad_norm and max_grad_norm > 0:
+        if clip is not None:
+            clip(model, max_grad_norm)
+        elif max_grad_norm and max_grad_norm > 0:
             # the mesh's clip: every parameter of a stage is its own (the others' are on the other stages)
             clip_global_norm(model, lambda name: True, group, max_grad_norm, reduce=num_stages > 1)
         optimizer.step()

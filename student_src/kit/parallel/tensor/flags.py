@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from student_src.kit import tasks
 from student_src.kit.errors import KitError
-from student_src.kit.parallel.mesh import ParallelDims, world_of
+from student_src.kit.parallel.mesh import ParallelDims, composes, world_of
 
 
 def dims(cfg, world: int) -> ParallelDims:
@@ -22,6 +22,8 @@ def validate(cfg) -> None:
     """Its flags only with a tensor-parallel task; a TP size that divides the ranks (the mesh's check) and,
     with sequence parallelism, the sequence; what it does not do yet refused in one line."""
     task = tasks.get(cfg.task)
+    if composes(task):  # its axis among the others: parallel/composed.py checks the grid
+        return
     if task.sync != "tensor_parallel":
         if cfg.tp_size is not None or cfg.torch_tp or cfg.sequence_parallel or cfg.vocab_parallel:
             raise KitError(f"--tp_size/--torch_tp/--sequence_parallel/--vocab_parallel are for tensor parallelism: use "

@@ -91,16 +91,22 @@ def parallelize(model, parallelize_layer, group, sequence_parallel: bool = False
     (``sequence_parallel_edges``); with ``vocab_parallel_embedding`` (the student's class), the word
     embeddings cut by rows (``vocab_parallel_embeddings``)."""
     tp_model = copy.deepcopy(model)
-    for layer in encoder_layers(tp_model):
-        if sequence_parallel:
-            parallelize_layer(layer, group, sequence_parallel=True)
-        else:
-            parallelize_layer(layer, group)
+    cut_layers(tp_model, parallelize_layer, group, sequence_parallel)
     if sequence_parallel:
         sequence_parallel_edges(tp_model, group)
     if vocab_parallel_embedding is not None:
         vocab_parallel_embeddings(tp_model, vocab_parallel_embedding, group)
     return tp_model
+
+
+def cut_layers(model, parallelize_layer, group, sequence_parallel: bool = False) -> None:
+    """Every encoder layer of ``model`` rewritten in place by the student's ``parallelize_layer`` on ``group``
+    (a composed run cuts the model Task 11 already rewrote: ``parallel/composed_model.py``)."""
+    for layer in encoder_layers(model):
+        if sequence_parallel:
+            parallelize_layer(layer, group, sequence_parallel=True)
+        else:
+            parallelize_layer(layer, group)
 
 
 def vocab_parallel_embeddings(tp_model, vocab_parallel_embedding, group) -> None:

@@ -5,11 +5,12 @@ memory, ranked by the composed model's step time (``composed.py``), and one pick
     python -m student_src.kit.whatif plan                      # llama-3-8b on one h100 node, 8k tokens, 64 sequences
     python -m student_src.kit.whatif plan --model llama-3-405b --cluster h100 --nodes 2048 \\
         --seq_len 8192 --global_batch_tokens 16M
-    from student_src.kit.whatif.planner import plan, format_plan   # a notebook cell
+    from student_src.kit.whatif.plan import plan, format_plan   # a notebook cell
     print(format_plan(plan("llama-3-70b", nodes=16, seq_len=8192, global_batch=512)))
 
 The list has one row per mesh (its degrees), each with the settings that make it fastest; the pick is the
-fastest mesh (of those within ``TIE`` of it, the simplest: data parallelism before the others), and its sentence follows the Ultra-Scale Playbook's order of decisions: fit the model with
+fastest mesh (of those within ``TIE`` of it, the simplest: data parallelism before the others), and its
+sentence follows the Ultra-Scale Playbook's order of decisions: fit the model with
 TP inside a node first, then PP across nodes, CP for long sequences, DP for the rest.
 """
 from __future__ import annotations
