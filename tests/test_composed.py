@@ -1,8 +1,8 @@
 """Task 14's run (``run_glue --task 14``): the parallelisms composed on one grid of ranks (the kit's mesh,
 ``student_src/kit/parallel/mesh.py``) with the student's ``parallel_dims.py`` building the groups and
 syncing the gradients. Each layout trains the tiny BERT to Task 1's losses step by step (fp32, dropout 0,
-within 1e-6), and what the kit cannot compose yet is refused in one line. 8-rank runs are slow on two
-cores: few steps, one test per layout."""
+within 1e-6), and what the kit cannot compose yet is refused in one line. 8- and 16-rank runs are slow on
+two cores: few steps, one test per layout."""
 
 import pytest
 from short_runs import train_tiny
@@ -29,16 +29,20 @@ def _same_losses(single, metrics, what):
         assert abs(a - b) < 1e-6, f"step {step + 1}: task 1 {a:.8f} vs task 14 ({what}) {b:.8f}"
 
 
-@pytest.mark.parametrize("what, flags", [
-    ("CP 2 x TP 2 x DP 2", ("--cp_size", "2", "--tp_size", "2")),
-    ("PP 2 x TP 2 x DP 2", ("--pipeline_stages", "2", "--tp_size", "2", "--micro_batches", "2")),
+@pytest.mark.parametrize("what, world, flags", [
+    ("CP 2 x TP 2 x DP 2", 8, ("--cp_size", "2", "--tp_size", "2")),
+    ("PP 2 x TP 2 x DP 2", 8, ("--pipeline_stages", "2", "--tp_size", "2", "--micro_batches", "2")),
+    # the 4-D run (about 80 s on 2 cores): each stage's ranks cut the sequence too (composed_stage.py)
+    ("PP 2 x CP 2 x TP 2 x DP 2", 16, ("--pipeline_stages", "2", "--cp_size", "2", "--tp_size", "2",
+                                       "--micro_batches", "2")),
 ])
-def test_a_composed_layout_trains_like_task_1(single_node, small_rte, tmp_path, what, flags):
-    metrics = train_tiny(small_rte, tmp_path / "composed", "14", *CLIP, *flags, world_size=8, steps=STEPS)
-    assert metrics["world_size"] == 8 and metrics["global_batch_size"] == 16
+def test_a_composed_layout_trains_like_task_1(single_node, small_rte, tmp_path, what, world, flags):
+    metrics = train_tiny(small_rte, tmp_path / "composed", "14", *CLIP, *flags, world_size=world, steps=STEPS)
+    assert metrics["world_size"] == world and metrics["global_batch_size"] == 16
     _same_losses(single_node, metrics, what)
     ranks = metrics["rank_losses"]
-    assert ranks[0] == ranks[1] and ranks[0] != ranks[4]  # TP peers see the same rows; the replicas others
+    # TP peers see the same rows; the second replica (dp outermost: the world's second half) others
+    assert ranks[0] == ranks[1] and ranks[0] != ranks[world // 2]
 
 
 MOE = ("--model_name_or_path", "tiny-moe", "--aux_loss_coef", "0", "--capacity_factor", "0")  # no drop, no aux loss
@@ -70,7 +74,7 @@ def test_tp_times_fsdp_trains_like_task_1(single_node, small_rte, tmp_path):
 
 
 @pytest.mark.parametrize("flags, says", [
-    (("--pipeline_stages", "2", "--cp_size", "2"), "--pipeline_stages with --cp_size is not composed yet"),
+    (("--tp_size", "2", "--ep_size", "2", "--model_name_or_path", "tiny-moe"), "--ep_size with --tp_size is not"),
     (("--tp_size", "3"), "--tp_size 3 does not divide --world_size 8"),
     (("--tp_size", "2", "--ep_size", "8", "--model_name_or_path", "tiny-moe"), "--ep_size 8 does not divide the 4 ranks"),
     (("--tp_size", "2", "--measure_traffic"), "without --measure_traffic"),
@@ -85,9 +89,30 @@ def test_a_layout_the_kit_cannot_run_is_refused_in_one_line(flags, says):
 
 
 def test_the_grids_flags_are_task_14s():
-    """--dp_shard only with a composed run; the rooms' own flags (--pipeline_stages, --cp_size) are its too."""
+    """--dp_shard only with a composed run; the rooms' own flags (--pipeline_stages, alias --pp_size, --tp_size)
+    are its too."""
     with pytest.raises(KitError, match="--dp_shard is the DP axis's kind of a composed run"):
         parse_config(["--task", "10", "--world_size", "4", "--dp_shard", "fsdp"])
-    cfg = parse_config(["--task", "14", "--world_size", "8", "--pipeline_stages", "2", "--tp_size", "2", "--schedule",
+    cfg = parse_config(["--task", "14", "--world_size", "8", "--pp_size", "2", "--tp_size", "2", "--schedule",
                         "afab", "--micro_batches", "2"])
     assert (cfg.pipeline_stages, cfg.tp_size, cfg.schedule) == (2, 2, "afab")
+
+
+def test_a_student_layout_other_than_the_kits_is_refused_before_any_group(monkeypatch):
+    """The loader, the clip and evaluation count on the kit's order (TP innermost): a student's ``axis_ranks``
+    with TP outermost is one line naming the axis, before ``build_axis_groups`` creates anything."""
+    from student_src.kit import student_api
+    from student_src.kit.parallel import composed
+    from student_src.kit.parallel.mesh import ParallelDims
+
+    dims = ParallelDims(8, pp=2, tp=2)
+    degrees = {"dp": 2, "pp": 2, "cp": 1, "tp": 2, "ep": 1}
+
+    def axis_ranks(axis, rank, degrees):  # TP outermost: rank = tp * 4 + (dp * 2 + pp)
+        if axis == "tp":
+            return sorted({rank % 4 + 4 * t for t in range(2)})
+        return next(g for g in dims.ranks(axis) if rank in g)
+
+    monkeypatch.setattr(student_api, "function", lambda task, name=None, fresh=False: axis_ranks)
+    with pytest.raises(KitError, match=r"axis_ranks\('tp', 0, .*returned \[0, 4\], expected \[0, 1\].*TP innermost"):
+        composed._check_groups("14", dims, 0, degrees)

@@ -22,7 +22,9 @@ from student_src.kit.errors import KitError
 MOE_FLAGS = ("num_experts", "top_k", "capacity_factor", "aux_loss_coef")
 
 #: the flag checks and data-rank rules of the rooms above core, by the task table's ``sync`` kind: each
-#: parallelism hands its own in when its room is imported (``parallel/registry.register``); core names none
+#: parallelism hands its own in when its room is imported (``parallel/registry.register``); core names none.
+#: Every entry point loads them before ``parse_config`` (run_glue, ``train/start.py``, the notebooks' kit); a
+#: script that imports this module alone parses its flags without the parallelisms' checks
 ROOM_FLAGS: dict[str, tuple] = {}
 
 
@@ -209,8 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--torch_sharding", action="store_true", default=None,
                    help="Task 6: torch's ZeroRedundancyOptimizer instead of your ShardedOptimizer; Task 7: torch's FSDP2 "
                         "(fully_shard) instead of your FSDP (as Task 3's DDP is to 2b)")
-    g.add_argument("--pipeline_stages", type=int, help="Task 9: pipeline stages (default: one per rank); with fewer, "
-                   "the ranks are stages x data-parallel replicas (4 ranks, 2 stages: 2 replicas)")
+    g.add_argument("--pipeline_stages", "--pp_size", type=int,
+                   help="Task 9 (and 14): pipeline stages (default: one per rank); with fewer, the ranks are stages x "
+                        "data-parallel replicas (4 ranks, 2 stages: 2 replicas)")
     g.add_argument("--micro_batches", type=int, help="Task 9: micro-batches per batch (default 4; must divide the global batch)")
     g.add_argument("--schedule", choices=("afab", "1f1b"), help="Task 9: all forwards then all backwards (GPipe), or 1F1B (default)")
     g.add_argument("--torch_pipelining", action="store_true", default=None,
@@ -358,9 +361,6 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.measure_traffic and task.sync == "fsdp":
             raise KitError("--measure_traffic's model follows your FSDP (FSDP2 gathers whole units and re-gathers "
                            "before every backward): measure without --torch_sharding")
-    if not ROOM_FLAGS:
-        raise KitError("the parallelisms' flag checks are not loaded: import student_src.kit.parallel before "
-                       "parse_config (run_glue and the notebooks' kit do)")
     _validate_moe_model(cfg)
     for check, _ in ROOM_FLAGS.values():
         if check is not None:

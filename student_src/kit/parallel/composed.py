@@ -13,7 +13,7 @@ Not a parallelism room of its own: it composes the rooms (``pipeline/``, ``tenso
 * the model (``composed_model.py``): the MoE layers' experts cut on the EP group (Task 12), each layer's
   attention made context-parallel (Task 11), then each encoder layer cut by width on the TP group (Task
   10: after CP, so TP's f sits on the new attention), then, with stages, the student's ``build_stage``
-  over that model (Task 9);
+  over that model (Task 9), each stage cutting the sequence too with CP (``composed_stage.py``);
 * the step: the student's ``train_step`` (or, with stages, the kit's pipeline step around the student's
   ``pipeline_step``), the student's ``sync_composed_grads``, the clip by the global norm over every axis
   that shards a parameter (``composed_model.clip``);
@@ -26,6 +26,7 @@ from student_src.kit import student_api, tasks
 from student_src.kit.core.config import TrainConfig
 from student_src.kit.errors import KitError
 from student_src.kit.parallel import composed_model as cm
+from student_src.kit.parallel.composed_stage import ContextParallelStage
 from student_src.kit.parallel.mesh import COMPOSED, ORDER, ParallelDims, composes, world_of
 from student_src.kit.parallel.pipeline import stages as pipeline_stages
 from student_src.kit.parallel.registry import Lent
@@ -68,9 +69,6 @@ def validate(cfg) -> None:
     world = world_of(cfg)
     if world:
         dims = dims_of(cfg, world)
-        if dims.pp > 1 and dims.cp > 1:
-            raise KitError("--pipeline_stages with --cp_size is not composed yet (the first stage would cut the "
-                           "sequence before the embeddings): run PP x TP x DP or CP x TP x DP")
         if dims.ep > 1 and dims.tp > 1:
             raise KitError("--ep_size with --tp_size is not composed yet (the experts are not cut by width): run "
                            "PP x EP x DP or TP x DP")
@@ -102,6 +100,11 @@ def validate(cfg) -> None:
         if given:
             raise KitError(f"--task {task.id} composes the parallelisms without {flag} (not there yet for the "
                            "composed run): run it without")
+
+
+def _student11(name: str):
+    """A provided part of Task 11's module (``shard_inputs``, ``first_rank_logits``): the student's file has it."""
+    return student_api.function(tasks.for_function("parallelize_bert_for_context").id, name)
 
 
 def _check_groups(pd, dims: ParallelDims, rank: int, degrees: dict) -> None:
@@ -150,6 +153,9 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
     pipeline_step = student_api.function(tasks.for_function("pipeline_step").id, "pipeline_step")
     stages = [build(built.inner, s, dims.pp) for s in range(dims.pp)]  # every rank cuts alike: who owns what
     stage = stages[coords["pp"]]
+    if dims.cp > 1:  # the stage's ranks cut the sequence too: the slice at the first stage, CP rank 0's logits at the last
+        stage = ContextParallelStage(stage, groups["cp"], members["cp"], _student11("shard_inputs"),
+                                     _student11("first_rank_logits"))
     built.owner = cm.stage_owner(model, stages)
     step = pipeline_stages.make_train_step(
         pipeline_step, coords["pp"], dims.pp, cfg.micro_batches, cfg.schedule, ranks=members["pp"],

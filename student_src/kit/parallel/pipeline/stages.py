@@ -94,7 +94,9 @@ class BertStage(nn.Module):
         """The stage's computation: ``(hidden, mask)`` to send on, or on the last stage the logits."""
         if self.first:
             mask = micro_batch["attention_mask"]
-            hidden = self.embeddings(input_ids=micro_batch["input_ids"], token_type_ids=micro_batch.get("token_type_ids"))
+            # position_ids: a context-parallel slice's global positions (parallel/composed_stage.py); None: 0..s-1
+            hidden = self.embeddings(input_ids=micro_batch["input_ids"], token_type_ids=micro_batch.get("token_type_ids"),
+                                     position_ids=micro_batch.get("position_ids"))
         else:
             hidden, mask = inputs
         layer_mask = _attention_mask(self._bert[0], mask, hidden)
