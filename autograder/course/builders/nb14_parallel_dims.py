@@ -18,8 +18,7 @@ if not tasks.get("14").trains:
           "this notebook shows; the checks above grade your functions either way.")
 else:
     for name, flags in LAYOUTS.items():
-        runs14[name] = kit.run_task("14", name=name, steps=COMPOSED_STEPS, world_size=8,
-                                    extra=[*flags, "--measure_traffic"])
+        runs14[name] = kit.run_task("14", name=name, steps=COMPOSED_STEPS, world_size=8, extra=flags)
 '''
 
 #: the kit's composed model (``student_src/kit/whatif/composed.py``) for the two layouts of the prediction
@@ -41,9 +40,9 @@ display(Markdown("### The kit's model: what the busiest rank holds, and what one
                  + "\\n".join(lines)))
 '''
 
-#: the planner (``student_src/kit/whatif/planner.py``): Llama 3 405B at 8k tokens on 16,384 H100s
+#: the planner (``student_src/kit/whatif/plan.py``): Llama 3 405B at 8k tokens on 16,384 H100s
 PLANNER = '''
-from student_src.kit.whatif.planner import format_plan, plan
+from student_src.kit.whatif.plan import format_plan, plan
 
 print(format_plan(plan("llama-3-405b", nodes=2048, seq_len=8192, global_batch_tokens="16M"), top=5))
 '''
@@ -110,7 +109,8 @@ where your `sync_composed_grads` runs a CP sum, then a DP average. What does the
 """)
     nb.code(PREDICTED)
     nb.md(RUN_INTRO + "\nTask 14 runs 8 ranks as the two layouts of your prediction, each equal to Task 1's losses "
-          "step by step with dropout off, and measures the bytes of each axis (`--measure_traffic`).")
+          "step by step with dropout off (the composed run does not measure its bytes per axis yet: compare with the "
+          "kit's model above).")
     nb.code(RUN_TWO)
     nb.md(RESULTS_INTRO + "\nBoth layouts train the same model on the same examples: with dropout off their losses "
           "equal Task 1's. What differs is what each rank holds and sends.")
