@@ -270,6 +270,7 @@ def test_notebook_executes(name, runs_dir, request):
         pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
         assert "passed" in outputs and "| 5 | dp1 pp0 cp0 tp1 |" in outputs and len(pngs) == 1, outputs[-2000:]
         assert "THE COMPOSED RUN IS NOT IN THIS KIT YET" in outputs, outputs[-2000:]
+        assert "| TP 2 x CP 1 x PP 2 x DP 2 |" in outputs and "pick: TP" in outputs, outputs[-2000:]  # model, planner
         return
     models = _widget_models(nb)
     bars = [m["state"] for m in models if m["model_name"] in ("FloatProgressModel", "IntProgressModel")]

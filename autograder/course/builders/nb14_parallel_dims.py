@@ -18,21 +18,33 @@ if not tasks.get("14").trains:
           "this notebook shows; the checks above grade your functions either way.")
 else:
     for name, flags in LAYOUTS.items():
-        runs14[name] = kit.run_task("14", name=name, steps=COMPOSED_STEPS, world_size=8,
-                                    extra=[*flags, "--measure_traffic"])
+        runs14[name] = kit.run_task("14", name=name, steps=COMPOSED_STEPS, world_size=8, extra=flags)
 '''
 
-#: the planner (issue 45, item 4: ``student_src/kit/whatif/plan.py``); shown only where this kit has it
-PLANNER = '''
-import importlib.util, subprocess, sys
+#: the kit's composed model (``student_src/kit/whatif/composed.py``) for the two layouts of the prediction
+PREDICTED = '''
+from IPython.display import Markdown, display
+from student_src.kit.whatif import composed
+from student_src.kit.whatif.composed import Layout, Workload
+from student_src.kit.whatif.shapes import cluster, model_shape
 
-if importlib.util.find_spec("student_src.kit.whatif.plan") is None:
-    print("THE PLANNER IS NOT IN THIS KIT YET (python -m student_src.kit.whatif plan, issue 45): answer Q3 "
-          "from your own predictions above.")
-else:
-    # the planner's own command line: its help names the model shapes and cluster presets it knows
-    print(subprocess.run([sys.executable, "-m", "student_src.kit.whatif", "plan", "--help"],
-                         capture_output=True, text=True, cwd=S.root).stdout)
+shape, node, work = model_shape("bert-large"), cluster("h100", 1), Workload(128, 32, "fp32")
+lines = ["| layout | parameters GB | gradients GB | optimizer GB | activations GB | TP MB | CP MB | PP MB | DP MB |",
+         "|---|---|---|---|---|---|---|---|---|"]
+for layout in (Layout(dp=2, tp=2, pp=2, zero=0, micro_batch=4), Layout(dp=2, tp=2, cp=2, zero=0, micro_batch=16)):
+    r = composed.evaluate(shape, node, layout, work)
+    mem, sent = r["memory"], r["bytes_by_axis"]
+    lines.append(f"| {r['label']} | " + " | ".join(f"{mem[k] / 1e9:.2f}" for k in ("params", "grads", "optimizer", "activations"))
+                 + " | " + " | ".join(f"{sent[a] / 1e6:,.0f}" for a in ("tp", "cp", "pp", "dp")) + " |")
+display(Markdown("### The kit's model: what the busiest rank holds, and what one rank sends per axis and step\\n\\n"
+                 + "\\n".join(lines)))
+'''
+
+#: the planner (``student_src/kit/whatif/plan.py``): Llama 3 405B at 8k tokens on 16,384 H100s
+PLANNER = '''
+from student_src.kit.whatif.plan import format_plan, plan
+
+print(format_plan(plan("llama-3-405b", nodes=2048, seq_len=8192, global_batch_tokens="16M"), top=5))
 '''
 
 
@@ -74,7 +86,7 @@ stage) is outlined. Try `ORDER = ("pp", "dp", "cp", "tp")` and see which groups 
     nb.md("""
 ## Predict first
 
-For BERT-base (110 M parameters, 12 layers, hidden h = 768), a batch of b = 32 sequences of s = 128
+For BERT-large (340 M parameters, 24 layers, hidden h = 1024), a batch of b = 32 sequences of s = 128
 tokens a step, fp32 weights and AdamW (16 bytes a parameter: weights, gradients, two moments), write
 down for **PP 2 × TP 2 × DP 2** and for **CP 2 × TP 2 × DP 2**, per rank:
 
@@ -88,9 +100,17 @@ down for **PP 2 × TP 2 × DP 2** and for **CP 2 × TP 2 × DP 2**, per rank:
    * PP: the hidden states `b_dp × s × h` across the stage boundary, and their gradient back;
    * DP: one ring all_reduce of the gradients this rank holds, 2 (D - 1) / D of their bytes.
 3. Which axis sends the most? Which sends on the critical path of every layer?
+
+Then compare with the kit's model of memory and traffic (`student_src/kit/whatif/composed.py`, each
+axis dividing what it divides; the busiest rank, 4 micro-batches for the pipeline). One difference is
+on purpose: the model syncs the gradients of DP and CP in **one** all_reduce over the DP × CP ranks
+(the sum over CP and the mean over DP are one mean over both, up to a factor; Megatron does it so),
+where your `sync_composed_grads` runs a CP sum, then a DP average. What does the one ring save?
 """)
+    nb.code(PREDICTED)
     nb.md(RUN_INTRO + "\nTask 14 runs 8 ranks as the two layouts of your prediction, each equal to Task 1's losses "
-          "step by step with dropout off, and measures the bytes of each axis (`--measure_traffic`).")
+          "step by step with dropout off (the composed run does not measure its bytes per axis yet: compare with the "
+          "kit's model above).")
     nb.code(RUN_TWO)
     nb.md(RESULTS_INTRO + "\nBoth layouts train the same model on the same examples: with dropout off their losses "
           "equal Task 1's. What differs is what each rank holds and sends.")
@@ -100,9 +120,10 @@ down for **PP 2 × TP 2 × DP 2** and for **CP 2 × TP 2 × DP 2**, per rank:
     nb.md("""
 ## Ask the planner: a real model on a real cluster
 
-Which layout for Llama 3 405B at 8k tokens on 16,384 H100s (8 a node)? The kit's planner lists the
-layouts that fit in memory, their step time split into compute, exposed communication and the
-pipeline bubble, and picks one, saying why.
+Which layout for Llama 3 405B at 8k tokens and 16M tokens a step on 16,384 H100s (8 a node)? The
+kit's planner (`python -m student_src.kit.whatif plan`) lists the layouts that fit in memory, their
+step time split into compute, exposed communication and the pipeline bubble, and picks one, saying
+why. Meta trained it as TP 8 × CP 1 × PP 16 × DP 128 at 38-43% MFU: compare.
 """)
     nb.code(PLANNER)
     nb.md("## Questions for your report")
@@ -123,12 +144,15 @@ pipeline bubble, and picks one, saying why.
                 "the members never find each other and the first collective on the group waits forever (or gloo "
                 "times out). Creating all of them axis by axis in one fixed order gives every rank the same ids.")
     nb.question("**Q3.** Compare your predictions with the measured bytes of the two layouts (or the planner's), "
-                "and explain the planner's pick for Llama 3 405B: why TP 8 inside a node, why PP 16 rather than more "
-                "DP, and what the bubble costs?",
+                "and explain the planner's pick for Llama 3 405B: why TP 8 inside a node, why pipeline stages across "
+                "nodes rather than more DP, what the bubble costs, and why its pick may differ from Meta's PP 16?",
                 "TP 8 fills a node's NVLink, where its per-layer all_reduces are cheap; more TP would cross nodes. The "
-                "405B model's weights and AdamW state do not fit in 8 GPUs' memory, so the layers are cut further by PP "
-                "16 (point to point, little traffic, but a bubble of (p - 1) / (m + p - 1) of the step, small with "
-                "many micro-batches); the rest, DP 128, reads different data and syncs gradients once a step over "
-                "the network, overlapped with the backward. Memory decides TP x PP, the batch and the bubble decide "
-                "the micro-batches, and DP takes the remaining GPUs.")
+                "405B model's weights and AdamW state do not fit in 8 GPUs' memory, so the layers are cut further by "
+                "PP across nodes (point to point, little traffic, but a bubble of (p - 1) / (m + p - 1) of the step, "
+                "divided by the virtual stages of an interleaved schedule, small with many micro-batches); the rest, "
+                "DP, reads different data and syncs gradients once a step over the network, overlapped with the "
+                "backward (ZeRO shards the optimizer state over it). Memory decides TP x PP, the batch and the bubble "
+                "decide the micro-batches, and DP takes the remaining GPUs. Layouts within a few percent of each "
+                "other are ties for a model this coarse: the planner prefers the simplest, Meta also weighed what "
+                "it does not model (failures, memory fragmentation, the 128k-token stage that needed CP 16).")
     return nb
