@@ -46,7 +46,7 @@ else
   STAMP := $(ACTIVE_ENV)/.kit-installed
 endif
 
-.PHONY: setup data sandbox-tools demo test lab notebooks report release grade gradescope cluster-up cluster-down mutation compat clean help
+.PHONY: setup data sandbox-tools browser-tools demo test lab notebooks report release grade gradescope cluster-up cluster-down mutation compat clean help
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
@@ -88,7 +88,16 @@ sandbox-tools:
 	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap libcap2-bin >/dev/null)) && echo "installed bubblewrap"; \
 	else echo "note: bubblewrap is not installed; grading falls back (python -m autograder sandbox says how)"; fi
 
-test: setup data sandbox-tools
+# tests/test_notebook_browser.py runs one notebook in JupyterLab in a headless Chromium (Playwright, the dev
+# extra): Debian's chromium, installed here as root with apt-get (CI); elsewhere the test says why it skips.
+browser-tools:
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null || [ -n "$$KIT_CHROMIUM" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null)) && echo "installed chromium"; \
+	else echo "note: chromium is not installed; tests/test_notebook_browser.py skips (make browser-tools as root installs it)"; fi
+
+test: setup data sandbox-tools browser-tools
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=25 $(PYTEST_ARGS) tests
 
 lab: setup data

@@ -69,6 +69,7 @@ Compression (optional): with ``compression="fp16"`` or ``"bf16"`` each flat buck
 16 bits before the all_reduce (half the bytes on the wire) and cast back afterwards; see
 :mod:`student_src.kit.compression`.
 """
+import contextlib
 import itertools
 import weakref
 from typing import Dict, List, Optional
@@ -304,6 +305,19 @@ class BucketedDDP(nn.Module):
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backwards inside launch nothing (provided): gradient accumulation (Task 13) lets the
+        micro-batches' gradients add up locally, and the last backward, outside, syncs the sum once,
+        as DDP's ``no_sync`` does. The gradient hooks are off inside and registered again after."""
+        for handle in self._hook_handles:
+            handle.remove()
+        try:
+            yield
+        finally:
+            self._hook_handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                                  for b in self.buckets for p in b.params]
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         """Hook: ``param.grad`` has just been accumulated in backward.

@@ -51,12 +51,15 @@ are): run with ``--dropout 0`` to compare with single-node training, as for Task
 Cases the checks test
 ---------------------
 * ``shard_inputs``: this rank's contiguous slice of every ``[batch, s]`` tensor and global position
-  ids; a sequence length that C does not divide: ``ValueError`` in one line naming both;
+  ids; an entry that is None stays None, a given ``position_ids`` is cut like the others; a sequence
+  length that C does not divide: ``ValueError`` in one line naming both;
 * the tiny BERT cut over 2 ranks with all-gather attention, a few SGD steps (gradients summed by
   ``sync_context_parallel_grads``): the losses and every parameter after the steps equal
   single-process training's;
 * CP x DP on 4 ranks (CP groups {0, 1} and {2, 3}) with ring attention: the tiny BERT's losses and
   every parameter after the steps equal single-node training's;
+* ring attention at C = 4 on the tiny BERT in float64 (one step): the loss and every gradient after
+  ``sync_context_parallel_grads`` equal one process's;
 * the attentions: ``context_parallel_attn.py``'s docstring lists their cases.
 """
 
@@ -81,9 +84,12 @@ def shard_inputs(batch: dict, group=None) -> dict:
     """This rank's slice of a batch: every ``[batch, s]`` tensor of ``input_ids``, ``attention_mask``,
     ``token_type_ids`` (those present) cut to CP rank r's contiguous ``s/C`` positions, plus
     ``position_ids``, the **global** positions ``r*s/C .. (r+1)*s/C - 1`` (shape ``[1, s/C]`` or
-    ``[batch, s/C]``), so the embeddings add the right position vectors. Other entries (``labels``)
-    pass through whole. A sequence length that C does not divide: ``ValueError`` in one line naming
-    both (``"a sequence of 130 tokens does not divide into 4 context-parallel slices"``)."""
+    ``[batch, s/C]``), so the embeddings add the right position vectors. An entry that is None
+    (``token_type_ids=None``) stays None; a ``position_ids`` already in the batch (the whole
+    sequence's, ``[1, s]`` or ``[batch, s]``) is cut like the others, this rank's slice of the given
+    positions. Other entries (``labels``) pass through whole. A sequence length that C does not
+    divide: ``ValueError`` in one line naming both (``"a sequence of 130 tokens does not divide into
+    4 context-parallel slices"``)."""
     ### BEGIN SOLUTION
     r, c = cp_rank_and_size(group)
     s = batch["input_ids"].shape[1]
@@ -94,14 +100,17 @@ def shard_inputs(batch: dict, group=None) -> dict:
     for key in ("input_ids", "attention_mask", "token_type_ids"):
         if batch.get(key) is not None:
             out[key] = batch[key][:, r * part:(r + 1) * part]
-    out["position_ids"] = torch.arange(r * part, (r + 1) * part, device=batch["input_ids"].device)[None, :]
+    given = batch.get("position_ids")
+    out["position_ids"] = (given[..., r * part:(r + 1) * part] if given is not None
+                           else torch.arange(r * part, (r + 1) * part, device=batch["input_ids"].device)[None, :])
     return out
     ### END SOLUTION
 
 
 class FirstRankLogits(torch.autograd.Function):
     """Forward: CP rank 0's logits broadcast to every rank of the group (``ranks[0]`` is the source's
-    global rank), a new tensor. Backward: CP rank 0 keeps its gradient, every other rank returns zeros
+    global rank; ``ranks=None`` means the default group, source 0: with a subgroup the caller passes
+    its ranks), a new tensor. Backward: CP rank 0 keeps its gradient, every other rank returns zeros
     (module docstring: the loss trained on is rank 0's, counted once)."""
 
     @staticmethod
@@ -184,7 +193,7 @@ class ContextParallelBert(nn.Module):
 
 def parallelize_bert_for_context(model: nn.Module, group=None, ranks=None, mode: str = "ring") -> ContextParallelBert:
     """Rewrite a ``BertForSequenceClassification`` in place for CP over ``group`` (``ranks``: its global
-    ranks in CP-rank order) and return it wrapped in ``ContextParallelBert``: every encoder layer's
+    ranks in CP-rank order; None only with the default group, where it means ``range(C)``) and return it wrapped in ``ContextParallelBert``: every encoder layer's
     ``attention.self`` (``model.bert.encoder.layer[i].attention.self``) becomes
     ``ContextParallelSelfAttention(that module, group, ranks, mode)``; nothing else changes (every other
     part works token by token). ``mode`` not ``"allgather"`` or ``"ring"``: ``ValueError``."""

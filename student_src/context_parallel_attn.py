@@ -35,9 +35,21 @@ Shapes and groups
 ``q``, ``k``, ``v``: ``[batch, heads, s_local, head_dim]``, this rank's tokens; the output the same
 shape as ``q``. The scaling is ``head_dim ** -0.5``. ``group`` is the CP process group (None: the
 default group, every rank) and ``ranks`` its members' **global** ranks in CP-rank order (what
-``isend`` / ``irecv`` name as peers; None: ``range(world size)``). CP rank r's next rank is
-``ranks[(r + 1) % C]``, its previous ``ranks[(r - 1) % C]``. Outside a process group (one process)
-or with a group of one, both attentions are plain attention and send nothing.
+``isend`` / ``irecv`` name as peers). ``ranks=None`` means ``range(world size)``, which is right
+only for the default group: with a subgroup (``dist.new_group``) the caller always passes its
+ranks (the kit and the checks do), and a peer counted from 0 would be a rank of another group.
+CP rank r's next rank is ``ranks[(r + 1) % C]``, its previous ``ranks[(r - 1) % C]``. Outside a
+process group (one process) or with a group of one, both attentions are plain attention and send
+nothing.
+
+What gloo carries
+-----------------
+The checks run on gloo (CPU). What these attentions need works there on the kit's whole torch
+range (2.8 and later): ``all_gather`` of a **bool** tensor (the key mask gathered as it is, no
+cast), ``reduce_scatter`` in its list form (one tensor per rank, ``op=dist.ReduceOp.SUM``), and
+``isend`` / ``irecv`` of any dtype. Use those forms (the task table lists ``all_gather`` and
+``reduce_scatter``): an all_reduce of the whole dK and dV in place of the reduce_scatter gives the
+same numbers but fails the collectives check.
 
 Cases the checks test
 ---------------------
@@ -48,14 +60,17 @@ Cases the checks test
 * both attentions on 4 ranks as two CP groups ({0, 1} and {2, 3}, each made by ``dist.new_group``,
   ``ranks`` its members' global ranks): the same, each group's ranks attending over their own
   sequence (every collective on ``group``, every peer from ``ranks``);
-* large logits (scores of order 1e4): no overflow, the same result (the running max), including rows
+* large logits (scores of order 1e4) in float64 (float32's own rounding at 1e4 is about 1e-4, so the
+  check compares float64 to 1e-10): no overflow, the same result (the running max), including rows
   whose every real score is near -6000 (the running max starts at ``finfo.min`` or -inf, not at 0:
   against 0, ``exp(-6000)`` is 0 for every key and the row is 0 / 0) and rows whose every score is
   near +6000;
 * the collectives at 4 ranks: all-gather attention calls exactly one ``all_gather`` for K and one for V
   (and one for the mask) forward and two ``reduce_scatter`` backward (dK and dV), nothing else; ring
   attention calls exactly C - 1 ``isend`` (one packed block, ``pack_block``) and C - 1 ``irecv``
-  forward and no other collective, and only point-to-point calls backward;
+  forward and no other collective, and only point-to-point calls backward; every collective on
+  ``group`` (the check gives a group of all four ranks made by ``dist.new_group``: a collective left
+  on the default group is named there);
 * one rank (a group of one): both equal ``attention_reference`` and call no collective.
 """
 
@@ -198,7 +213,16 @@ class RingAttention(torch.autograd.Function):
     partial dk, dv received with it from the previous rank (none at t = 0) and send the sum on to the
     next rank, which holds that block at the next step: after C steps the sums arrive home, each the
     sum of every rank's part of its owner's dk, dv (C sends of dk/dv). Returns
-    ``(dq, dk, dv, None, None, None)``. With one rank nothing is sent."""
+    ``(dq, dk, dv, None, None, None)``. With one rank nothing is sent.
+
+    Two streams, one pair of ranks: the K/V blocks and the dk/dv sums both go to the next rank and
+    come from the previous one. gloo matches the messages between two ranks in the order they are
+    posted (per ``tag``), and the two kinds differ in size, so keep them apart: post them in the
+    same order on every rank at every step (the K/V block's isend / irecv first, then the dk/dv's,
+    as above), or give each stream its own ``tag`` (``isend(t, dst, group, tag=1)`` with the
+    matching ``irecv(..., tag=1)``). A rank that posts them in another order receives a dk/dv
+    message into a K/V buffer and gloo aborts it with a size error ("Received data size doesn't
+    match expected size")."""
 
     @staticmethod
     def forward(ctx, q, k, v, key_mask, group=None, ranks=None):

@@ -54,6 +54,17 @@ Keep the router weights in the graph (``plan.weight`` carries the router's gradi
 With one rank (P = 1: ``group`` None outside a process group, or a group of one) nothing is sent and
 the result equals the single-process layer.
 
+Every call is on ``group``, the EP group: on a world of 4 ranks as EP 2 x DP 2 an ``exchange_counts``
+or an ``all_to_all`` left on the default group talks to all four ranks, and the counts come back
+cut into four blocks instead of two (the checks run the layer on such groups, and give the layer a
+group of every rank made by ``dist.new_group``, where a call on the default group is named).
+
+What gloo carries: ``all_to_all_single`` with uneven splits, with empty blocks (a split of 0 rows)
+and with an empty tensor (a rank that routes no token sends and receives ``[0, hidden]``) works on
+gloo across the kit's torch range (2.8 and later); it is the only collective this task calls (the
+task table lists ``all_to_all_single`` alone: no ``all_to_all`` of lists, no ``all_gather`` of the
+counts).
+
 Expert parallel x data parallel
 -------------------------------
 ``world`` ranks become EP groups of P neighbouring ranks times D = world / P replicas,

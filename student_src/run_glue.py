@@ -53,9 +53,9 @@ def main(argv=None, defaults=None) -> int:
     from student_src.kit.errors import KitError
 
     try:
-        cfg = parse_config(argv, defaults)
-        from student_src.kit.train.start import run
+        from student_src.kit.train.start import run  # imports the parallelisms, whose flag checks parse_config runs
 
+        cfg = parse_config(argv, defaults)
         metrics = run(cfg)
     except KitError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -712,12 +712,15 @@ ZOO.update({
 TASK_11 = {"11.public_attention_2_ranks", "11.attention_2_ranks_float64", "11.attention_4_ranks_float64",
            "11.large_logits_2_ranks_float64", "11.cp_groups_4_ranks_float64", "11.world_size_1",
            "11.collectives_4_ranks", "11.shard_inputs_2_ranks", "11.tiny_bert_2_ranks_allgather",
-           "11.cp_x_dp_4_ranks_tiny_bert_ring"}
+           "11.cp_x_dp_4_ranks_tiny_bert_ring", "11.ring_4_ranks_tiny_bert_float64"}
 ALL_OF["11"] = TASK_11
 #: the checks that run ring attention on values over more than one rank (the counts of collectives alone may still
 #: be right; with one rank every block is the rank's own)
 RING_VALUES = {"11.public_attention_2_ranks", "11.attention_2_ranks_float64", "11.attention_4_ranks_float64",
-               "11.large_logits_2_ranks_float64", "11.cp_groups_4_ranks_float64", "11.cp_x_dp_4_ranks_tiny_bert_ring"}
+               "11.large_logits_2_ranks_float64", "11.cp_groups_4_ranks_float64", "11.cp_x_dp_4_ranks_tiny_bert_ring",
+               "11.ring_4_ranks_tiny_bert_float64"}
+#: the checks that train the tiny BERT through sync_context_parallel_grads
+CP_MODELS = {"11.tiny_bert_2_ranks_allgather", "11.cp_x_dp_4_ranks_tiny_bert_ring", "11.ring_4_ranks_tiny_bert_float64"}
 
 
 def _solution_with(module: str, name: str, *swaps: tuple[str, str]) -> str:
@@ -757,8 +760,7 @@ ZOO.update({
     "11_positions_restart_at_0": ("context_parallel", "11", _solution_with(
         "context_parallel", "shard_inputs",
         ("torch.arange(r * part, (r + 1) * part,", "torch.arange(0, part,")),
-        {"11.shard_inputs_2_ranks", "11.tiny_bert_2_ranks_allgather", "11.cp_x_dp_4_ranks_tiny_bert_ring"},
-        "do not restart at 0"),
+        {"11.shard_inputs_2_ranks"} | CP_MODELS, "do not restart at 0"),
     "11_ring_running_max_starts_at_0": ("context_parallel_attn", "11", _solution_with(
         "context_parallel_attn", "RingAttention",
         # the running max starts at 0, not finfo.min: right unless every real score of a row is below about -700
@@ -769,10 +771,23 @@ ZOO.update({
     "11_allgather_ignores_group": ("context_parallel_attn", "11", _solution_with(
         "context_parallel_attn", "AllGatherAttention",
         # dK, dV reduce-scattered over the default group (every rank), not the CP group: right while the CP group
-        # is the whole world; two CP groups on 4 ranks fail
+        # is the whole world; two CP groups on 4 ranks fail, and the collectives check (a group of every rank made by
+        # dist.new_group) names the call
         ("dist.reduce_scatter(mine, chunks, op=dist.ReduceOp.SUM, group=ctx.group)",
          "dist.reduce_scatter(mine, chunks, op=dist.ReduceOp.SUM)")),
-        {"11.cp_groups_4_ranks_float64"}, "reduce_scatter"),
+        {"11.cp_groups_4_ranks_float64", "11.collectives_4_ranks"}, "reduce_scatter (backward) ran on the default group"),
+    "11_ring_dk_dv_travel_the_wrong_way": ("context_parallel_attn", "11", _solution_with(
+        "context_parallel_attn", "RingAttention",
+        # the dK/dV sums sent to the previous rank (and received from the next), the K/V blocks still to the next:
+        # at C = 2 the previous rank is the next one, so only the checks at C = 4 see it (one cheap, one on the model)
+        ("for req in _exchange(grads, carried, nxt, prev, group):", "for req in _exchange(grads, carried, prev, nxt, group):")),
+        {"11.attention_4_ranks_float64", "11.ring_4_ranks_tiny_bert_float64"}, "arrive home after C steps"),
+    "11_cp_sync_averages": ("context_parallel", "11", _solution_with(
+        "context_parallel", "sync_context_parallel_grads",
+        # Task 2b's mean where CP needs the sum: the forward is right, every gradient is 1/C of the whole sequence's
+        ("dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)",
+         "dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)\n            p.grad.div_(cp_rank_and_size(group)[1])")),
+        CP_MODELS, "a mean where the sum over the CP group belongs"),
 })
 
 TASK_12 = {"12.public_all_to_all_2_ranks", "12.public_dispatch_combine_2_ranks", "12.layer_2_ranks_float64",
@@ -834,6 +849,124 @@ ZOO.update({
         # gloo aborts the rank a bigger message reaches (the grader names it and the line of its all_to_all_single);
         # one rank receives exactly what it sends, so the guess is right there
         EP_LAYERS - {"12.one_rank_layer"} | {"12.collectives_2_ranks"}, "differ in number or shape"),
+    "12_experts_strided": ("expert_parallel", "12", _solution_with(
+        "expert_parallel", "parallelize_moe_layer",
+        # every P-th expert instead of the rank's contiguous block: the same when each rank holds one expert (4 experts
+        # on 4 ranks) or one rank holds them all; the calls are right
+        ("list(moe.experts)[rank * local:(rank + 1) * local]", "list(moe.experts)[rank::size]")),
+        EP_LAYERS - {"12.top2_4_ranks_float64", "12.ep_4_x_dp_1_training", "12.one_rank_layer"},
+        "rank 0 holds experts [0, 2], expected [0, 1]"),
+    "12_exchange_counts_ignores_group": ("expert_parallel", "12", _solution_with(
+        "expert_parallel", "exchange_counts",
+        # the counts exchanged on the default group: right while the EP group is the world; on EP 2 x DP 2 the counts
+        # come back cut in four (named before the dispatch, not a gloo abort), and the collectives check (a group of
+        # both ranks made by dist.new_group) names the call
+        ("dist.all_to_all_single(recv, send_counts.contiguous(), group=group)",
+         "dist.all_to_all_single(recv, send_counts.contiguous())")),
+        {"12.collectives_2_ranks", "12.ep_x_dp_4_ranks_training"}, "exchange_counts"),
+})
+
+
+TASK_14 = {"14.public_coords_and_groups", "14.layout_random_degrees_and_orders", "14.groups_8_ranks",
+           "14.composed_sync_8_ranks", "14.composed_sync_pp_4_ranks"}
+ALL_OF["14"] = TASK_14
+LAYOUT_14 = {"14.public_coords_and_groups", "14.layout_random_degrees_and_orders", "14.groups_8_ranks"}
+ZOO.update({
+    # the grid's digits read innermost first: TP outermost, DP innermost (every order's first axis the fastest)
+    "14_tp_outermost_instead_of_innermost": ("parallel_dims", "14", _solution_with(
+        "parallel_dims", "coords_to_rank", ("for axis in order:", "for axis in reversed(order):"))
+        + "\n\n" + _solution_with("parallel_dims", "rank_to_coords",
+                                  ("for axis in reversed(order):", "for axis in order:")),
+        LAYOUT_14, "innermost"),
+    # the default order itself with TP outermost (the functions right for any order they are given; redefined after
+    # it, so that their order=ORDER defaults are the new one, as in a file that spelled ORDER so from the start)
+    "14_order_constant_tp_outermost": ("parallel_dims", "14", 'ORDER = ("tp", "dp", "pp", "cp")\n\n' + "\n\n".join(
+        _solution_with("parallel_dims", name) for name in ("mesh_degrees", "coords_to_rank", "rank_to_coords",
+                                                           "axis_ranks", "build_axis_groups", "data_shard", "loss_rank")),
+        {"14.public_coords_and_groups", "14.groups_8_ranks"}, "TP innermost"),
+    "14_dp_groups_built_across_tp_peers": ("parallel_dims", "14", _solution_with(
+        "parallel_dims", "axis_ranks", ('values, along = range(full[axis]), axis',
+                                        'values, along = range(full[axis]), ("tp" if axis == "dp" else axis)')),
+        LAYOUT_14, "other coordinates"),
+    "14_gradients_averaged_over_the_tp_group_as_well": ("parallel_dims", "14", _solution_with(
+        "parallel_dims", "sync_composed_grads", ("    if full[\"cp\"] > 1:",
+                                                 "    sync.allreduce_average(model, group=groups[\"tp\"])\n"
+                                                 "    if full[\"cp\"] > 1:")),
+        {"14.composed_sync_8_ranks"}, "averaging over TP"),
+    "14_experts_averaged_like_everything_else": ("parallel_dims", "14", _solution_with(
+        "parallel_dims", "sync_composed_grads", ('if full["ep"] > 1:', 'if False:')),
+        {"14.composed_sync_8_ranks", "14.composed_sync_pp_4_ranks"}, "averaged over its replicas only"),
+    # each rank makes its own groups first, then the others': every rank a different order (a deadlock on real ranks)
+    "14_ranks_create_groups_in_different_orders": ("parallel_dims", "14", _solution_with(
+        "parallel_dims", "build_axis_groups",
+        ("for ranks in members:", "for ranks in sorted(members, key=lambda g: rank not in g):")),
+        {"14.public_coords_and_groups", "14.groups_8_ranks"}, "create their groups in different orders"),
+    "14_loss_read_on_the_first_stage": ("parallel_dims", "14", _solution_with(
+        "parallel_dims", "loss_rank", ('"pp": full["pp"] - 1', '"pp": 0')),
+        {"14.layout_random_degrees_and_orders"}, "last stage"),
+})
+
+TASK_13 = {"13.public_layer_recompute", "13.layer_dropout_gradients", "13.layer_saves_inputs_only",
+           "13.every_k_and_selective", "13.accumulation_matches_larger_batch", "13.accumulation_syncs_once"}
+ALL_OF["13"] = TASK_13
+#: the checks that compare recomputed gradients with dropout on (the public one has dropout off)
+RECOMPUTED_WITH_DROPOUT = {"13.layer_dropout_gradients", "13.layer_saves_inputs_only", "13.every_k_and_selective"}
+ZOO.update({
+    "13_rng_not_restored": ("recompute", "13", _solution_with(
+        "recompute", "RecomputeFunction", ("torch.set_rng_state(ctx.cpu_state)", "pass")),
+        RECOMPUTED_WITH_DROPOUT, "restore it around the rerun"),
+    "13_recomputed_under_no_grad": ("recompute", "13", _solution_with(
+        "recompute", "RecomputeFunction", ("with torch.enable_grad():", "with torch.no_grad():")),
+        RECOMPUTED_WITH_DROPOUT | {"13.public_layer_recompute"}, "does not require grad"),
+    "13_inputs_not_detached": ("recompute", "13", _solution_with(
+        "recompute", "RecomputeFunction",
+        ("[x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors]", "list(ctx.saved_tensors)")),
+        # one layer on a leaf input comes out right (the rerun's backward reaches the leaf itself); in a model the
+        # rerun's backward runs on into the layers before, through the forward's graph, and again after it
+        {"13.every_k_and_selective"}, "backward through the graph a second time"),
+    "13_output_saved_anyway": ("recompute", "13", """
+        class RecomputeFunction(torch.autograd.Function):  # keeps the block's output too: no memory saved
+            @staticmethod
+            def forward(ctx, run, *inputs):
+                ctx.run, ctx.n, ctx.cpu_state = run, len(inputs), torch.get_rng_state()
+                with torch.no_grad():
+                    out = run(*inputs)
+                ctx.save_for_backward(*inputs, out)
+                return out
+
+            @staticmethod
+            def backward(ctx, grad_output):
+                inputs = [x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors[:ctx.n]]
+                with torch.random.fork_rng(devices=[]):
+                    torch.set_rng_state(ctx.cpu_state)
+                    with torch.enable_grad():
+                        output = ctx.run(*inputs)
+                torch.autograd.backward(output, grad_output)
+                return (None, *(x.grad if x.requires_grad else None for x in inputs))
+        """,
+        # every:2 and selective still keep fewer bytes than no recomputation: the output of a recomputed block is
+        # the next block's input, which that block keeps anyway (one storage, counted once)
+        {"13.layer_saves_inputs_only"}, "nothing else (not the output)"),
+    "13_sync_on_every_micro_step": ("recompute", "13", """
+        def accumulation_step(model, micro_batches, optimizer, scheduler=None, sync_gradients=None, max_grad_norm=1.0,
+                              no_sync=None):  # syncs after every backward: K times the bytes
+            k = len(micro_batches)
+            total = 0.0
+            for batch in micro_batches:
+                loss = model(**batch).loss
+                (loss / k).backward()
+                if sync_gradients is not None:
+                    sync_gradients(model)
+                total = total + loss.detach()
+            if max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            return total / k
+        """,
+        {"13.accumulation_syncs_once"}, "exactly once"),
 })
 
 
@@ -897,7 +1030,8 @@ def test_a_ring_that_deadlocks_is_stopped_within_a_minute_naming_rank_peer_and_s
     code = _solution_with("context_parallel_attn", "_exchange", ("dist.isend(send, dst=nxt", "dist.isend(send, dst=prev"))
     res = grade(submission(tmp_path / "s", "context_parallel_attn", code), tasks={"11"})
     failed = {t.id: t for t in res.tests if not t.passed}
-    assert set(failed) == {"11.attention_4_ranks_float64", "11.collectives_4_ranks"}, set(failed)
+    assert set(failed) == {"11.attention_4_ranks_float64", "11.collectives_4_ranks",
+                           "11.ring_4_ranks_tiny_bert_float64"}, set(failed)
     for test in failed.values():
         assert test.elapsed < 60 and "deadlock" in test.output, (test.elapsed, test.output[:600])
         for rank, peer in ((0, 3), (1, 0), (2, 1), (3, 2)):
@@ -1075,3 +1209,18 @@ def test_compare_grads_messages():
     # small gradients are held to the same relative precision: 1 % off at 0.01 is wrong
     tiny = {"w": w * 0.01}
     assert judging.compare_grads({"w": (w * 0.01 * 1.01).float()}, tiny, 0)
+
+
+def test_task_14_ranks_creating_groups_in_different_orders_are_named_within_a_minute(tmp_path):
+    """Task 14: a build_axis_groups whose ranks create their groups in different orders (each its own first) would
+    deadlock real ranks; the public check stops it in under 60 s, naming the ranks whose orders differ."""
+    import time
+
+    module, _, code, _, _ = ZOO["14_ranks_create_groups_in_different_orders"]
+    start = time.monotonic()
+    res = grade(submission(tmp_path / "s", module, code), tasks={"14"}, public_only=True)
+    elapsed = time.monotonic() - start
+    (test,) = [t for t in res.tests if t.id == "14.public_coords_and_groups"]
+    assert not test.passed and elapsed < 60, (elapsed, test.output[:600])
+    assert "the ranks create their groups in different orders" in test.output, test.output[:600]
+    assert re.search(r"ranks grouped by order: \{0\} / \{1\}", test.output), test.output[:600]

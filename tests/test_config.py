@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from student_src.kit import tasks
+from student_src.kit import parallel, tasks  # noqa: F401  (parallel: its rooms register their flag checks)
 from student_src.kit.core.config import parse_config, per_worker_batch_size
 from student_src.kit.errors import KitError
 

@@ -245,3 +245,125 @@ def test_a_torch_call_the_student_makes_with_bad_arguments_is_still_the_students
     assert out["report"]["status"] == "error", out
     assert msg.startswith("your code raised TypeError"), msg
     assert "student_src/train.py" in msg and "not your fault" not in msg, msg
+
+
+# ---------------------------------------------------------------- Tasks 11 and 12 (issue 44 item 1)
+def test_a_rank_holding_the_wrong_experts_is_told_which_it_holds():
+    """A strided assignment (rank r keeps experts r, r + P, ...) was told about the order of returned rows
+    (public check) or the sync (training checks); each rank's experts are now named against the layer's."""
+    import torch
+
+    from autograder.public.task12_common import held_failure, weights
+
+    w = weights(4, torch.float64)
+    strided = [w["experts.0.dense_in.bias"], w["experts.2.dense_in.bias"]]
+    msg = held_failure("rank 0", 0, strided, w, 2)
+    assert msg.startswith("rank 0 holds experts [0, 2], expected [0, 1]: parallelize_moe_layer keeps rank r's "
+                          "contiguous block"), msg
+    assert held_failure("rank 1", 1, [w["experts.2.dense_in.bias"], w["experts.3.dense_in.bias"]], w, 2) is None
+    stranger = held_failure("rank 1", 1, [w["experts.2.dense_in.bias"], w["experts.3.dense_in.bias"] + 1], w, 2)
+    assert stranger.startswith("rank 1 holds experts [2, -1], expected [2, 3]") and "none of the layer's" in stranger
+
+
+class _Rank:
+    """A rank's ``ctx`` as ``probe_counts`` uses it."""
+
+    def __init__(self, rank, world_size):
+        self.rank, self.world_size = rank, world_size
+
+    def fail(self, message):
+        from autograder.registry import CheckFailure
+
+        raise CheckFailure(message)
+
+
+def test_exchange_counts_on_the_wrong_group_is_named_before_the_dispatch():
+    """An exchange_counts that ignores its group surfaced as a gloo enforce failure inside the dispatch's
+    all_to_all; the counts are now tried on known values on the EP group first, and the function named."""
+    import types
+
+    import torch
+
+    from autograder.public.task12_common import probe_counts
+    from autograder.registry import CheckFailure
+
+    def sent(g):
+        return torch.tensor([100 * (g + 1) + e for e in range(4)])
+
+    # rank 1 of a world of 4 as EP 2 x DP 2: the default group cuts the 4 counts in four blocks of one
+    on_the_world = types.SimpleNamespace(exchange_counts=lambda counts, group: torch.stack([sent(g)[1] for g in range(4)]))
+    with pytest.raises(CheckFailure) as err:
+        probe_counts(_Rank(1, 4), on_the_world, "ep group", [0, 1], 4)
+    assert str(err.value) == ("rank 1: exchange_counts on the EP group of ranks [0, 1] returned [101, 201, 301, 401], "
+                              "expected [102, 103, 202, 203] (block s: what EP rank s of group sends to this rank's "
+                              "experts): one all_to_all_single on group, the EP group it is given, not the default "
+                              "group"), err.value
+    right = types.SimpleNamespace(exchange_counts=lambda counts, group: torch.tensor([102, 103, 202, 203]))
+    probe_counts(_Rank(1, 4), right, "ep group", [0, 1], 4)
+    shaped = types.SimpleNamespace(exchange_counts=lambda counts, group: torch.tensor([[102, 103], [202, 203]]))
+    with pytest.raises(CheckFailure, match=r"exchange_counts\(send_counts of shape \(4,\), group\) on the EP group of "
+                                           r"ranks \[0, 1\] returned \(2, 2\), expected int64 \(4,\)"):
+        probe_counts(_Rank(1, 4), shaped, "ep group", [0, 1], 4)
+
+
+def test_a_call_on_the_default_group_is_named_by_what_it_is():
+    """The spy records each call's group; a check that hands the layer / the attention a group of every rank
+    (dist.new_group) names a call left on the default group, which gives the same numbers there."""
+    from autograder.public import task11_common, task12
+    from autograder.registry import CheckFailure
+
+    both = [0, 1]
+    layer = {"calls": task12.LAYER_CALLS, "groups": {"setup": [], "forward": [None, both, both],
+                                                     "backward": [both, both]}}
+    with pytest.raises(CheckFailure) as err:
+        task12.judge_calls([layer, layer], ep_groups=(both,))
+    assert str(err.value).startswith("rank 0: exchange_counts (forward) ran all_to_all_single on the default group, "
+                                     "not on the EP group it was given (ranks [0, 1], made by dist.new_group)"), err.value
+    fine = {"calls": task12.LAYER_CALLS, "groups": {"forward": [both] * 3, "backward": [both] * 2}}
+    task12.judge_calls([fine, fine], ep_groups=(both,))
+
+    every = [0, 1, 2, 3]
+    p2p = {"forward": ["isend", "irecv"] * 3, "backward": ["isend", "irecv"] * 6}
+    rank = {"allgather": {"calls": {"forward": ["all_gather"] * 3, "backward": ["reduce_scatter"] * 2},
+                          "groups": {"forward": [every] * 3, "backward": [None, every]}},
+            "ring": {"calls": p2p, "groups": {k: [None] * len(v) for k, v in p2p.items()}}}  # peers: global ranks
+    with pytest.raises(CheckFailure) as err:
+        task11_common.judge_calls([rank] * 4, cp_groups=(every,))
+    assert str(err.value).startswith("rank 0, allgather attention: reduce_scatter (backward) ran on the default group, "
+                                     "not on the CP group it was given (ranks [0, 1, 2, 3]"), err.value
+    rank["allgather"]["groups"]["backward"] = [every, every]
+    task11_common.judge_calls([rank] * 4, cp_groups=(every,))
+
+
+def test_a_cp_sync_that_averages_is_told_to_sum_not_to_average():
+    """Task 11's training checks reused the data-parallel judge ("the gradients are not the exact average"),
+    which tells a CP sync that averages to average. The forward is judged at the first step, then the parameters
+    in CP's words, with how far they moved: 1/C is a mean where the sum belongs."""
+    import torch
+
+    from autograder.checks import task11_bert as bert
+    from autograder.judging import references
+    from autograder.registry import CheckFailure
+
+    assert bert.moved({"w": torch.tensor([1.0, -2.0])}, {"w": torch.tensor([2.0, -4.0])}) == 0.5
+    assert bert.diagnosis(0.5, 2, bert.SIZED) == ("its gradients are 0.50 x one process's, about 1/C = 0.50: a mean "
+                                                  "where the sum over the CP group belongs; ")
+    assert "about C = 4: the gradient counted on every CP rank" in bert.diagnosis(4.1, 4, bert.MOVED)
+    assert bert.diagnosis(0.9, 2, bert.MOVED) == "its parameters moved 0.90 x as far as single-node training's; "
+
+    secrets = [11, 22]
+    ref = references.single_node(secrets)
+    start, end = ref["initial"], dict(ref["model"].named_parameters())
+    half = {n: (start[n] + (end[n].detach() - start[n]) / 2) for n in end if n not in bert._UNSENT}
+    payloads = [{"losses": [ref["losses"][0], 9.0, 9.0], "probe": 9.0, "params": half} for _ in secrets]
+    with pytest.raises(CheckFailure) as err:
+        bert._judge_cp(payloads, secrets, "CP 2", 2)
+    msg = str(err.value)
+    assert msg.startswith("CP 2: the first step's loss matches single-node training (the forward is right), but after "
+                          "3 steps rank 0's "), msg
+    assert "its parameters moved 0.50 x as far as single-node training's, about 1/C = 0.50: a mean where the sum over " \
+           "the CP group belongs; every gradient summed over the CP group by sync_context_parallel_grads" in msg, msg
+    assert "exact average" not in msg, msg
+    payloads[0]["losses"][0] += 1.0  # the forward differs: the forward's hint, not the sync's
+    with pytest.raises(CheckFailure, match="at step 1 .*global position ids"):
+        bert._judge_cp(payloads, secrets, "CP 2", 2)

@@ -263,18 +263,37 @@ def test_each_parallelism_is_a_room_of_its_own():
     assert not wrong, "a parallelism imports another one, or parallel/__init__:\n" + "\n".join(map(str, wrong))
 
 
-def test_the_generic_layers_name_no_parallelism():
-    """``train/``, ``measure/`` and ``resume/`` compare no ``sync`` kind with a parallelism's
-    (``"pipeline"``, ``"tensor_parallel"``): they look the task up in what the rooms register."""
+#: the layers that name no parallelism (``core/`` below ``parallel/``; ``train/``, ``measure/``, ``resume/``)
+GENERIC = ("core", "train", "measure", "resume")
+#: the sync kinds of the parallelisms (``tasks.py``): what a generic layer must not compare with
+PARALLEL_SYNCS = ("pipeline", "tensor_parallel", "context_parallel", "expert_parallel", "composed")
+
+
+def parallelism_named(folder: Path) -> list[str]:
+    """``room/file:line`` of every comparison with a parallelism's ``sync`` kind in ``folder``'s modules."""
     named = []
-    for room in ("train", "measure", "resume"):
-        for path in sorted((KIT / room).glob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Compare) and any(
-                        isinstance(c, ast.Constant) and c.value in ("pipeline", "tensor_parallel", "context_parallel")
-                        for c in [node.left, *node.comparators]):
-                    named.append(f"{path.relative_to(KIT)}:{node.lineno}")
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(c, ast.Constant) and c.value in PARALLEL_SYNCS for c in [node.left, *node.comparators]):
+                named.append(f"{path.relative_to(folder.parent)}:{node.lineno}")
+    return named
+
+
+def test_the_generic_layers_name_no_parallelism():
+    """``core/``, ``train/``, ``measure/`` and ``resume/`` compare no ``sync`` kind with a parallelism's
+    (``"pipeline"``, ``"tensor_parallel"``, ...): they look the task up in what the rooms register
+    (``core/config.py``'s flag checks and data-rank rules, ``parallel/registry.py``'s setups)."""
+    named = [hit for room in GENERIC for hit in parallelism_named(KIT / room)]
     assert not named, named
+    assert not (KIT / "core" / "parallel_flags.py").exists(), "each parallelism's flags are its room's (flags.py)"
+
+
+def test_the_no_parallelism_checker_sees_a_planted_name(tmp_path):
+    core = tmp_path / "core"
+    core.mkdir()
+    (core / "flags.py").write_text("def f(task):\n    return task.sync == 'expert_parallel'\n")
+    assert parallelism_named(core) == ["core/flags.py:2"]
 
 
 def test_kit_imports_inside_functions_say_why():

@@ -86,9 +86,9 @@ def test_bad_input_says_what_to_give():
             call()
 
 
-#: sync kinds whose per-rank memory the model does not predict yet: their rows say memory=None (none left: the
-#: pipeline's stages and activations, issue 32, and tensor parallelism's 1/T shards, issue 33, are modelled)
-NOT_MODELLED_YET: set = set()
+#: sync kinds whose per-rank memory the model does not predict yet: their rows say memory=None (the pipeline's
+#: stages and activations, issue 32, and tensor parallelism's 1/T shards, issue 33, are modelled; the composed run's not)
+NOT_MODELLED_YET: set = {"composed"}  # Task 14: each axis divides what it divides (issue 45, item 3), not yet
 
 
 def test_every_training_task_declares_what_a_rank_holds():

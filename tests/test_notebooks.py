@@ -263,6 +263,14 @@ def test_notebook_executes(name, runs_dir, request):
                 and m["state"].get("bar_style") == "success"]
         assert len(done) >= 2, "expected a finished progress bar per stage of run_task('9')"
         return
+    if name == "14_parallel_dims" and not tasks.get("14").trains:
+        # the grid drawn from the student's layout and the public check; the composed run arrives with the kit's mesh
+        outputs = "".join(o.get("text", "") + str(o.get("data", {}).get("text/markdown", ""))
+                          for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+        pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+        assert "passed" in outputs and "| 5 | dp1 pp0 cp0 tp1 |" in outputs and len(pngs) == 1, outputs[-2000:]
+        assert "THE COMPOSED RUN IS NOT IN THIS KIT YET" in outputs, outputs[-2000:]
+        return
     models = _widget_models(nb)
     bars = [m["state"] for m in models if m["model_name"] in ("FloatProgressModel", "IntProgressModel")]
     done = [b for b in bars if b.get("max") and b.get("value") == b.get("max") and b.get("bar_style") == "success"]
@@ -293,6 +301,18 @@ def test_notebook_executes(name, runs_dir, request):
     if name == "10_tensor_parallel" and "task1" in runs:  # TP x DP (2 x 2) trains like Task 1
         table = report.loss_table({"task1": runs["task1"], "task10": runs["task10"]})
         assert table["max_abs_diff"]["Task 10"] < 1e-4, table
+    if name == "11_context_parallel":  # both runs, by their names, in the dev-accuracy and time tables (issue 44)
+        for run in ("allgather", "ring"):
+            assert f"| Task 11 ({run}) | 1 |" in outputs, f"{run} is missing from the dev-accuracy table"
+            assert f"| Task 11 ({run}) | 4 |" in outputs, f"{run} is missing from the time table"
+    if name == "12_expert_parallel":  # Task 1 on tiny-moe with the same routing: equal losses; the last step's bytes
+        ones = {n: m for n, m in runs.items() if m["task"] == "1" and m["config"]["model_name_or_path"] == "tiny-moe"}
+        assert ones, f"Task 1 did not run on tiny-moe: {sorted(runs)}"
+        ref = next(iter(ones))
+        table = report.loss_table({ref: ones[ref], "task12": runs["task12"]})
+        assert not table["notes"] and table["max_abs_diff"]["Task 12"] < 1e-6, table
+        assert "equal to rounding (below 1e-06)" in outputs
+        assert "Bytes each rank sent to the others in the last step" in outputs and "N = 4 rows x 32 tokens" in outputs
     if name == "7_fsdp":  # "Measure the bytes": Task 3 and Task 7 measured, FSDP's ratio to DDP's on the table
         rows = {r["task"]: r for r in report.traffic_rows(runs) if r["run"].startswith("fsdp_traffic_")}
         assert sorted(rows) == ["3", "7"] and all(r["measured_mb_per_iter"] > 0 for r in rows.values()), rows

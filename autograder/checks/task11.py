@@ -17,16 +17,13 @@ and runs the grader's own attention on the whole sequence. Both ways run in ever
 * ``world_size_1``: a group of one: both attentions equal the reference and call nothing;
 * ``collectives_4_ranks``: all-gather attention three all_gathers forward (K, V, mask) and two
   reduce_scatters backward; ring attention exactly C - 1 isends and irecvs forward, point to point only
-  backward; nothing else;
+  backward; nothing else; run on a group of all four ranks made by ``dist.new_group``, so a collective left
+  on the default group (right numbers here, wrong ones on two CP groups) is named (the spy records each call's
+  group);
 * ``shard_inputs_2_ranks``: each rank's slice of every ``[batch, s]`` tensor and the global position ids
-  (positions restarting at 0 fail here); a sequence of 7 tokens on 2 ranks: a one-line ValueError naming both;
-* ``tiny_bert_2_ranks_allgather``: the kit's ``tiny`` BERT cut by ``parallelize_bert_for_context`` over 2 ranks
-  (both training the whole global batch, each its half of every sequence), the student's
-  ``sync_context_parallel_grads``, SGD steps: the loss equals single-node training's at every step, the
-  model the single-node one on a probe batch (``references.judge_equivalence``, 1e-4), and every parameter
-  single-node training's (1e-5 + 1e-4 relative);
-* ``cp_x_dp_4_ranks_tiny_bert_ring``: the same with ring attention on 4 ranks as CP groups {0, 1} and
-  {2, 3}, each CP group training its two ranks' rows, the grader's own mean over the DP groups {0, 2}, {1, 3}.
+  (positions restarting at 0 fail here); an entry that is None stays None, a ``position_ids`` already in the batch
+  is cut like the others; a sequence of 7 tokens on 2 ranks: a one-line ValueError naming both;
+* the checks on the tiny BERT (``parallelize_bert_for_context``): ``task11_bert.py``.
 
 A ring that deadlocks (a wrong peer) is stopped by the check's timeout; the grader's message names where
 each rank waits.
@@ -36,7 +33,6 @@ from __future__ import annotations
 
 import torch
 
-from autograder.judging import margins, references
 from autograder.public import task11_common as shared
 from autograder.registry import CheckFailure, define_check
 
@@ -71,7 +67,7 @@ LARGE = 3000.0
 @define_check("11.large_logits_2_ranks_float64", task=TASK, world_size=2, needs=shared.NEEDS, points=1, timeout=60,
               hang_hint=RING_HANG_HINT,
               title="scores of order 1e4: both attentions finite and equal to one process's (the running max)",
-              promise=("large logits (scores of order 1e4): no overflow",
+              promise=("large logits (scores of order 1e4) in float64", "no overflow, the same result (the running max)",
                        ("including rows whose every real score is near -6000 (the running max starts at "
                         "``finfo.min`` or -inf, not at 0"), "and rows whose every score is near +6000"))
 def large_logits(ctx):
@@ -83,6 +79,9 @@ def _(payloads, secrets):
     shared.judge_attention(payloads, secrets, scale=LARGE)
 
 
+#: the collectives check's CP group: every rank, but a group of its own (``dist.new_group``), so that a collective left
+#: on the default group is seen (the same numbers here, the wrong ones on two CP groups)
+WHOLE = ([0, 1, 2, 3],)
 #: the CP groups of the sub-group check: two rings of two ranks on a world of 4 (a collective on the default group, or
 #: peers counted from 0 instead of ``ranks``, fails)
 CP_GROUPS = ([0, 1], [2, 3])
@@ -122,17 +121,22 @@ def _(payloads, secrets):
               promise=("all-gather attention calls exactly one ``all_gather`` for K and one for V",
                        "and two ``reduce_scatter`` backward (dK and dV), nothing else",
                        "ring attention calls exactly C - 1 ``isend``",
-                       "and only point-to-point calls backward"))
+                       "and only point-to-point calls backward", "every collective on ``group``"))
 def collectives(ctx):
-    return shared.run_attention(ctx)
+    return shared.run_attention(ctx, cp_groups=WHOLE)
 
 
 @collectives.judge
 def _(payloads, secrets):
-    shared.judge_calls(payloads)
+    shared.judge_calls(payloads, cp_groups=WHOLE)
 
 
 SHARD_SEQ = 8
+
+
+def _given_positions() -> torch.Tensor:
+    """A ``position_ids`` the batch already holds: ``[3, SHARD_SEQ]``, each row its own offset."""
+    return torch.arange(SHARD_SEQ).repeat(3, 1) + torch.tensor([[0], [5], [10]])
 
 
 def _shard_batch(seq: int) -> dict:
@@ -145,12 +149,17 @@ def _shard_batch(seq: int) -> dict:
               title="shard_inputs: each rank's contiguous slice and the global position ids; 7 tokens on 2 ranks: a "
                     "one-line ValueError naming both",
               promise=(("``shard_inputs``: this rank's contiguous slice of every ``[batch, s]`` tensor and global "
-                        "position\n  ids"),
+                        "position\n  ids"), "an entry that is None stays None, a given ``position_ids`` is cut like the others",
                        ("a sequence length that C does not divide: ``ValueError`` in one line naming both")))
 def shard_inputs(ctx):
     mod = shared.student(ctx)
     got = mod.shard_inputs(_shard_batch(SHARD_SEQ), None)
     out = {k: got.get(k) for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids", "labels")}
+    given = _shard_batch(SHARD_SEQ)
+    given["token_type_ids"], given["position_ids"] = None, _given_positions()
+    got = mod.shard_inputs(given, None)
+    out["none_entry"] = got.get("token_type_ids", "absent") if isinstance(got, dict) else "not a dict"
+    out["given_positions"] = got.get("position_ids") if isinstance(got, dict) else None
     try:
         mod.shard_inputs(_shard_batch(7), None)
         out["error"] = None
@@ -176,102 +185,18 @@ def _(payloads, secrets):
                 pos.reshape(-1, part)[0].long(), want) or (pos.dim() == 2 and (pos.long() != want).any()):
             raise CheckFailure(f"rank {r}: position_ids are {pos if pos is None else pos.tolist()}, expected the global "
                                f"positions {want.tolist()} (they do not restart at 0 on every rank)")
+        if p.get("none_entry") is not None:
+            raise CheckFailure(f"rank {r}: given token_type_ids=None, shard_inputs returned {p.get('none_entry')!r} for "
+                               "it; an entry that is None stays None")
+        pos = p.get("given_positions")
+        want = _given_positions()[:, cut]
+        if not isinstance(pos, torch.Tensor) or tuple(pos.shape) != tuple(want.shape) or not torch.equal(pos.long(), want):
+            raise CheckFailure(f"rank {r}: given position_ids {_given_positions()[0].tolist()} (row 0; rows 1 and 2 start at "
+                               f"5 and 10), shard_inputs returned {pos if pos is None else pos.tolist()}, expected this "
+                               f"rank's slice {want.tolist()}: a position_ids already in the batch is cut like the others")
         if not isinstance(p.get("labels"), torch.Tensor) or not torch.equal(p["labels"], batch["labels"]):
             raise CheckFailure(f"rank {r}: shard_inputs changed labels; other entries pass through whole")
         err = p.get("error")
         if err is None or "7" not in err or "2" not in err or "\n" in err.strip():
             raise CheckFailure(f"rank {r}: a sequence of 7 tokens on 2 ranks must raise a one-line ValueError naming "
                                f"7 and 2; got {err!r}")
-
-
-def _cp_run(ctx, mode: str, cp_groups) -> dict:
-    """Rank side: the tiny BERT under CP on this rank's CP group, each group training its ranks' rows; the
-    grader's own mean over the DP groups when there are several CP groups."""
-    import torch.distributed as dist
-
-    world = ctx.world_size
-    shares = [ctx.all_gather_object(references.rank_batch(ctx.secret, step, world)) for step in range(references.STEPS)]
-    mod = shared.student(ctx)
-    several = len(cp_groups) > 1
-    cp = [(g, dist.new_group(g) if several else None) for g in cp_groups]
-    dp_ranks = [list(col) for col in zip(*cp_groups)]
-    dp = [(g, dist.new_group(g)) for g in dp_ranks] if several else []
-    mine, group = next((g, h) for g, h in cp if ctx.rank in g)
-    dp_group = next((h for g, h in dp if ctx.rank in g), None)
-
-    def sync(m):
-        mod.sync_context_parallel_grads(m, group)
-        if dp_group is not None:  # the grader's own mean over the replicas
-            for p in m.parameters():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad, group=dp_group)
-                    p.grad.div_(len(cp_groups))
-
-    model = references.tiny_model()
-    cp_model = mod.parallelize_bert_for_context(model, group, mine, mode)
-    opt = references.sgd(model.parameters())
-    losses = []
-    for step in range(references.STEPS):
-        batch = {k: torch.cat([shares[step][r][k] for r in mine]) for k in shares[step][0]}
-        losses.append(references.trusted_step(cp_model, batch, opt, sync=sync).item())
-    return {"losses": losses, "probe": references.probe_loss(cp_model, references.probe_batch()),
-            "params": {n: p.detach().clone() for n, p in model.named_parameters() if n not in _UNSENT}}
-
-
-#: left out of the payload: the word embeddings are 95% of the tiny BERT (7.8 MB a rank); every other weight is compared
-_UNSENT = ("bert.embeddings.word_embeddings.weight",)
-
-
-def _judge_cp(payloads, secrets, what: str) -> None:
-    """The losses and the probe (``references.judge_equivalence``), then every parameter after the steps against
-    single-node training's (a wrong position id or a lost gradient moves the weights more than the loss)."""
-    references.judge_equivalence(payloads, secrets, what)
-    model = references.tiny_model()
-    opt = references.sgd(model.parameters())
-    for step in range(references.STEPS):
-        parts = [references.rank_batch(s, step, len(secrets)) for s in secrets]
-        references.trusted_step(model, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, opt)
-    for r, p in enumerate(payloads):
-        got = p.get("params") or {}
-        for name, want in model.named_parameters():
-            if name in _UNSENT:
-                continue
-            g = got.get(name)
-            if g is None or tuple(g.shape) != tuple(want.shape):
-                raise CheckFailure(f"{what}: rank {r} has no parameter {name} of shape {tuple(want.shape)} after "
-                                   "parallelize_bert_for_context: rewrite the model in place, keeping its names")
-            if not margins.close(g, want.detach(), 1e-5, 1e-4, name):
-                raise CheckFailure(f"{what}: after {references.STEPS} steps rank {r}'s {name} is off by "
-                                   f"{(g - want.detach()).abs().max().item():.2e} against single-node training: global "
-                                   "position ids (they do not restart at 0 on every rank), the mask with its keys, every "
-                                   "gradient summed over the CP group?")
-
-
-@define_check("11.tiny_bert_2_ranks_allgather", task=TASK, world_size=2, needs=shared.NEEDS, points=2, timeout=90,
-              title="the tiny BERT cut over 2 CP ranks (all-gather attention): losses and the trained model equal to "
-                    "single-node training",
-              promise=(("the tiny BERT cut over 2 ranks with all-gather attention, a few SGD steps (gradients summed "
-                        "by ``sync_context_parallel_grads``): the losses and every parameter after the steps equal "
-                        "single-process training's"),))
-def tiny_bert(ctx):
-    return _cp_run(ctx, "allgather", [list(range(ctx.world_size))])
-
-
-@tiny_bert.judge
-def _(payloads, secrets):
-    _judge_cp(payloads, secrets, "parallelize_bert_for_context (CP 2, all-gather)")
-
-
-@define_check("11.cp_x_dp_4_ranks_tiny_bert_ring", task=TASK, world_size=4, needs=shared.NEEDS, points=2, timeout=90,
-              hang_hint=RING_HANG_HINT,
-              title="the tiny BERT on 4 ranks as CP 2 x DP 2 (ring attention; the grader averages over the DP groups): "
-                    "losses and the trained model equal to single-node training",
-              promise=(("CP x DP on 4 ranks (CP groups {0, 1} and {2, 3}) with ring attention: the tiny BERT's "
-                        "losses and every parameter after the steps equal single-node training's"),))
-def cp_x_dp(ctx):
-    return _cp_run(ctx, "ring", [[0, 1], [2, 3]])
-
-
-@cp_x_dp.judge
-def _(payloads, secrets):
-    _judge_cp(payloads, secrets, "parallelize_bert_for_context (CP 2 x DP 2, ring)")

@@ -12,14 +12,19 @@ with the grader's own single-process layer (``task12_common.reference``).
 * ``drops_tight_capacity_2_ranks``: top-2 at capacity factor 0.5 (about half the assignments dropped):
   dropped assignments add nothing;
 * ``collectives_2_ranks``: three all_to_all_single forward, two backward, nothing in
-  ``parallelize_moe_layer``, nothing else;
+  ``parallelize_moe_layer``, nothing else, each on the EP group the layer was given (a group of both ranks made
+  by ``dist.new_group``: a call left on the default group is named, by what it is: ``exchange_counts``, the
+  dispatch, the combine);
 * ``experts_not_divisible``: 6 experts on 4 ranks: a one-line ValueError naming 6 and 4;
 * ``expert_mesh``: the EP and DP groups for several sizes; ValueError for a world P does not divide;
 * ``ep_x_dp_4_ranks_training``: a small MoE model (the layer with a residual and a replicated linear head)
   trained as EP 2 x DP 2 with three SGD steps, the gradients synchronised by the student's
   ``sync_expert_parallel_grads`` with the grader's own average on the groups the docstring names: every
   step's mean loss and every rank's final parameters equal one process's training on the whole batch.
-  Experts averaged over the whole world (or not divided by P) fail here;
+  Experts averaged over the whole world (or not divided by P) fail here. Before training, ``exchange_counts`` is
+  tried on known counts on the EP group (``task12_common.probe_counts``: one left on the default group is named
+  before the dispatch aborts in gloo), and which experts each rank kept is compared with the layer's
+  (``held_failure``: "rank 0 holds experts [0, 2], expected [0, 1]");
 * ``ep_4_x_dp_1_training``: the same training as EP 4 x DP 1 (every DP group one rank): the experts divided by
   ``ep_size`` = 4, so a sync that divides by a literal 2 fails here (every other check runs P = 2);
 * ``one_rank_layer``: one rank (P = 1, top-2): no collective at all, the single-process layer's output and
@@ -35,14 +40,16 @@ import torch.distributed as dist
 
 from autograder.judging import references
 from autograder.public import task12 as shared
-from autograder.public.task12_common import HIDDEN, NEEDS, TASK, reference_layer, tokens, weights
+from autograder.public.task12_common import (HIDDEN, NEEDS, TASK, held_experts, held_failure, probe_counts,
+                                             reference_layer, tokens, weights)
 from autograder.registry import CheckFailure, define_check
 
 _LAYER = "expert_parallel_experts`` at 2 and 4 ranks, in float32 and float64"
 
 
 def _layer_check(check_id, world, title, promise, points=2, **layer):
-    @define_check(check_id, task=TASK, world_size=world, needs=NEEDS, title=title, promise=promise,
+    @define_check(check_id, task=TASK, world_size=world, needs=NEEDS, title=title,
+                  promise=(*promise, "only this rank's contiguous block of experts"),
                   hang_hint=shared.HANG, points=points)
     def check(ctx):
         return shared.run_layer(ctx, **layer)
@@ -65,18 +72,22 @@ _layer_check("12.drops_tight_capacity_2_ranks", 2, "top-2 at capacity factor 0.5
              ("dropped tokens at a tight capacity",), num_experts=4, top_k=2, factor=0.5, counts=(6, 14), tag="cap")
 
 _CALLS = dict(num_experts=4, top_k=2, factor=0.0, counts=(6, 7), tag="calls")
+#: the collectives check's EP group: both ranks, but a group of its own (``dist.new_group``), so that a call left on
+#: the default group is seen (it gives the same numbers here, the wrong ones on EP 2 x DP 2)
+_WHOLE = ([0, 1],)
 
 
 @define_check("12.collectives_2_ranks", task=TASK, world_size=2, needs=NEEDS, hang_hint=shared.HANG, points=2,
               title="one layer's collectives: three all_to_all_single forward, two backward, nothing else",
-              promise=("three forward and two backward per layer", "and ``parallelize_moe_layer`` sends nothing"))
+              promise=("three forward and two backward per layer", "and ``parallelize_moe_layer`` sends nothing",
+                       "the collectives: ``all_to_all_single`` only, on ``group``"))
 def collectives(ctx):
-    return shared.run_layer(ctx, **_CALLS)
+    return shared.run_layer(ctx, ep_groups=_WHOLE, **_CALLS)
 
 
 @collectives.judge
 def _(payloads, secrets):
-    shared.judge_calls(payloads)
+    shared.judge_calls(payloads, ep_groups=_WHOLE)
 
 
 @define_check("12.experts_not_divisible", task=TASK, world_size=4, needs=NEEDS, points=1,
@@ -165,7 +176,10 @@ def run_training(ctx, ep_size):
     model.head = torch.nn.Linear(HIDDEN, 1, bias=False).to(dtype)
     with torch.no_grad():
         model.head.weight.copy_(_head(dtype))
+    ep_ranks = [ctx.rank // ep_size * ep_size + e for e in range(ep_size)]
+    probe_counts(ctx, mod, ep_group, ep_ranks, cfg["num_experts"])
     mod.parallelize_moe_layer(model.moe, ep_group)
+    held = held_experts(model.moe)
     losses = []
     for step in range(cfg["steps"]):
         x, t = tokens(ctx.secret, cfg["n"], dtype, f"train{step}", cfg["num_experts"])
@@ -178,7 +192,7 @@ def run_training(ctx, ep_size):
                     p -= cfg["lr"] * p.grad
                 p.grad = None
         losses.append(float(loss.detach()))
-    return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    return {"losses": losses, "held": held, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
 def judge_training(payloads, secrets, ep_size):
@@ -186,6 +200,11 @@ def judge_training(payloads, secrets, ep_size):
     what = f"EP {ep_size} x DP {len(payloads) // ep_size}"
     params = {f"moe.{k}": v.clone().requires_grad_() for k, v in weights(cfg["num_experts"], dtype).items()}
     params["head.weight"] = _head(dtype).requires_grad_()
+    for r, p in enumerate(payloads):  # each rank's experts before the sync is blamed for them
+        who = f"{what}: rank {r}" + (f" (EP rank {r % ep_size})" if r >= ep_size else "")
+        wrong = held_failure(who, r % ep_size, p.get("held"), weights(cfg["num_experts"], dtype), ep_size)
+        if wrong:
+            raise CheckFailure(wrong)
     for step in range(cfg["steps"]):
         data = [tokens(s, cfg["n"], dtype, f"train{step}", cfg["num_experts"]) for s in secrets]
         x, t = torch.cat([d[0] for d in data]), torch.cat([d[1] for d in data])
@@ -220,7 +239,8 @@ def judge_training(payloads, secrets, ep_size):
 @define_check("12.ep_x_dp_4_ranks_training", task=TASK, world_size=4, needs=NEEDS, points=3, hang_hint=shared.HANG,
               title="EP 2 x DP 2 on 4 ranks: three SGD steps of a small MoE model equal one process's training",
               promise=("experts averaged over the DP group and divided by P, everything else",
-                       "averaged over all ranks"))
+                       "averaged over all ranks",
+                       "only this rank's contiguous block of experts", "every call is on ``group``, the EP group"))
 def ep_x_dp_training(ctx):
     return run_training(ctx, 2)
 
@@ -234,7 +254,8 @@ def _(payloads, secrets):
               title="EP 4 x DP 1 on 4 ranks: the sync divides the experts by P = ep_size (4), the training equals "
                     "one process's",
               promise=("experts averaged over the DP group and divided by P, everything else",
-                       "4 x 1: divide by ``ep_size``, whatever it is"))
+                       "4 x 1: divide by ``ep_size``, whatever it is",
+                       "only this rank's contiguous block of experts", "every call is on ``group``, the EP group"))
 def ep_4_training(ctx):
     return run_training(ctx, 4)
 

@@ -21,7 +21,7 @@ from torch import nn
 from autograder.judging import margins, references
 from autograder.judging.fixtures import derive_seed, trusted_step
 from autograder.public import task12 as shared
-from autograder.public.task12_common import NEEDS, TASK, reference_layer
+from autograder.public.task12_common import NEEDS, TASK, held_experts, held_failure, reference_layer
 from autograder.registry import CheckFailure, define_check
 
 EXPERTS, TOP_K, HIDDEN, INTER = 4, 2, 64, 128
@@ -103,18 +103,22 @@ def _judge_experts(payloads, model) -> None:
                     "process's training, every rank's model the single-node one on a probe batch, and its experts "
                     "one process's",
               promise=("trains the ``tiny-moe`` BERT to the same losses as single-node training",
-                       "experts averaged over the DP group and divided by P, everything else"))
+                       "experts averaged over the DP group and divided by P, everything else",
+                       "only this rank's contiguous block of experts"))
 def tiny_moe_2_ranks(ctx):
     mod = shared.student(ctx)
     kit_moe = ctx.student(shared.KIT_MOE)
     dp_groups = [dist.new_group([r]) for r in range(ctx.world_size)]  # EP 2 on 2 ranks: a DP group of one each
+    held = []  # per layer, the experts this rank kept (judged before the losses)
 
     def make_moe(i):
         moe = kit_moe.MoEMLP(HIDDEN, INTER, EXPERTS, TOP_K, 0.0)
         with torch.no_grad():
             for name, p in moe.named_parameters():
                 p.copy_(moe_weights(i)[name])
-        return mod.parallelize_moe_layer(moe, None)
+        moe = mod.parallelize_moe_layer(moe, None)
+        held.append(held_experts(moe))
+        return moe
 
     model = with_experts(references.tiny_model(), make_moe)
     opt = references.sgd(model.parameters())
@@ -125,12 +129,18 @@ def tiny_moe_2_ranks(ctx):
     losses = [trusted_step(model, references.rank_batch(ctx.secret, s, ctx.world_size), opt, sync=sync).item()
               for s in range(references.STEPS)]
     experts = {n: sample(p.detach()) for n, p in model.named_parameters() if ".experts." in n}
-    return {"losses": losses, "probe": references.probe_loss(model, references.probe_batch()), "experts": experts}
+    return {"losses": losses, "probe": references.probe_loss(model, references.probe_batch()), "experts": experts,
+            "held": held}
 
 
 @tiny_moe_2_ranks.judge
 def _(payloads, secrets):
     world = len(secrets)
+    for r, p in enumerate(payloads):
+        for i, layer in enumerate(p.get("held") or [None]):
+            wrong = held_failure(f"tiny-moe as EP 2: layer {i}, rank {r}", r, layer, moe_weights(i), world)
+            if wrong:
+                raise CheckFailure(wrong)
     model = with_experts(references.tiny_model(), ReferenceMoE)
     opt = references.sgd(model.parameters())
     for step in range(references.STEPS):

@@ -84,15 +84,17 @@ def probe_loss(model, probe) -> float:
 
 
 def single_node(secrets: list[int]) -> dict:
-    """The single-process reference (grader's process): every rank's rows, one model."""
+    """The single-process reference (grader's process): every rank's rows, one model. ``"model"``: the model
+    after the steps, ``"initial"``: its parameters before them (a judge that compares parameters, Task 11's)."""
     world = len(secrets)
     model = tiny_model()
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for step in range(STEPS):
         parts = [rank_batch(s, step, world) for s in secrets]
         losses.append(trusted_step(model, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, opt).item())
-    return {"losses": losses, "probe": probe_loss(model, probe_batch())}
+    return {"losses": losses, "probe": probe_loss(model, probe_batch()), "model": model, "initial": initial}
 
 
 def average_gradients(model, group=None) -> None:
@@ -123,22 +125,30 @@ def distributed_run(ctx, sync=None, wrap=None, optimizer=sgd) -> dict:
     return {"losses": losses, "probe": probe_loss(model, probe_batch())}
 
 
-def judge_equivalence(payloads, secrets, what: str) -> None:
+#: what a loss that differs says, by default (data parallelism: every rank a replica of the model on its own rows)
+LATER_HINT = "the gradients are not the exact average (a sum, a missing parameter, no exchange at all?)"
+FIRST_HINT = "the first step's loss differs: do the ranks start from the same weights?"
+
+
+def judge_equivalence(payloads, secrets, what: str, hint: str = LATER_HINT, first_hint: str = FIRST_HINT,
+                      ref: dict | None = None) -> None:
+    """Every rank's losses and probe loss against single-node training's. ``hint`` / ``first_hint``: what a loss
+    that differs after the first step / at the first step says (each task's own words: a task that sums its
+    gradients must not be told to average them); ``ref``: ``single_node(secrets)`` when the caller has it."""
     from autograder.registry import CheckFailure
 
     world = len(payloads)
-    ref = single_node(secrets)
     for r, p in enumerate(payloads):
         if not isinstance(p, dict) or len(p.get("losses") or []) != STEPS:
             raise CheckFailure(f"{what}: rank {r} did not report its {STEPS} losses")
+    ref = ref or single_node(secrets)
     for step, want in enumerate(ref["losses"]):
         got = sum(float(p["losses"][step]) for p in payloads) / world
         if not margins.within(abs(got - want), TOL, "loss"):
             raise CheckFailure(
                 f"{what}: at step {step + 1} the mean loss over the {world} ranks is {got:.6f} but single-node "
                 f"training on the same global batch gives {want:.6f} (tolerance {TOL:g}); "
-                + ("the gradients are not the exact average (a sum, a missing parameter, no exchange at all?)"
-                   if step else "the first step's loss differs: do the ranks start from the same weights?"))
+                + (hint if step else first_hint))
     for r, p in enumerate(payloads):
         if not margins.within(abs(float(p["probe"]) - ref["probe"]), TOL, "probe"):
             raise CheckFailure(f"{what}: after {STEPS} steps rank {r}'s model gives loss {p['probe']:.6f} on a "

@@ -115,10 +115,11 @@ def run_attention(ctx, dtype=torch.float64, scale: float = 1.0, modes=MODES, cp_
             spy.phase = "backward"
             y.backward(grad)
             spy.phase = None
-            calls = {"forward": [], "backward": []}
+            calls, groups = {"forward": [], "backward": []}, {"forward": [], "backward": []}
             for name, info in spy.calls:
                 calls.setdefault(info.get("phase") or "forward", []).append(name)
-            out[mode] = {"y": y.detach().clone(), "grads": [t.grad for t in leaves], "calls": calls}
+                groups.setdefault(info.get("phase") or "forward", []).append(info.get("group"))
+            out[mode] = {"y": y.detach().clone(), "grads": [t.grad for t in leaves], "calls": calls, "groups": groups}
     return out
 
 
@@ -166,14 +167,16 @@ def _judge_group(payloads, secrets, dtype, scale: float, modes, group_name: str)
                                        f"{err:.2e}: {HINTS[mode]}")
 
 
-def judge_calls(payloads, modes=MODES) -> None:
+def judge_calls(payloads, modes=MODES, cp_groups=None) -> None:
     """All-gather attention: three all_gathers forward (K, V, the mask), two reduce_scatters backward, nothing
     else; ring attention: C - 1 isends and C - 1 irecvs forward, point to point only backward. One rank: nothing
-    at all, either way."""
+    at all, either way. With ``cp_groups``, every collective on the rank's CP group (point to point names its peers
+    by global rank, on any group)."""
     world = len(payloads)
     for r, p in enumerate(payloads):
         for mode in modes:
             calls = ((p or {}).get(mode) or {}).get("calls") or {}
+            _judge_groups(r, mode, calls, ((p or {}).get(mode) or {}).get("groups") or {}, cp_groups)
             fwd = sorted(family(c) for c in calls.get("forward", []))
             bwd = sorted(family(c) for c in calls.get("backward", []))
             if world == 1:
@@ -192,3 +195,17 @@ def judge_calls(payloads, modes=MODES) -> None:
                     raise CheckFailure(f"rank {r} of {world}, ring attention called {fwd} forward and {bwd} backward; "
                                        f"expected exactly C - 1 = {world - 1} isend and irecv forward (one packed "
                                        "block a pass: pack_block) and point-to-point calls only backward")
+
+
+def _judge_groups(r: int, mode: str, calls: dict, groups: dict, cp_groups) -> None:
+    """Each collective (not isend / irecv) of rank ``r`` on its CP group, never the default group."""
+    mine = next((list(g) for g in cp_groups or [] if r in g), None)
+    if mine is None:
+        return
+    for phase, names in calls.items():
+        for name, g in zip(names, groups.get(phase, [])):
+            if name not in ("isend", "irecv") and g != mine:
+                on = "the default group" if g is None else f"the group of ranks {g}"
+                raise CheckFailure(f"rank {r}, {mode} attention: {name} ({phase}) ran on {on}, not on the CP group it "
+                                   f"was given (ranks {mine}, made by dist.new_group): pass group= to every collective "
+                                   "(on CP groups smaller than the world a call on the default group mixes them)")

@@ -7,7 +7,10 @@ expert-parallel rank routes its own share of the batch); the full layer's weight
 router and of the experts it holds, and per phase the collectives it called; the judge, in the grader's
 own process, recomputes everything token by token (``task12_common.reference``) and compares: the output
 and the input and router gradients with each rank's own tokens, every expert's gradient with the sum over
-all ranks' tokens.
+all ranks' tokens. Before the layer runs, each rank tries the student's ``exchange_counts`` on known counts on
+its EP group (``task12_common.probe_counts``), so counts of the wrong shape or from the wrong group are named as
+that function's fault rather than surfacing as gloo's size error inside the dispatch; and the judge compares
+each rank's experts with the layer's before any value ("rank 0 holds experts [0, 2], expected [0, 1]").
 
 The hidden checks (``autograder/checks/task12.py``) reuse this module's rank side and judges at 2 and 4
 ranks in float64, with top-2 routing, uneven counts, a rank without tokens, drops at a tight capacity,
@@ -19,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from autograder.public.task12_common import (HIDDEN, INTER, KIT_MOE, NEEDS, TASK, TOLERANCE, capacity,  # noqa: F401
-                                             draw, reference, tokens, weights)
+                                             draw, held_experts, held_failure, probe_counts, reference, tokens,
+                                             weights)
 from autograder.registry import CheckFailure, define_check
 
 FUNCTIONS = ("parallelize_moe_layer", "expert_parallel_experts", "exchange_counts", "AllToAll", "all_to_all",
@@ -56,15 +60,39 @@ def phased(spy) -> dict:
     return out
 
 
-def run_layer(ctx, num_experts, top_k, factor, counts, dtype=torch.float64, tag="") -> dict:
-    """This rank's tokens through ``parallelize_moe_layer``'s layer on the default group, forward and back."""
+def groups_of(spy) -> dict:
+    """Per phase, the group each call ran on (its global ranks; None: the default group), in call order."""
+    out = {}
+    for _, info in spy.calls:
+        out.setdefault(info.get("phase") or "forward", []).append(info.get("group"))
+    return out
+
+
+def ep_group(ctx, ep_groups=None):
+    """``(group, ranks)``: the default group and every rank, or with ``ep_groups`` (lists of global ranks) this
+    rank's group, made by ``dist.new_group`` (every rank makes every group, in order)."""
+    if ep_groups is None:
+        return None, list(range(ctx.world_size))
+    import torch.distributed as dist
+
+    made = [(list(g), dist.new_group(list(g))) for g in ep_groups]
+    ranks, group = next((g, h) for g, h in made if ctx.rank in g)
+    return group, ranks
+
+
+def run_layer(ctx, num_experts, top_k, factor, counts, dtype=torch.float64, tag="", ep_groups=None) -> dict:
+    """This rank's tokens through ``parallelize_moe_layer``'s layer on the default group (``ep_groups``: on this
+    rank's EP group), forward and back. ``exchange_counts`` is tried on known counts first (``probe_counts``)."""
     mod = student(ctx)
+    group, ranks = ep_group(ctx, ep_groups)
+    probe_counts(ctx, mod, group, ranks, num_experts)
     layer = full_layer(ctx, num_experts, top_k, factor, dtype)
     x, dy = tokens(ctx.secret, counts[ctx.rank], dtype, tag, num_experts)
     x.requires_grad_()
     with ctx.spy() as spy:
         spy.phase = "setup"
-        layer = mod.parallelize_moe_layer(layer, None)
+        layer = mod.parallelize_moe_layer(layer, group)
+        held = held_experts(layer)
         spy.phase = "forward"
         y = layer(x)
         if not isinstance(y, torch.Tensor) or tuple(y.shape) != tuple(x.shape) or not y.requires_grad:
@@ -75,7 +103,8 @@ def run_layer(ctx, num_experts, top_k, factor, counts, dtype=torch.float64, tag=
         spy.phase = "backward"
         y.backward(dy)
         spy.phase = None
-    return {"y": y.detach(), "x_grad": x.grad, "experts": len(layer.experts), "calls": phased(spy),
+    return {"y": y.detach(), "x_grad": x.grad, "experts": len(layer.experts), "held": held, "calls": phased(spy),
+            "groups": groups_of(spy),
             "grads": {n: None if p.grad is None else p.grad.detach().clone() for n, p in layer.named_parameters()}}
 
 
@@ -116,15 +145,28 @@ def close(r: int, what: str, got, want, dtype, hint: str) -> None:
         raise CheckFailure(f"rank {r}: {what} differs from the single-process layer's by {err:.2e}: {hint}")
 
 
-def judge_layer(payloads, secrets, num_experts, top_k, factor, counts, dtype=torch.float64, tag="") -> None:
+def judge_layer(payloads, secrets, num_experts, top_k, factor, counts, dtype=torch.float64, tag="",
+                ep_groups=None) -> None:
+    """Each EP group (every rank, or each of ``ep_groups``) against the single-process layer on its ranks' tokens."""
+    for ranks in ep_groups or [list(range(len(payloads)))]:
+        label = f"EP group {list(ranks)}, " if ep_groups else ""
+        _judge_group([payloads[r] for r in ranks], [secrets[r] for r in ranks], num_experts, top_k, factor,
+                     [counts[r] for r in ranks], dtype, tag, label)
+
+
+def _judge_group(payloads, secrets, num_experts, top_k, factor, counts, dtype, tag, label) -> None:
     ref = reference(secrets, counts, num_experts, top_k, factor, dtype, tag)
     world = len(payloads)
     local = num_experts // world
     for r, p in enumerate(payloads):
         p = p or {}
         if p.get("experts") != local:
-            raise CheckFailure(f"rank {r}: parallelize_moe_layer left {p.get('experts')} experts in moe.experts; "
+            raise CheckFailure(f"{label}rank {r}: parallelize_moe_layer left {p.get('experts')} experts in moe.experts; "
                                f"expected {num_experts} / {world} = {local} (this rank's contiguous block)")
+        wrong = held_failure(f"{label}rank {r}", r, p.get("held"), weights(num_experts, dtype), world)
+        if wrong:
+            raise CheckFailure(wrong)
+    for r, p in enumerate(payloads):
         want = ref["ranks"][r]
         close(r, "the layer's output", p.get("y"), want["y"], dtype,
               "each token's output is the router-weighted sum of its kept experts' outputs; the rows must come back "
@@ -141,7 +183,13 @@ def judge_layer(payloads, secrets, num_experts, top_k, factor, counts, dtype=tor
                              "expert on its rows from every source, and keep rank r's block of experts")
 
 
-def judge_calls(payloads, expected=None) -> None:
+#: what each of a layer's calls is, per phase, in call order (a call on the wrong group is named by it)
+CALL_NAMES = {"forward": ("exchange_counts", "the dispatch's all_to_all", "the combine's all_to_all"),
+              "backward": ("AllToAll.backward of the combine", "AllToAll.backward of the dispatch")}
+
+
+def judge_calls(payloads, expected=None, ep_groups=None) -> None:
+    """Each phase's collectives; with ``ep_groups``, each call on the rank's EP group, never the default group."""
     expected = expected or LAYER_CALLS
     for r, p in enumerate(payloads):
         calls = (p or {}).get("calls") or {}
@@ -152,6 +200,16 @@ def judge_calls(payloads, expected=None) -> None:
                     f"rank {r}: {phase} called {got or 'no collective'}; expected {want or 'none'}: one layer sends "
                     "three all_to_all_single forward (the counts, the tokens there, the outputs back) and two backward "
                     "(each AllToAll's reverse); parallelize_moe_layer sends nothing")
+        mine = next((list(g) for g in ep_groups or [] if r in g), None)
+        for phase, groups in ((p or {}).get("groups") or {}).items():
+            for i, g in enumerate(groups):
+                if mine is not None and g != mine:
+                    what = CALL_NAMES.get(phase, ())[i] if i < len(CALL_NAMES.get(phase, ())) else f"call {i + 1}"
+                    on = "the default group" if g is None else f"the group of ranks {g}"
+                    raise CheckFailure(f"rank {r}: {what} ({phase}) ran all_to_all_single on {on}, not on the EP group "
+                                       f"it was given (ranks {mine}, made by dist.new_group): pass group= to every "
+                                       "call (on EP groups smaller than the world a call on the default group mixes "
+                                       "them)")
 
 
 def judge_all_to_all(payloads, secrets) -> None:
@@ -199,7 +257,8 @@ PUBLIC_LAYER = dict(num_experts=4, top_k=1, factor=0.0, counts=(6, 9))
               title="one MoE layer on 2 ranks (4 experts, top-1): outputs, the input's, the router's and every expert's "
                     "gradients equal to one process's layer",
               promise=("the output equals the single-process layer's, and the input's, the router's and every "
-                       "expert's gradients",))
+                       "expert's gradients", "only this rank's contiguous block of experts",
+                       "``exchange_counts``: rank r returns, in block s, the counts rank s sent"))
 def public_dispatch_combine(ctx):
     return run_layer(ctx, dtype=torch.float32, **PUBLIC_LAYER)
 

@@ -109,3 +109,62 @@ def reference(secrets, counts, num_experts: int, top_k: int, factor: float, dtyp
                       "router": router.grad if router.grad is not None else torch.zeros_like(router)})
     grads = {k: (v.grad if v.grad is not None else torch.zeros_like(v)) for k, v in experts.items()}
     return {"ranks": ranks, "experts": grads}
+
+
+# ---------------------------------------------------------------- which experts a rank holds, the counts' exchange
+def held_experts(layer) -> list:
+    """Rank side: each expert the layer kept after ``parallelize_moe_layer``, by its ``dense_in`` bias (the grader's
+    weights give every expert its own; None where an expert has none)."""
+    out = []
+    for e in getattr(layer, "experts", None) or []:
+        bias = getattr(getattr(e, "dense_in", None), "bias", None)
+        out.append(bias.detach().clone() if bias is not None else None)
+    return out
+
+
+def expert_ids(held, params: dict) -> list[int]:
+    """Judge side: the global expert each fingerprint of ``held_experts`` is (-1: none of the layer's)."""
+    ids = []
+    for got in held or []:
+        match = [int(k.split(".")[1]) for k, w in params.items() if k.endswith(".dense_in.bias")
+                 and isinstance(got, torch.Tensor) and got.shape == w.shape and torch.equal(got.to(w.dtype), w)]
+        ids.append(match[0] if match else -1)
+    return ids
+
+
+def held_failure(who: str, r: int, held, params: dict, size: int) -> str | None:
+    """A message when EP rank ``r`` (of ``size``; ``who`` names it: "rank 0") does not hold its contiguous block of
+    the layer's experts, in order ("rank 0 holds experts [0, 2], expected [0, 1]"); None when it does."""
+    num = sum(1 for k in params if k.endswith(".dense_in.bias"))
+    local = num // size
+    want, got = list(range(r * local, (r + 1) * local)), expert_ids(held, params)
+    if got == want:
+        return None
+    return (f"{who} holds experts {got}, expected {want}: parallelize_moe_layer keeps rank r's contiguous "
+            f"block, experts r*E/P .. (r+1)*E/P - 1 in order (E = {num}, P = {size}); the dispatch sends a token "
+            "to the rank whose block holds its expert" + (" (-1: an expert that is none of the layer's)"
+                                                         if -1 in got else ""))
+
+
+def probe_counts(ctx, mod, group, ranks, num_experts: int) -> None:
+    """Rank side, before the layer runs: the student's ``exchange_counts`` of known counts on ``group`` (``ranks``:
+    its global ranks), every rank of the world at once. The counts' shape and values are checked here, so an
+    exchange on the wrong group or of the wrong shape is named as ``exchange_counts``' fault before the dispatch
+    would abort in gloo with a size error."""
+    def sent(g):  # what global rank g sends to each expert: every value different
+        return torch.tensor([100 * (g + 1) + e for e in range(num_experts)], dtype=torch.int64)
+
+    size, me = len(ranks), ranks.index(ctx.rank)
+    local = num_experts // size
+    got = mod.exchange_counts(sent(ctx.rank), group)
+    want = torch.cat([sent(g)[me * local:(me + 1) * local] for g in ranks])
+    on = f"the EP group of ranks {list(ranks)}"
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        ctx.fail(f"rank {ctx.rank}: exchange_counts(send_counts of shape ({num_experts},), group) on {on} returned "
+                 f"{shape}, expected int64 ({num_experts},): block s holds the E/P counts EP rank s sends to this "
+                 "rank's experts")
+    if not torch.equal(got.long(), want):
+        ctx.fail(f"rank {ctx.rank}: exchange_counts on {on} returned {got.tolist()}, expected {want.tolist()} (block s: "
+                 "what EP rank s of group sends to this rank's experts): one all_to_all_single on group, the EP group "
+                 "it is given, not the default group")

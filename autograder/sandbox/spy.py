@@ -12,8 +12,11 @@ call the new ones) and older ``_all_gather_base`` / ``_reduce_scatter_base`` are
 operations; a call through any of them is recorded under the name the task table uses
 (``CANONICAL``), so a row lists each collective once whatever the torch version.
 
-Each record says whether the call was asynchronous (``async_op``) and, when the check set
-``spy.phase`` (Task 5 sets ``"backward"`` around ``loss.backward()``), in which phase it ran.
+Each record says whether the call was asynchronous (``async_op``), when the check set
+``spy.phase`` (Task 5 sets ``"backward"`` around ``loss.backward()``) in which phase it ran, and,
+for a call on a group other than the default one, that group's global ranks (``group``): a check
+that hands student code a group of every rank (``dist.new_group``) sees a call left on the default
+group, which gives the same numbers there and the wrong ones on a smaller group (Tasks 11 and 12).
 
 Point to point: a send/recv record names its ``peer``. Where a check set ``spy.per_micro_batch``
 (a pipeline, Task 9), a blocking ``send`` / ``recv`` runs inside a function whose name says what it
@@ -174,7 +177,26 @@ def _describe(args, kwargs) -> dict:
         info["op"] = str(op).split(".")[-1]
     # async_op: a keyword, or all_reduce(tensor, op, group, async_op)'s fourth argument
     info["async_op"] = bool(kwargs.get("async_op", args[3] if len(args) > 3 and isinstance(args[3], bool) else False))
+    group = _group_ranks(args, kwargs)
+    if group is not None:
+        info["group"] = group
     return info
+
+
+def _group_ranks(args, kwargs) -> list[int] | None:
+    """The global ranks of the process group a call names (a ``ProcessGroup`` argument, by keyword or position);
+    None for the default group (no group, None or ``group.WORLD``)."""
+    import torch.distributed as dist
+
+    for a in list(kwargs.values()) + list(args):
+        if isinstance(a, dist.ProcessGroup):
+            if a is dist.group.WORLD:
+                return None
+            try:
+                return [int(r) for r in dist.get_process_group_ranks(a)]
+            except (RuntimeError, ValueError):  # a group this rank is not in
+                return []
+    return None
 
 
 class _NamedWork:

@@ -17,7 +17,8 @@ The map, one room per folder, from the ground floor up. A room imports only room
   resume/    checkpoints, FSDP state, faults; the checkpoint parts a parallelism registers
   parallel/  one room per parallelism beyond plain data parallelism: pipeline/ (Task 9), tensor/
              (Task 10), context/ (Task 11), expert/ (Task 12), each its helpers, memory and traffic terms, checkpoint, what-if and setup,
-             registered with the layers that use them
+             registered with the layers that use them; beside them the one mesh (mesh.py: degrees, layout,
+             groups, clip) and Task 14's composed run (composed.py, composed_model.py)
   train/     the training loop, optimizer, per-task setup, FSDP2, the pre-launch checks and start
   whatif/    scaling and memory predictions (``python -m student_src.kit.whatif``)
   report/    tables, HTML page, scaling part, the hand-in (``python -m student_src.kit.report``)

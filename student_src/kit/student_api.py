@@ -22,6 +22,13 @@ student module              what the kit calls                                wh
 ``resume.py`` (8)           ``capture_training_state``, ``restore_training_state``  checkpoints
 ``pipeline.py`` (9)         ``build_stage(model, rank, p)``, ``pipeline_step``  ``setup_task``, the
                             (``parallel/pipeline/stages.make_train_step`` around it)  Task 9 notebook
+``recompute.py`` (13)       ``accumulation_step(model, micro_batches, ...)``,  the loop
+                            ``apply_recompute(model, mode)``                  (``train/accumulation.py``,
+                                                                              ``train/recompute.py``)
+``parallel_dims.py`` (14)   ``rank_to_coords``, ``coords_to_rank``,          the kit's mesh
+                            ``axis_ranks``, ``build_axis_groups``,            (``parallel/mesh.py``),
+                            ``data_shard``, ``loss_rank``,                    the Task 14
+                            ``sync_composed_grads`` (``parallel_dims()``)     notebook
 ==========================  ================================================  =================
 
 Which function belongs to which task comes from the task table (``tasks.py``).
@@ -236,6 +243,13 @@ def traffic_functions(fresh: bool = False):
     """Task 4's ``(tensor_nbytes, expected_allreduce_bytes)`` (the notebook's prediction);
     ``fresh``: from the file as it is now (a notebook kernel re-imports it)."""
     return named("tensor_nbytes", fresh=fresh), named("expected_allreduce_bytes")
+
+
+def parallel_dims(fresh: bool = False):
+    """Task 14's module (``student_src/parallel_dims.py``): the N-D layout (``ORDER``, ``rank_to_coords``,
+    ``coords_to_rank``, ``axis_ranks``), ``build_axis_groups``, ``data_shard``, ``loss_rank`` and
+    ``sync_composed_grads``, for the kit's mesh and the Task 14 notebook; ``fresh``: as the file is now."""
+    return module(tasks.for_function("sync_composed_grads").module, fresh=fresh)
 
 
 def named(name: str, fresh: bool = False):

@@ -2,7 +2,8 @@
 
 The training loop (which student function syncs gradients), the flags (``--task`` choices and
 their messages), the report and plots (order, colours), the export (which task folders), the
-notebooks (titles; which tasks a run needs done first) and the grader (which student module a task
+notebooks (titles; which tasks a run needs done first), both READMEs (their task table and notebook list,
+written by ``python -m autograder.course.readme_tables``) and the grader (which student module a task
 grades, which submission folders it is graded from, which collectives a sync may call, what is
 extra credit, what the release's TODOs say) all take what they need from ``TASKS`` below.
 
@@ -69,6 +70,13 @@ student package.
                   of the batch; ``sync_expert_parallel_grads`` averages the experts over the DP group and the
                   rest over all ranks with the first ``"function"`` task of ``needs_tasks`` (2b); the kit
                   gathers the experts into the whole model before evaluating (``parallel/expert/``).
+* ``"composed"``  the parallelisms composed on one grid (Task 14): the degrees from ``--pipeline_stages``,
+                  ``--tp_size``, ``--cp_size``, ``--ep_size`` (dp what they leave), the kit's mesh
+                  (``parallel/mesh.py``) checks them; the student's ``build_axis_groups`` builds every axis's
+                  groups and ``sync_composed_grads`` syncs the gradients; the kit cuts the model with the
+                  student's Tasks 10-12 and, with stages, runs the pipeline step of Task 9 around it, clips by
+                  the global norm over every axis, and refills the whole model before evaluating
+                  (``parallel/composed.py``).
 """
 
 from __future__ import annotations
@@ -79,7 +87,7 @@ from dataclasses import dataclass
 WRAPPERS = ("ddp", "bucketed")
 #: every ``sync`` kind the training loop knows (module docstring; ``train/task_setup.py``)
 SYNC_KINDS = ("none", "function", *WRAPPERS, "sharded_optimizer", "fsdp", "pipeline", "tensor_parallel",
-              "context_parallel", "expert_parallel")
+              "context_parallel", "expert_parallel", "composed")
 #: the collectives gloo carries on CUDA tensors (PyTorch's backend table); a task that calls only these
 #: keeps its model on a GPU that several local ranks share (``ranks/device_choice.py``)
 GLOO_CUDA_COLLECTIVES = frozenset({"all_reduce", "broadcast", "barrier"})
@@ -125,6 +133,9 @@ class Task:
                                      # every cut weight, the rest whole); ":flat" or ":greedy" after it says how
                                      # shards are cut (default greedy whole tensors for ZeRO, flat per unit for
                                      # FSDP); None: not a training task
+    built: str = ""                  # what the student builds, in one line of markdown: the READMEs' task table
+                                     # (``python -m autograder.course.readme_tables`` writes it; empty: the title)
+    advanced: bool = False           # said beside its id in the READMEs' task table
     needs_tasks: tuple[str, ...] = ()  # the other tasks whose student code its run calls (train_step, the loader):
                                        # a notebook's run cell checks them, and its own, for TODOs before it starts
                                        # ranks (Task 0's init_distributed has a kit fallback: no run needs it); for a
@@ -171,52 +182,66 @@ class Task:
 _ROWS = (
     Task("0", "process group and warm-up collectives", "collectives",
          ("init_distributed", "ring_pass", "broadcast_from_root", "all_reduce_sum", "gather_to_root", "scatter_from_root"),
-         "0_collectives", graded_from=("task0", "task1", "task2a", "task2b", "task3")),
+         "0_collectives", graded_from=("task0", "task1", "task2a", "task2b", "task3"),
+         built="set up the process group; warm-up collectives (ring send/recv, broadcast, all_reduce, gather/scatter)"),
     Task("1", "single node", "train", ("train_step",), "1_single_node", color="#444444", sync="none", export=True,
-         memory="replicated"),
+         memory="replicated",
+         built="one training step (forward, backward, clip, step)"),
     Task("2", "non-overlapping data shards", "partition", ("build_train_loader",), "2a_gather_scatter",
-         graded_from=("task2", "task2a", "task2b", "task3")),
+         graded_from=("task2", "task2a", "task2b", "task3"),
+         built="non-overlapping data shards"),
     Task("2a", "gather/scatter", "sync", ("gather_scatter_average",), "2a_gather_scatter", color="#1f77b4",
          sync="function", collectives=frozenset({"gather", "scatter", "barrier"}), must_call=frozenset({"gather", "scatter"}),
          export=True, single_node_equivalence=True, traffic="gather_scatter", memory="replicated",
-         needs_tasks=("1", "2")),
+         needs_tasks=("1", "2"),
+         built="gradient averaging through rank 0 (`gather` / `scatter`)"),
     Task("2b", "all_reduce", "sync", ("allreduce_average",), "2b_allreduce", color="#2ca02c",
          sync="function", collectives=frozenset({"all_reduce", "barrier"}), must_call=frozenset({"all_reduce"}),
-         export=True, single_node_equivalence=True, traffic="ring", memory="replicated", needs_tasks=("1", "2")),
+         export=True, single_node_equivalence=True, traffic="ring", memory="replicated", needs_tasks=("1", "2"),
+         built="gradient averaging with `all_reduce`"),
     Task("3", "DistributedDataParallel", "ddp", ("wrap_ddp",), "3_ddp", color="#d62728", sync="ddp", export=True,
-         single_node_equivalence=True, traffic="ring_buckets", memory="replicated", needs_tasks=("1", "2")),
+         single_node_equivalence=True, traffic="ring_buckets", memory="replicated", needs_tasks=("1", "2"),
+         built="`DistributedDataParallel`"),
     Task("4", "traffic: what is communicated, and how many bytes", "profiling",
          ("tensor_nbytes", "expected_allreduce_bytes", "CommLog"), "4_traffic", graded_from=("task4", "task2b"),
-         needs_tasks=("1", "2", "2b")),
+         needs_tasks=("1", "2", "2b"),
+         built="predict the bytes of every all_reduce; compare with the NIC"),
     Task("5", "bucketed overlap (advanced)", "bucketed", ("BucketedDDP", "assign_buckets"), "5_bucketed",
          color="#9467bd", sync="bucketed", extra_credit=True, traffic="ring_buckets", memory="replicated",
-         needs_tasks=("1", "2")),
+         needs_tasks=("1", "2"),
+         built="bucketed gradient sync that overlaps with backward", advanced=True),
     # Task 6 is extra credit for now, for the reason Task 8 is (it arrived mid-term: required, it would raise the
     # maximum under students who had finished); points.toml's [tasks] extra_credit makes it required for a new course.
     Task("6", "sharded optimizer state (ZeRO-1)", "sharded_optimizer", ("ShardedOptimizer", "assign_owners"),
          "6_sharded_optimizer", color="#17becf", sync="sharded_optimizer",
          collectives=frozenset({"broadcast", "barrier"}), must_call=frozenset({"broadcast"}), extra_credit=True,
          export=True, single_node_equivalence=True, traffic="ring_broadcast", memory="zero1",
-         needs_tasks=("1", "2", "2b")),
+         needs_tasks=("1", "2", "2b"),
+         built="shard AdamW's state across ranks (ZeRO-1): each rank steps its own parameters and broadcasts them"),
     # Task 7 is advanced, extra credit like Task 5. Its wrapper calls the module-level all_gather_single /
     # reduce_scatter_single of fsdp.py, which reach torch's all_gather_into_tensor / reduce_scatter_tensor (the spy
     # files every name a torch version uses for them under these two).
     Task("7", "fully sharded data parallel (FSDP)", "fsdp", ("FSDP",), "7_fsdp", color="#e377c2", sync="fsdp",
          collectives=frozenset({"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "barrier"}),
          must_call=frozenset({"all_gather_into_tensor", "reduce_scatter_tensor"}), extra_credit=True, export=True,
-         single_node_equivalence=True, traffic="fsdp", memory="fsdp", needs_tasks=("1", "2")),
+         single_node_equivalence=True, traffic="fsdp", memory="fsdp", needs_tasks=("1", "2"),
+         built=("fully sharded data parallel (FSDP) by hand: each rank keeps 1/N of every weight, gathers a "
+                "layer's weights for its forward and backward, reduce-scatters the gradients"), advanced=True),
     # Task 8 is extra credit because it arrived mid-term: required, it would change the maximum under students who
     # had finished. Not a training task of its own (sync None, no export folder): the kit's checkpoints call its
     # two functions in every training task's run (kit/resume/checkpoint.py).
     Task("8", "training that survives a lost node: what to save", "resume",
          ("capture_training_state", "restore_training_state"), "8_fault_tolerance", color="#8c564b",
-         extra_credit=True, graded_from=("task8", "task3", "task2b", "task2a", "task1"), needs_tasks=("1", "2", "3")),
+         extra_credit=True, graded_from=("task8", "task3", "task2b", "task2a", "task1"), needs_tasks=("1", "2", "3"),
+         built="what a checkpoint must hold for an exact resume after a lost node"),
     # Task 9 is advanced, extra credit like Task 7. Its stages talk point to point only; its notebook also runs the
     # student's pipeline_step on local ranks itself, timed (kit/demo/pipeline.py).
     Task("9", "pipeline parallelism (GPipe, 1F1B)", "pipeline",
          ("pipeline_step", "schedule_order", "stage_sizes", "build_stage"), "9_pipeline", color="#bcbd22",
          sync="pipeline", collectives=frozenset({"send", "recv", "isend", "irecv", "barrier"}), extra_credit=True,
-         export=True, memory="pipeline", needs_tasks=("2b",), checks_build_bert=True),
+         export=True, memory="pipeline", needs_tasks=("2b",), checks_build_bert=True,
+         built=("pipeline parallelism by hand: the model cut into stages, micro-batches through them with `send` "
+                "/ `recv`, the GPipe (AFAB) and 1F1B schedules, the bubble measured"), advanced=True),
     # Task 10 is advanced, extra credit like Tasks 7 and 9. Every collective of the student's code is an all_reduce
     # over the TP group (f's backward, g's forward); TP x DP averages over the replicas with Task 2b's function.
     # Sequence parallelism (--sequence_parallel) adds all_gathers and reduce_scatters along the sequence (either form).
@@ -228,7 +253,13 @@ _ROWS = (
                                 "reduce_scatter_tensor"}),
          must_call=frozenset({"all_reduce"}), extra_credit=True, export=True, memory="tensor_parallel",
          needs_tasks=("1", "2", "2b"), checks_build_bert=True,
-         more_modules=("tensor_parallel_sequence", "tensor_parallel_vocab")),  # --sequence_parallel, --vocab_parallel
+         more_modules=("tensor_parallel_sequence", "tensor_parallel_vocab"),  # --sequence_parallel, --vocab_parallel
+         built=("tensor parallelism by hand: Megatron's f and g as autograd functions, column- and row-parallel "
+                "Linear layers, every BERT encoder layer cut by heads and MLP width, the 2-D mesh of TP groups "
+                "and replicas (`--tp_size`; TP x DP with your 2b on the replicas); sequence parallelism "
+                "(`--sequence_parallel`: all_gather / reduce_scatter along the sequence, the LayerNorms on 1/T "
+                "of it); the vocabulary-parallel embedding (`--vocab_parallel`: the word-embedding table cut by "
+                "rows)"), advanced=True),
     # Task 11 is advanced, extra credit like Tasks 7, 9 and 10. All-gather attention calls all_gather forward and
     # reduce_scatter backward, ring attention isend/irecv; the logits of CP rank 0 are broadcast, the gradients summed
     # with all_reduce; CP x DP averages over the replicas with Task 2b's function. A CP rank holds the whole model.
@@ -238,7 +269,12 @@ _ROWS = (
          "11_context_parallel", color="#7f7f00", sync="context_parallel",
          collectives=frozenset({"all_gather", "reduce_scatter", "isend", "irecv", "broadcast", "all_reduce"}),
          must_call=frozenset({"all_reduce", "broadcast"}), extra_credit=True, export=True, memory="replicated",
-         needs_tasks=("1", "2", "2b"), checks_build_bert=True, more_modules=("context_parallel_attn",)),
+         needs_tasks=("1", "2", "2b"), checks_build_bert=True, more_modules=("context_parallel_attn",),
+         built=("context parallelism by hand: each rank holds 1/C of every sequence (global position ids), "
+                "attention by all-gather (all_gather K and V, reduce_scatter dK and dV) and by a ring "
+                "(isend/irecv of K/V blocks with an online softmax, dK/dV sent home), both autograd functions "
+                "with hand-written backwards; CP rank 0's logits on every rank; CP x DP with your 2b on the "
+                "replicas (`--cp_size`, `--cp_attention allgather\\|ring`)"), advanced=True),
     # Task 12 is advanced, extra credit like Tasks 7, 9 and 10. Its layers call all_to_all_single only (the counts,
     # the tokens there and back); EP x DP averages with Task 2b's function on the DP group and on all ranks.
     Task("12", "expert parallelism (mixture of experts, all-to-all)", "expert_parallel",
@@ -246,7 +282,38 @@ _ROWS = (
           "sync_expert_parallel_grads"),
          "12_expert_parallel", color="#7f7f7f", sync="expert_parallel",
          collectives=frozenset({"all_to_all_single"}), must_call=frozenset({"all_to_all_single"}), extra_credit=True,
-         export=True, memory="expert_parallel", needs_tasks=("1", "2", "2b"), checks_build_bert=True),
+         export=True, memory="expert_parallel", needs_tasks=("1", "2", "2b"), checks_build_bert=True,
+         built=("expert parallelism by hand: a mixture-of-experts BERT (`tiny-moe`, `minilm-moe`: every MLP "
+                "turned into E experts and a top-k router, a capacity factor, the Switch load-balancing loss), "
+                "the experts spread over an EP group, each rank's tokens sent to their experts and back with "
+                "`all_to_all_single` and uneven splits (the counts first), the reverse all-to-all as the "
+                "backward you write; EP x DP (`--ep_size`; experts averaged over their replicas, the rest over "
+                "all ranks, with your 2b)"), advanced=True),
+    # Task 13 is extra credit, like the advanced tasks. Not a training task of its own (sync None, like Task 8): every
+    # task whose whole model is on each rank calls its functions when a run asks, --gradient_accumulation_steps K
+    # (accumulation_step in place of train_step: the sync once per optimizer step) and --recompute (apply_recompute
+    # rewrites the encoder before the task wraps it; RecomputeFunction is what it applies).
+    Task("13", "memory levers: gradient accumulation and activation recomputation", "recompute",
+         ("accumulation_step", "RecomputeFunction", "apply_recompute"), "13_memory_levers", color="#aec7e8",
+         extra_credit=True, needs_tasks=("1", "2"), checks_build_bert=True,
+         built=("the two memory levers: gradient accumulation (`--gradient_accumulation_steps K`, Hugging Face's "
+                "meaning: your `accumulation_step` syncs once per optimizer step, every backward but the last under "
+                "`no_sync`) and activation recomputation (`--recompute full\\|every:k\\|selective`: your "
+                "`RecomputeFunction` keeps a block's input and the RNG state, reruns it in backward with the same "
+                "dropout masks; `--torch_recompute`: torch's checkpoint)"), advanced=True),
+    # Task 14 is advanced, extra credit like Tasks 9-12: the parallelisms composed on one N-D grid (the layout, every
+    # axis's groups, the data shards, the composed sync through the student's own Tasks 2b, 10, 11 and 12). Its sync
+    # calls all_reduce only (2b's average, 10's and 11's sums). Not a training row yet (sync None): the kit's mesh
+    # (parallel/mesh.py) and its composed run call these functions through student_api.
+    Task("14", "the parallelisms composed (N-D parallelism)", "parallel_dims",
+         ("coords_to_rank", "rank_to_coords", "axis_ranks", "build_axis_groups", "data_shard", "loss_rank",
+          "sync_composed_grads"),
+         "14_parallel_dims", color="#98df8a", collectives=frozenset({"all_reduce"}), extra_credit=True, sync="composed",
+         needs_tasks=("2b", "10", "11", "12"),
+         built=("the parallelisms composed on one N-D grid: coordinates <-> rank in one order (TP innermost), "
+                "every axis's process groups created by every rank in the same order, which ranks share a data "
+                "shard, which rank reads the loss, and the composed gradient sync (DP average, CP sum, TP's "
+                "replicated parameters, experts over their replicas) through your own Tasks 2b, 10, 11 and 12"), advanced=True),
 )
 
 #: every task by id, in the assignment's order

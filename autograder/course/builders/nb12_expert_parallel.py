@@ -46,57 +46,57 @@ Switch load-balancing loss).
         params='EP_SIZE = 2      # ranks per expert-parallel group; WORLD_SIZE / EP_SIZE data-parallel replicas\n'
                'NUM_EXPERTS = 4  # experts per layer (EP_SIZE must divide it)\n'
                'TOP_K = 1        # experts per token\n'
-               'MOE_STEPS = 12 if QUICK else 60  # enough steps to watch the router learn')
+               'MOE_STEPS = 12 if QUICK else 60  # steps of each Task 12 run (full mode: enough to watch the router learn)\n'
+               'MY_BYTES_PREDICTION = None  # "Predict first" 1: the bytes one rank sends in a step of the run below')
     check_cells(nb, "12", "The layer must give one process's outputs and gradients, and call exactly three "
                 "all_to_all_single forward and two backward.")
+    nb.code('MOE_MODEL = "tiny-moe" if QUICK else "minilm-moe"\n'
+            '# no auxiliary loss, no capacity limit (no token dropped): the settings under which Task 12 matches Task 1\n'
+            'MOE = ["--model_name_or_path", MOE_MODEL, "--num_experts", NUM_EXPERTS, "--top_k", TOP_K,\n'
+            '       "--aux_loss_coef", 0, "--capacity_factor", 0]\n'
+            'from student_src.kit.notebook import moe as moe_nb\n'
+            'SHAPE = moe_nb.run_shape([*MOE, "--ep_size", EP_SIZE])')
     nb.md("""
 ## Predict first
 
-Write down, before you run anything:
+The cell above printed the shape of the run you are about to make: N tokens a rank routes in each MoE
+layer (its rows × the sequence length), the hidden size h, the layers, k, P and E. Write down, before
+you run anything else:
 
-1. **Bytes.** A rank holds N tokens of one layer (batch rows × sequence), routes each to k experts,
-   and P ranks share the experts evenly. With a perfectly balanced router, how many rows does it send
-   to *other* ranks in the dispatch, and how many bytes is that in fp32 for hidden size h? How many
-   all-to-alls of that size does one layer call per step, forward and backward? Compute it for tiny-moe
-   (h = 64, 2 layers) with 8 rows of 128 tokens per rank, k = 1, P = 2.
+1. **Bytes.** A rank routes its N tokens to k experts each, and P ranks share the experts evenly. With a
+   perfectly balanced router, how many rows does it send to *other* ranks in the dispatch, and how many
+   bytes is that in fp32? How many all-to-alls of that size does one layer call per step, forward and
+   backward (and what else travels)? Multiply out for the printed shape: the bytes one rank sends in one
+   step, every layer. Put that number in `MY_BYTES_PREDICTION` in the parameters cell: the bytes cell
+   below sets it beside what the last step really sent.
 2. **Imbalance.** A fresh router is random. Will the tokens spread evenly over the experts? What will
    the busiest expert's share be after a few dozen steps *without* the load-balancing loss?
 """)
     nb.md(RUN_INTRO + "\nTask 12 runs `WORLD_SIZE` ranks as `EP_SIZE` ranks per expert-parallel group times "
           "`WORLD_SIZE / EP_SIZE` data-parallel replicas (rank = replica × EP_SIZE + ep_rank). Every rank trains "
           "its own share of the batch; your `sync_expert_parallel_grads` averages the experts over their DP group "
-          "and everything else over all ranks, with your Task 2b `allreduce_average`.")
-    nb.code('MOE_MODEL = "tiny-moe" if QUICK else "minilm-moe"\n'
-            'MOE = ["--model_name_or_path", MOE_MODEL, "--num_experts", NUM_EXPERTS, "--top_k", TOP_K]\n'
-            'm12 = kit.run_task("12", steps=MOE_STEPS, extra=[*MOE, "--ep_size", EP_SIZE])')
-    nb.md(RESULTS_INTRO + "\nWith dropout off, no auxiliary loss and a capacity no expert exceeds, Task 12 matches Task 1 "
-          "on the same MoE model step by step (the kit's own tests check it): each rank routes, caps and "
-          "balances its *own* tokens, so with drops or the auxiliary loss on, the numbers differ a little from one "
-          "process's, as they do in DeepSpeed-MoE and Megatron-LM.")
-    nb.code('kit.show_results("12", m12)')
+          "and everything else over all ranks, with your Task 2b `allreduce_average`. This run has no auxiliary "
+          "loss and no capacity limit (`--aux_loss_coef 0 --capacity_factor 0`); the last section turns both on.")
+    nb.code('m12 = kit.run_task("12", steps=MOE_STEPS, extra=[*MOE, "--ep_size", EP_SIZE])')
+    nb.md(RESULTS_INTRO + "\nTask 1 here runs on the same MoE model with the same routing options (`MOE_MODEL`, no "
+          "auxiliary loss, no capacity limit). With dropout off, Task 12 then matches it step by step: every token "
+          "meets the same experts with the same weights, on another rank. The line under the tables gives the "
+          "largest difference (the kit's own tests hold it below 1e-6 on tiny-moe). With drops or the auxiliary "
+          "loss on, the two differ a little: each rank routes, caps and balances its *own* tokens (as in "
+          "DeepSpeed-MoE and Megatron-LM), while Task 1's one process caps and balances the whole batch.")
+    nb.code('kit.show_results("12", m12)\nmoe_nb.compare_with_task1(m12)')
     nb.md("""
 ## Measured: the all-to-all bytes and the load
 
 `metrics.json`'s `moe` holds, per step, the tokens each expert was sent (summed over the layers and
-the ranks), how many it kept, the dropped fraction and the imbalance (busiest expert / mean). The
-cell below turns the last step's counts into the bytes your all-to-alls sent
-(`student_src/kit/parallel/expert/traffic.py`, the model the kit's tests check against the bytes
-`all_to_all_single` really sends) and compares them with your prediction for a balanced router.
+the ranks), how many it kept, the dropped fraction and the imbalance (busiest expert / mean), and, for
+the last step, the rows each rank kept for each expert. The cell below turns that last step's routing
+into the bytes each rank of the first EP group sent to the others (`student_src/kit/parallel/expert/traffic.py`,
+the model the kit's tests check against the bytes `all_to_all_single` really sends) and sets them
+beside your `MY_BYTES_PREDICTION` and a balanced router's. Then each expert's share of the tokens,
+step by step.
 """)
-    nb.code('''
-from student_src.kit.parallel.expert import traffic
-
-if m12 and m12.get("moe"):
-    cfg, moe = m12["config"], m12["moe"]
-    layers = len(moe["per_layer_last_step"])
-    tokens_per_rank = m12["per_worker_batch_size"] * cfg["max_seq_length"]
-    balanced = traffic.uniform_layer_bytes(tokens_per_rank, cfg["top_k"], cfg["ep_size"] or m12["world_size"],
-                                           64 if cfg["model_name_or_path"] == "tiny-moe" else 384, cfg["num_experts"])
-    print(f"a balanced router: {layers} layers x {balanced / 1e6:.3f} MB = {layers * balanced / 1e6:.3f} MB per rank "
-          "and step (four trips of the rows, plus the counts)")
-    print(f"the last step's tokens per expert (all layers, all ranks): {moe['tokens_per_expert'][-1]}; "
-          f"imbalance {moe['imbalance'][-1]:.2f}; dropped {moe['dropped_fraction'][-1]:.1%}")
-''')
+    nb.code('moe_nb.show_bytes(m12, MY_BYTES_PREDICTION)')
     nb.code(HEATMAP)
     nb.md("""
 ## Switch the load-balancing loss off
@@ -104,6 +104,14 @@ if m12 and m12.get("moe"):
 The cell below trains again with `--aux_loss_coef 0` and a tight capacity (`--capacity_factor 1.0`),
 then with the default coefficient (0.01) and the same capacity. Predict first: which run drops more
 tokens after a few dozen steps, and why?
+
+What to look for: the table above the maps gives each run's imbalance (busiest expert / mean) and
+dropped share at its first and last step; the maps show each expert's share at every step (a balanced
+router colours every cell 1/E). Both runs start from the same router, so their first columns are the
+same. Quick mode's 12 steps of `tiny-moe` move the router too little for the two maps to look
+different to the eye: read the table, where the runs part by their last step (with the kit's solution,
+the run without the loss ends more imbalanced and drops more tokens than the run with it). Full mode's
+60 steps of MiniLM give the router five times as long to drift: the numbers for your report.
 """)
     nb.code('m12_noaux = kit.run_task("12", name="noaux", steps=MOE_STEPS, '
             'extra=[*MOE, "--ep_size", EP_SIZE, "--aux_loss_coef", 0, "--capacity_factor", 1.0])\n'

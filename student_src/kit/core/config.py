@@ -16,8 +16,27 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from student_src.kit import tasks
-from student_src.kit.core.parallel_flags import data_ranks, validate_parallelisms  # data_ranks: start.py's
 from student_src.kit.errors import KitError
+
+#: the MoE model's flags (``TrainConfig`` fields), meaningful only for a ``*-moe`` model
+MOE_FLAGS = ("num_experts", "top_k", "capacity_factor", "aux_loss_coef")
+
+#: the flag checks and data-rank rules of the rooms above core, by the task table's ``sync`` kind: each
+#: parallelism hands its own in when its room is imported (``parallel/registry.register``); core names none
+ROOM_FLAGS: dict[str, tuple] = {}
+
+
+def register_room_flags(sync: str, validate, data_ranks) -> None:
+    """``validate(cfg)`` runs in ``validate`` for every task; ``data_ranks(cfg, world)`` answers ``data_ranks``
+    for the tasks of ``sync`` (either may be None)."""
+    ROOM_FLAGS[sync] = (validate, data_ranks)
+
+
+def data_ranks(cfg, world: int) -> int:
+    """How many ways the global batch is split on ``world`` ranks: one per rank, unless the task's room says
+    otherwise (the ranks of a TP or CP group read the same rows; every stage of a pipeline the whole batch)."""
+    rule = ROOM_FLAGS.get(tasks.get(cfg.task).sync, (None, None))[1]
+    return rule(cfg, world) if rule is not None else world
 
 
 @dataclass
@@ -39,6 +58,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
+    gradient_accumulation_steps: int = 1  # Task 13: micro-batches per optimizer step (kit/train/accumulation.py)
+    recompute: str | None = None  # Task 13: full, every:k or selective (student_src/recompute.py; kit/train/recompute.py)
+    torch_recompute: bool = False  # torch.utils.checkpoint in place of the student's RecomputeFunction
     num_train_epochs: float = 3.0
     max_steps: int = -1
     logging_steps: int = 10
@@ -90,6 +112,8 @@ class TrainConfig:
     capacity_factor: float = 1.25  # 0: no capacity limit (no token dropped)
     aux_loss_coef: float = 0.01
     ep_size: int | None = None  # None: every rank in one EP group; fewer: EP groups x data-parallel replicas
+    # Task 14: the parallelisms composed (student_src/parallel_dims.py; kit/parallel/composed.py)
+    dp_shard: str = "none"  # the DP axis's kind: "none" (Task 2b's average) or "fsdp" (Task 7's FSDP on the DP group)
     # checkpoints (student_src/kit/resume/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -123,14 +147,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--overwrite_cache", action="store_true", default=None, help="re-tokenise even if cached features exist")
 
     g = p.add_argument_group("optimisation")
-    g.add_argument("--global_batch_size", type=int, help="total batch over all workers (default 64); per-worker = global / world_size")
+    g.add_argument("--global_batch_size", type=int, help="examples per optimizer step over all workers (default 64); "
+                   "per-worker micro-batch = global / (world_size x --gradient_accumulation_steps)")
     g.add_argument("--per_device_train_batch_size", "--per_gpu_train_batch_size", "--per_worker_batch_size", type=int,
-                   help="per-worker batch size; overrides --global_batch_size")
+                   help="per-worker (micro-)batch size of one forward; overrides --global_batch_size, which is then "
+                        "this x world_size x --gradient_accumulation_steps")
+    g.add_argument("--gradient_accumulation_steps", type=int,
+                   help="Hugging Face's: forwards and backwards of K micro-batches per optimizer step, gradients summed "
+                        "(each loss / K) and synced once, on the last (Task 13's accumulation_step; default 1). Both "
+                        "batch flags keep their meaning: --global_batch_size is still what one optimizer step sees, "
+                        "--per_device_train_batch_size still what one forward sees")
     g.add_argument("--per_device_eval_batch_size", "--per_gpu_eval_batch_size", type=int)
     g.add_argument("--learning_rate", type=float, help="AdamW learning rate (default 2e-5, the assignment's for BERT-base; minilm: 1e-4, see kit/core/models.py)")
     g.add_argument("--weight_decay", type=float)
     g.add_argument("--warmup_steps", type=int, help="linear warm-up steps (default 0; minilm: 10)")
     g.add_argument("--max_grad_norm", type=float, help="gradient clipping norm, after the sync (default 1.0; 0 = off)")
+    g.add_argument("--recompute", help="Task 13: recompute activations in backward instead of keeping them: full (every "
+                   "encoder layer), every:k (layers 0, k, 2k...) or selective (the attention core only), with your "
+                   "apply_recompute; Tasks " + ", ".join(tasks.ids(lambda t: t.sync in ACCUMULATES)))
+    g.add_argument("--torch_recompute", action="store_true", default=None,
+                   help="Task 13: torch.utils.checkpoint on the layers --recompute full|every:k names, in place of "
+                        "your RecomputeFunction (the reference, as Task 3's DDP is to 2b)")
     g.add_argument("--num_train_epochs", type=float, help="epochs (default 3)")
     g.add_argument("--max_steps", type=int, help="stop after this many steps (overrides epochs)")
     g.add_argument("--seed", type=int, help="seed for data order and initialisation (default 42)")
@@ -199,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--capacity_factor", type=float, help="tiny-moe/minilm-moe: an expert keeps ceil(F * tokens * k / "
                    "experts) tokens, the first in token order (default 1.25; 0: no limit)")
     g.add_argument("--aux_loss_coef", type=float, help="tiny-moe/minilm-moe: the Switch load-balancing loss's weight (0.01)")
+    g.add_argument("--dp_shard", choices=("none", "fsdp", "zero1"),
+                   help="Task 14: the data-parallel axis's kind: none (your Task 2b average, default) or fsdp (your "
+                        "Task 7 FSDP over the DP group, e.g. TP 2 x FSDP 2); the degrees are --pipeline_stages, "
+                        "--tp_size, --cp_size, --ep_size, DP what they leave")
     g.add_argument("--ep_size", type=int, help="Task 12: ranks per expert-parallel group (default: all); with fewer, "
                    "EP groups x data-parallel replicas (4 ranks, --ep_size 2: 2 replicas)")
 
@@ -291,6 +332,7 @@ def validate(cfg: TrainConfig) -> None:
         raise KitError("--per_device_train_batch_size must be positive")
     if cfg.global_batch_size is not None and cfg.global_batch_size < 1:
         raise KitError("--global_batch_size must be positive")
+    validate_accumulation(cfg, task)
     if cfg.timing_iters is not None and cfg.timing_iters < 2:
         raise KitError("--timing_iters needs at least 2 iterations (the first is dropped)")
     if cfg.dist_timeout <= 0:
@@ -316,24 +358,83 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.measure_traffic and task.sync == "fsdp":
             raise KitError("--measure_traffic's model follows your FSDP (FSDP2 gathers whole units and re-gathers "
                            "before every backward): measure without --torch_sharding")
-    validate_parallelisms(cfg, task)
+    if not ROOM_FLAGS:
+        raise KitError("the parallelisms' flag checks are not loaded: import student_src.kit.parallel before "
+                       "parse_config (run_glue and the notebooks' kit do)")
+    _validate_moe_model(cfg)
+    for check, _ in ROOM_FLAGS.values():
+        if check is not None:
+            check(cfg)
     if cfg.grad_compression != "none" and cfg.task not in wrappers:
         raise KitError(f"--grad_compression compresses DDP's or your BucketedDDP's all_reduce: use it with "
                        f"--task {tasks.spoken(wrappers)}, not --task {cfg.task}")
     world = cfg.world_size
     if world is None and "RANK" in os.environ and os.environ.get("WORLD_SIZE", "").isdigit():
         world = int(os.environ["WORLD_SIZE"])  # torchrun
-    if cfg.do_train and world and task.sync != "pipeline":  # a pipeline's stages all load the whole batch
+    if cfg.do_train and world:  # a pipeline's stages all load the whole batch: its rule says 1
         per_worker_batch_size(cfg, data_ranks(cfg, world))  # a global batch the workers cannot split is refused here
 
 
+def _validate_moe_model(cfg: TrainConfig) -> None:
+    """The MoE model's flags (``--num_experts``, ``--top_k``, ``--capacity_factor``, ``--aux_loss_coef``): only
+    with a MoE model (``*-moe``, ``core/moe.py``), a ``--top_k`` within the experts. A flag counts as given when
+    it differs from ``TrainConfig``'s default (the config keeps no record of what was typed)."""
+    given = [f"--{f.name}" for f in fields(cfg) if f.name in MOE_FLAGS and getattr(cfg, f.name) != f.default]
+    if given and not cfg.model_name_or_path.endswith("-moe"):
+        raise KitError(f"{'/'.join(given)} shape a mixture of experts, which --model_name_or_path "
+                       f"{cfg.model_name_or_path} is not: use --model_name_or_path tiny-moe or minilm-moe")
+    if not (1 <= cfg.top_k <= cfg.num_experts) or cfg.aux_loss_coef < 0:
+        raise KitError(f"--top_k {cfg.top_k} must be 1..--num_experts {cfg.num_experts}; --aux_loss_coef at least 0")
+#: the ``sync`` kinds whose step the kit runs as K micro-steps then one sync (``kit/train/accumulation.py``);
+#: why each other kind refuses ``--gradient_accumulation_steps``, in one line
+ACCUMULATES = ("none", "function", "ddp", "bucketed", "sharded_optimizer")
+NO_ACCUMULATION = {
+    "fsdp": "its FSDP reduce-scatters every micro-step's gradients inside backward (it keeps shards, not whole "
+            "gradients: the ZeRO-2/3 trade), so accumulation would save no traffic",
+    "pipeline": "a pipeline already accumulates over its micro-batches: use --micro_batches",
+}
+
+
+def validate_accumulation(cfg: TrainConfig, task) -> None:
+    """``--gradient_accumulation_steps``: positive, on a task whose step the kit can accumulate."""
+    k = cfg.gradient_accumulation_steps
+    if k is None or k < 1:
+        raise KitError(f"--gradient_accumulation_steps must be at least 1, got {k}")
+    whole = tasks.spoken(tasks.ids(lambda t: t.sync in ACCUMULATES))
+    if k > 1 and task.sync not in ACCUMULATES:
+        why = NO_ACCUMULATION.get(task.sync, "its step is the kit's own, not yet cut into micro-steps")
+        raise KitError(f"--gradient_accumulation_steps is not available for Task {task.id}: {why}; use Task "
+                       f"{whole} or drop the flag")
+    if k > 1 and cfg.timeline:
+        raise KitError("--timeline records one train_step's phases: run it without --gradient_accumulation_steps")
+    if cfg.torch_recompute and not cfg.recompute:
+        raise KitError("--torch_recompute says who recomputes: give --recompute full or every:k too")
+    if not cfg.recompute:
+        return
+    mode = cfg.recompute
+    if not (mode in ("full", "selective") or (mode.startswith("every:") and mode[6:].isdigit() and int(mode[6:]) >= 1)):
+        raise KitError(f"--recompute {mode!r}: choose full, every:k (k >= 1, every k-th layer) or selective")
+    if task.sync not in ACCUMULATES:
+        raise KitError(f"--recompute rewrites the whole model's layers before the task wraps it: use it with Task "
+                       f"{whole}, not Task {task.id}")
+    if cfg.torch_recompute and mode == "selective":
+        raise KitError("--torch_recompute checkpoints whole layers (full, every:k); selective is your "
+                       "SelectiveSelfAttention only: drop --torch_recompute")
+
+
 def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:
-    """The per-worker batch size and a sentence saying where it comes from."""
+    """The per-worker (micro-)batch size of one forward and a sentence saying where it comes from.
+    With ``--gradient_accumulation_steps K`` one optimizer step sees K of them per worker."""
+    k = cfg.gradient_accumulation_steps or 1
+    steps = f" x {k} accumulation steps" if k > 1 else ""
     if cfg.per_device_train_batch_size is not None:
         b = cfg.per_device_train_batch_size
-        return b, f"per-worker batch {b} (--per_device_train_batch_size), global batch {b * world_size}"
+        return b, (f"per-worker batch {b} (--per_device_train_batch_size), global batch {b * world_size * k}"
+                   f"{' = ' + str(world_size) + ' worker(s) x ' + str(b) + steps if k > 1 else ''}")
     g = cfg.global_batch_size or 64
-    if g % world_size:
-        raise KitError(f"--global_batch_size {g} is not divisible by --world_size {world_size}; "
+    if g % (world_size * k):
+        raise KitError(f"--global_batch_size {g} is not divisible by --world_size {world_size}"
+                       f"{' x --gradient_accumulation_steps ' + str(k) if k > 1 else ''}; "
                        "pick a multiple or pass --per_device_train_batch_size")
-    return g // world_size, f"global batch {g} (--global_batch_size) = {world_size} worker(s) x {g // world_size}"
+    b = g // (world_size * k)
+    return b, f"global batch {g} (--global_batch_size) = {world_size} worker(s) x {b}{steps}"

@@ -160,6 +160,17 @@ def tiny_config(num_labels: int = 2):
     )
 
 
+def model_config(name: str):
+    """A model's Hugging Face config by name, without its weights: its shapes (hidden size, layers) for a
+    prediction made before any run (notebook 12's "Predict first"); a ``*-moe`` name gives its base's."""
+    from transformers import AutoConfig
+
+    base = MOE_MODELS.get(name, name)
+    if base == "tiny":
+        return tiny_config()
+    return _from_pretrained(AutoConfig, str(minilm_path()) if base == "minilm" else base)
+
+
 def _set_dropout(config, dropout):
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
                 "dropout", "attention_dropout", "seq_classif_dropout"):

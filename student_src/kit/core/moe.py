@@ -155,25 +155,32 @@ def add_aux_loss(model, args, output):
     return output
 
 
-def step_log(model, reduce=None) -> dict | None:
+def step_log(model, reduce=None, rank: int = 0, world_size: int = 1) -> dict | None:
     """The training forwards' tokens per expert, for ``metrics.json``'s ``moe``: ``tokens_per_expert`` and
     ``kept_per_expert`` ([step][expert], summed over the layers; ``reduce(tensor)`` sums them over the ranks
     in place, every rank calling it), ``dropped_fraction`` per step, ``imbalance`` per step (the busiest
-    expert's tokens over the mean, before drops: 1 is perfect balance), the options. None for a model
-    without experts or without a training step."""
+    expert's tokens over the mean, before drops: 1 is perfect balance), the options. Also
+    ``kept_per_rank_last_step`` ([rank][layer][expert], the last step's kept rows each rank routed: who sent
+    how many rows to which expert; with ``hidden_size`` and ``element_size``, the input of
+    ``parallel/expert/traffic.last_step_bytes``, which notebook 12 sets against the student's prediction). None for a model without experts or without a training step."""
     steps = getattr(model, "kit_moe_steps", None)
     if not steps:
         return None
     counts = torch.stack(steps).to(torch.float64)  # [steps, 2, layers, E]
+    per_rank = torch.zeros((world_size, *counts.shape[2:]), dtype=torch.float64)  # [ranks, layers, E]
+    per_rank[rank] = counts[-1, 1]  # this rank's slot; the sum over the ranks fills the others
     if reduce is not None:
         reduce(counts)
+        reduce(per_rank)
     per_step = counts.sum(dim=2)  # [steps, 2, E]
     assigned, kept = per_step[:, 0], per_step[:, 1]
     total = assigned.sum(dim=1).clamp(min=1)
     return {"tokens_per_expert": assigned.long().tolist(), "kept_per_expert": kept.long().tolist(),
             "dropped_fraction": (1 - kept.sum(dim=1) / total).tolist(),
             "imbalance": (assigned.max(dim=1).values / (total / assigned.shape[1])).tolist(),
-            "per_layer_last_step": counts[-1, 0].long().tolist(), "options": dict(model.kit_moe)}
+            "per_layer_last_step": counts[-1, 0].long().tolist(),
+            "kept_per_rank_last_step": per_rank.long().tolist(), "hidden_size": model.config.hidden_size,
+            "element_size": next(model.parameters()).element_size(), "options": dict(model.kit_moe)}
 
 
 def _encoder_layers(model) -> list:

@@ -45,6 +45,7 @@ from student_src.kit.core.config import parse_config
 from student_src.kit.core.progress import RunMonitor
 from student_src.kit.errors import KitError
 from student_src.kit.report.build import incomparable_reasons
+from student_src.kit.report.runs import MOE_KEYS
 
 ENV_QUICK, ENV_RUNS, ENV_DATA, ENV_ROOT = "KIT_NOTEBOOK_QUICK", "KIT_RUNS_DIR", "KIT_DATA_DIR", "KIT_ROOT"
 
@@ -332,13 +333,42 @@ def load_metrics(task: str, name: str | None = None) -> dict | None:
 
 
 def task1_reference(like: dict | None = None) -> dict | None:
-    """Task 1's metrics for the comparison: the earlier run if it matches ``like``'s settings
-    and is long enough, otherwise a fresh Task 1 run with the same number of steps."""
-    ref = load_metrics(tasks.reference())
-    if ref is not None and (like is None or (not incomparable_reasons(ref, like) and len(ref["losses"]) >= len(like.get("losses", [])))):
-        return ref
+    """Task 1's metrics for the comparison: an earlier run (``task1``, else ``task1_reference``) if it
+    matches ``like``'s settings and is long enough, otherwise a fresh Task 1 run with the same number of
+    steps and ``like``'s model and routing (``_model_flags``). The fresh run is ``task1`` only when there is
+    none and it trains this mode's own model: a run on another model (notebook 12's ``tiny-moe``) is
+    ``task1_reference``, and leaves ``task1`` to the runs on this mode's model."""
+    ref_id = tasks.reference()
+    earlier = {name: load_metrics(ref_id, name) for name in (None, REFERENCE_RUN)}
+    for ref in earlier.values():
+        if ref is not None and (like is None or (not incomparable_reasons(ref, like)
+                                                 and len(ref["losses"]) >= len(like.get("losses", [])))):
+            return ref
     if grading():
         return None
     steps = len(like["losses"]) if like and like.get("losses") else None
+    extra = _model_flags(like)
+    own = session().flags
+    own_model = own[own.index("--model_name_or_path") + 1] if "--model_name_or_path" in own else None
+    model = extra[extra.index("--model_name_or_path") + 1] if "--model_name_or_path" in extra else own_model
+    name = run_name(ref_id) if earlier[None] is None and model == own_model else REFERENCE_RUN
     print("no matching Task 1 run yet: running Task 1 with the same settings for the comparison")
-    return run_task(tasks.reference(), steps=steps, name="task1" if ref is None else "task1_reference")
+    return run_task(ref_id, steps=steps, name=name, extra=extra)
+
+
+#: the name of a Task 1 run made for a comparison with settings other than the notebook's own
+REFERENCE_RUN = "task1_reference"
+
+
+def _model_flags(like: dict | None) -> list[str]:
+    """The flags that make Task 1 comparable with ``like`` (``incomparable_reasons``' keys): its model,
+    batch, sequence length, learning rate, seed and dropout and, for a MoE model, its routing options
+    (notebook 12 compares Task 12 on ``tiny-moe`` with Task 1 on ``tiny-moe``, not on ``tiny``)."""
+    cfg = (like or {}).get("config") or {}
+    keys = ["model_name_or_path", "max_seq_length", "learning_rate", "seed", "dropout"]
+    if (like.get("moe") or {}).get("options") if like else False:  # a MoE model: route as it did
+        keys += MOE_KEYS
+    flags = [a for key in keys if cfg.get(key) is not None for a in (f"--{key}", str(cfg[key]))]
+    if like and like.get("global_batch_size"):
+        flags += ["--global_batch_size", str(like["global_batch_size"])]
+    return flags

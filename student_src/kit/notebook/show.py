@@ -48,13 +48,20 @@ def show_results(task: str, metrics: dict | None = None, name: str | None = None
     evals = report.eval_rows(runs)
     if evals:
         display(Markdown("### Dev accuracy after every epoch\n\n" + report.eval_markdown(evals)))
-    everything = {n: m for n, m in report.load_runs(s.runs_dir).items() if n.startswith("task")}  # not Task 4's variants
+    everything = timed_runs(report.load_runs(s.runs_dir))
     rows = report.timing_rows(everything)
     if rows:
         display(Markdown(f"### Time per iteration, every task so far (`{s.runs_dir}`)\n\n" + report.timing_markdown(rows)))
         display(Image(plots.to_png(plots.time_per_iteration(rows))))
         quick_note(rows)  # what it says follows these numbers
     print(f"all tables and plots for your report: python -m student_src.kit.report {s.runs_dir} report/")
+
+
+def timed_runs(runs: dict) -> dict:
+    """The runs of "time per iteration, every task so far": every run of this mode, named variants too
+    (notebook 11's ``allgather`` and ``ring``, 12's ``aux``), but those made with ``--measure_traffic``
+    (Task 4's batch sweep, notebook 7's and 10's measured runs): their own tables show them."""
+    return {n: m for n, m in runs.items() if not m.get("traffic")}
 
 
 def _this_run(task: str, metrics: dict | None, name: str | None = None) -> dict | None:

@@ -53,7 +53,22 @@ def incomparable_reasons(a: dict, b: dict) -> list[str]:
     ca, cb = a.get("config", {}), b.get("config", {})
     if a.get("global_batch_size") != b.get("global_batch_size"):
         why.append(f"global batch {a.get('global_batch_size')} vs {b.get('global_batch_size')}")
-    for key in ("model_name_or_path", "seed", "max_seq_length", "learning_rate", "dropout"):
+    for key in ("model_name_or_path", "seed", "max_seq_length", "learning_rate", "dropout", *MOE_KEYS):
         if ca.get(key) != cb.get(key):
             why.append(f"{key} {ca.get(key)} vs {cb.get(key)}")
+    for metrics, cfg in ((a, ca), (b, cb)):
+        if _routes_per_rank(metrics) and (cfg.get("aux_loss_coef") or (cfg.get("capacity_factor") or 0) > 0):
+            why.append(f"Task {metrics.get('task')} balances and caps each rank's own tokens: with --aux_loss_coef 0 "
+                       "and --capacity_factor 0 (no drops) it matches Task 1")
+            break
     return why
+
+
+#: the options of a MoE model (``core/moe.py``'s DEFAULTS): runs that differ in one route differently
+MOE_KEYS = ("num_experts", "top_k", "capacity_factor", "aux_loss_coef")
+
+
+def _routes_per_rank(metrics: dict) -> bool:
+    """A task whose ranks each route their own tokens (expert parallelism: the task table's sync)."""
+    task = str(metrics.get("task"))
+    return task in tasks.TASKS and tasks.TASKS[task].sync == "expert_parallel"

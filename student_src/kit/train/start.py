@@ -51,6 +51,7 @@ def check_data(cfg: TrainConfig) -> None:
         path = split_path(cfg.data_dir, "train")
         world = data_ranks(cfg, cfg.world_size or int(os.environ.get("WORLD_SIZE", "1") or 1))  # a pipeline: 1, TP: replicas
         per_worker, _ = per_worker_batch_size(cfg, world)
+        per_worker *= cfg.gradient_accumulation_steps or 1  # one optimizer step's rows per worker
         with open(path, "rb") as f:
             examples = sum(1 for line in f if line.strip()) - 1  # minus the header
         if 0 <= examples < per_worker * world:

@@ -43,6 +43,7 @@ from student_src.kit import parallel, student_api, tasks
 from student_src.kit.compression import register_ddp_compression
 from student_src.kit.core.config import TrainConfig, per_worker_batch_size
 from student_src.kit.errors import KitError
+from student_src.kit.parallel.mesh import averaging_function
 from student_src.kit.train.fsdp2 import wrap_fsdp2
 from student_src.kit.train.optim import make_optimizer, parameter_groups
 from student_src.kit.train.precision import Precision, to_fp32
@@ -105,11 +106,7 @@ def setup_task(cfg: TrainConfig, model, ctx) -> TaskSetup:
     if task.sync == "function":
         return TaskSetup(model, *_function_sync(fn), make_optimizer(model, cfg))
     if task.sync == "sharded_optimizer":
-        averaging = [t for t in map(tasks.get, task.needs_tasks) if t.sync == "function"]
-        if not averaging:
-            raise KitError(f"Task {task.id}: a sharded_optimizer task names the task whose function averages its "
-                           "gradients in needs_tasks (see student_src/kit/tasks.py)")
-        sync, comm_log = _function_sync(student_api.function(averaging[0].id))
+        sync, comm_log = _function_sync(averaging_function(task, "a sharded_optimizer task"))
         return TaskSetup(model, sync, comm_log, make_optimizer(model, cfg, wrapper=_torch_zero1 if cfg.torch_sharding else fn))
     if task.sync == "fsdp":
         if cfg.torch_sharding:  # torch's FSDP2: gradients are reduce-scattered inside backward; clip_grad_norm_ knows DTensors

@@ -42,6 +42,7 @@ from student_src.kit.measure.traffic_model import fsdp_calls, traffic_pattern
 from student_src.kit.ranks import process_group
 from student_src.kit.resume import preempt
 from student_src.kit.resume.checkpoint import Checkpointer
+from student_src.kit.train import accumulation, recompute
 from student_src.kit.train.optim import make_scheduler
 from student_src.kit.train.precision import Precision
 from student_src.kit.train.task_setup import broadcast_parameters, setup_task
@@ -191,6 +192,7 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
     moe = {k: getattr(cfg, k) for k in ("num_experts", "top_k", "capacity_factor", "aux_loss_coef")}  # *-moe models
     model = load_model(cfg.model_name_or_path, num_labels=len(processor.labels), dropout=cfg.dropout,
                        moe=moe).to(ctx.device)
+    recompute.apply(model, cfg)  # --recompute (Task 13): before any task wraps the model
     if task.distributed:
         broadcast_parameters(model, ctx)
     model.train()
@@ -208,7 +210,8 @@ def _train(cfg: TrainConfig, ctx) -> dict | None:
         if run.recorder is not None:  # --timeline N
             parts["extra"] = run.recorder.results(ctx.world_size)
         parts["extra"] = {**parts.get("extra", {}), "memory": memory.results()}  # every rank's bytes, gathered
-        moe = moe_step_log(run.model, reduce=_summed_over_ranks(ctx))  # a MoE model (core/moe.py): tokens per expert
+        # a MoE model (core/moe.py): tokens per expert, and each rank's rows of the last step
+        moe = moe_step_log(run.model, reduce=_summed_over_ranks(ctx), rank=ctx.rank, world_size=ctx.world_size)
         if moe is not None:
             parts["extra"]["moe"] = moe
         if precision.enabled:
@@ -253,13 +256,16 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, precision: Precisi
         loader = student_api.build_train_loader()(train_ds, per_worker, data_rank, data_world, cfg.seed)
     else:
         loader = single_node_loader(train_ds, per_worker, cfg.seed)
+    k = cfg.gradient_accumulation_steps or 1
+    if k > 1:  # Task 13: a step of the run is an optimizer step over k of the loader's batches
+        loader = accumulation.MicroBatches(loader, k)
     steps_per_epoch = len(loader)
     if steps_per_epoch == 0:
         raise KitError(f"the training set ({len(train_ds)} examples) is smaller than one global batch; lower the batch size")
     max_steps = cfg.timing_iters or cfg.max_steps
     total_steps = max_steps if max_steps and max_steps > 0 else math.ceil(cfg.num_train_epochs * steps_per_epoch)
-    batch = {"global_batch_size": per_worker * (1 if whole else data_world), "per_worker_batch_size": per_worker,
-             "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
+    batch = {"global_batch_size": per_worker * (1 if whole else data_world) * k, "per_worker_batch_size": per_worker,
+             "gradient_accumulation_steps": k, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
     log(f"Task {task.id} ({task.title}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
         f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "
         f"{torch.get_num_threads()} thread(s) per rank, {ctx.ranks_on_host} rank(s) on this host]")
@@ -267,6 +273,8 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, precision: Precisi
     meter = _traffic_meter(cfg, ctx)
     recorder = recorder_for(cfg, ctx, setup.model, model, setup.optimizer)  # --timeline N
     train_step = setup.train_step or student_api.train_step()
+    if k > 1:  # the student's accumulation_step (Task 13) in place of train_step: one sync per optimizer step
+        train_step = accumulation.make_step(student_api.named("accumulation_step"), k)
     step_args = precision.step_args(setup.model, setup.optimizer, scheduler, setup.sync_gradients)
     return Run(cfg=cfg, ctx=ctx, model=setup.model, base_model=model,
                train_step=recorder.wrap(train_step) if recorder else train_step,
@@ -326,7 +334,7 @@ def _step(run: Run, batch: dict, epoch: int) -> None:
     """One timed ``train_step``; every rank's loss and time gathered (for logging only); the
     global loss recorded and reported."""
     cfg, ctx = run.cfg, run.ctx
-    batch = _on_device(batch, ctx.device)
+    batch = [_on_device(b, ctx.device) for b in batch] if isinstance(batch, list) else _on_device(batch, ctx.device)
     t0 = time.perf_counter()
     model, optimizer, scheduler, sync = run.step_args or (run.model, run.optimizer, run.scheduler, run.sync_gradients)
     loss = run.train_step(model, batch, optimizer, scheduler, sync_gradients=sync, max_grad_norm=cfg.max_grad_norm)

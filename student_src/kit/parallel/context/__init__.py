@@ -2,8 +2,9 @@
 cut across a CP group, attention by all-gather or by a ring (``student_src/context_parallel.py`` is the
 student's part).
 
-  layout.py     the CP x DP mesh (rank = replica * C + cp_rank) and its process groups
+  layout.py     the CP x DP mesh (rank = replica * C + cp_rank), asked of ``parallel/mesh.py``
   setup.py      how the task trains (``train/task_setup.py`` calls it through the registry)
+  flags.py      its flags checked before any rank starts; how many ways it splits the batch
   memory.py     memory terms: attention's activations per rank for each way (scores s/C x s, or s/C x s/C a step)
   traffic.py    traffic terms: the all-gathers and reduce-scatters, or the ring's passes, of a step
   demo.py       the student's attentions measured on local ranks beside those terms; the ring's timeline
@@ -13,10 +14,10 @@ A CP rank holds the whole model, its gradients and AdamW state (the table's ``"r
 only the activations are cut. Importing this room registers its setup with ``parallel/registry.py``.
 """
 
-from student_src.kit.parallel.context import setup
+from student_src.kit.parallel.context import flags, setup
 from student_src.kit.parallel.registry import Parallelism, register
 
 #: Task 11 in the table of parallelisms
-CONTEXT = Parallelism("context_parallel", setup.setup)
+CONTEXT = Parallelism("context_parallel", setup.setup, validate=flags.validate, data_ranks=flags.data_ranks)
 
 register(CONTEXT)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import copy
 
-from student_src.kit import student_api, tasks
+from student_src.kit import student_api
 from student_src.kit.core.config import TrainConfig, per_worker_batch_size
 from student_src.kit.errors import KitError
 from student_src.kit.parallel.context.layout import layout
 from student_src.kit.parallel.context.traffic import traffic_of
+from student_src.kit.parallel.mesh import average_over
 from student_src.kit.parallel.registry import Lent
 
 
@@ -24,14 +25,7 @@ def setup(cfg: TrainConfig, model, ctx, task, parallelize, lent: Lent) -> dict:
     whole model, with its plain attention, is what evaluation runs and what a checkpoint saves."""
     mesh = layout(ctx.world_size, cfg.cp_size or ctx.world_size, ctx.rank)
     (cp_ranks, cp_group), (_, dp_group) = mesh["cp"], mesh["dp"]
-    average = None
-    if mesh["replicas"] > 1:
-        averaging = [t for t in map(tasks.get, task.needs_tasks) if t.sync == "function"]
-        if not averaging:
-            raise KitError(f"Task {task.id}: CP x DP names the task whose function averages its gradients in "
-                           "needs_tasks (see student_src/kit/tasks.py)")
-        fn = student_api.function(averaging[0].id)
-        average = lambda m: fn(m, group=dp_group)  # noqa: E731
+    average = average_over(task, dp_group, "CP x DP") if mesh["replicas"] > 1 else None
     cp_sync = student_api.function(task.id, "sync_context_parallel_grads")
     cp_model = parallelize(copy.deepcopy(model), cp_group, list(cp_ranks), cfg.cp_attention)
     share_parameters(model, getattr(cp_model, "model", cp_model))

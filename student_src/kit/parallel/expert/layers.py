@@ -1,7 +1,8 @@
 """Task 12's provided parts: what training with the student's expert parallelism needs around it.
 
 The layout (``layout``): ``world`` ranks as ``--ep_size`` P ranks per EP group times D = world / P
-replicas, rank = replica * P + ep_rank; every rank creates every group in the same order. Unlike tensor
+replicas, rank = replica * P + ep_rank, asked of the kit's one mesh (``parallel/mesh.py``: EP carved out
+of the ranks that hold replicas), which builds every group once, in the same order on every rank. Unlike tensor
 parallelism, every rank trains on its own share of the batch (the ranks of an EP group hold different
 experts, not the same data).
 
@@ -10,7 +11,7 @@ The model (``parallelize``): a copy of the MoE model, each ``MoEMLP`` cut by the
 evaluation (``gather_into``: the replicated parameters copied, every expert all_gathered over the EP
 group), so evaluation runs on one process's model as in every other task.
 
-The clip (``global_clip``): after the sync, the replicated gradients are the same on every rank and
+The clip (``global_clip``, the mesh's ``clip_global_norm``): after the sync, the replicated gradients are the same on every rank and
 each rank holds its own experts' gradients, so the global norm is ``sqrt(replicated squares + the EP
 group's sum of the experts' squares)``, one all_reduce of one number; ``train_step``'s own clip then
 multiplies by 1 (as in Tasks 7 and 10).
@@ -25,36 +26,30 @@ import torch.distributed as dist
 
 from student_src.kit.core.moe import is_expert_parameter, moe_layers
 from student_src.kit.errors import KitError
+from student_src.kit.parallel.mesh import ParallelDims, clip_global_norm
 
 
 def expected_mesh(world_size: int, ep_size: int) -> tuple[list, list]:
-    """rank = replica * P + ep_rank: (EP groups, DP groups)."""
-    replicas = world_size // ep_size
-    return ([[d * ep_size + e for e in range(ep_size)] for d in range(replicas)],
-            [[d * ep_size + e for d in range(replicas)] for e in range(ep_size)])
+    """rank = replica * P + ep_rank: (EP groups, DP groups), the kit's one mesh's (``parallel/mesh.py``)."""
+    dims = ParallelDims(world_size, ep=ep_size)
+    return dims.ranks("ep"), dims.ranks("edp")
 
 
 def layout(world_size: int, ep_size: int, rank: int, expert_mesh=None) -> dict:
     """``{"ep": (ranks, group), "dp": (ranks, group), "ep_rank", "replica", "replicas"}`` of ``rank``; a group of
-    the whole world is None. ``expert_mesh``: the student's, whose lists are checked against the kit's."""
-    if ep_size < 1 or world_size % ep_size:
-        raise KitError(f"--ep_size {ep_size} does not divide --world_size {world_size}: the ranks are EP x DP")
+    the whole world is None. ``expert_mesh``: the student's, whose lists are checked against the kit's. The
+    "dp" group here is the mesh's ``edp``: the ranks that hold the same experts."""
     want = expected_mesh(world_size, ep_size)
     got = (expert_mesh or expected_mesh)(world_size, ep_size)
     for what, g, w in zip(("EP", "DP"), got, want):
         if [list(map(int, x)) for x in g] != w:
             raise KitError(f"expert_mesh({world_size}, {ep_size}) returned the {what} groups {g}, expected {w} "
                            "(rank = replica * P + ep_rank; a DP group holds one rank of every EP group)")
-
-    def groups(all_ranks):
-        if len(all_ranks[0]) == world_size or not (dist.is_available() and dist.is_initialized()):
-            return [(r, None) for r in all_ranks]
-        return [(r, dist.new_group(r)) for r in all_ranks]
-
-    ep, dp = groups(want[0]), groups(want[1])
-    replica, ep_rank = rank // ep_size, rank % ep_size
-    return {"ep": ep[replica], "dp": dp[ep_rank], "ep_rank": ep_rank, "replica": replica,
-            "replicas": world_size // ep_size}
+    dims = ParallelDims(world_size, ep=ep_size)
+    mesh = dims.build(rank, ("ep", "edp"))
+    c = mesh.coords
+    return {"ep": mesh.mine("ep"), "dp": mesh.mine("edp"), "ep_rank": c["ep"], "replica": c["edp"],
+            "replicas": dims.degree("edp")}
 
 
 def parallelize(model, parallelize_layer, group, ep_size: int) -> torch.nn.Module:
@@ -98,23 +93,9 @@ def gather_into(model, ep_model, group) -> None:
 
 
 def global_clip(model, group, max_norm: float) -> None:
-    """Clip every gradient by the whole model's gradient norm (module docstring); torch's formula."""
-    if not max_norm or max_norm <= 0:
-        return
-    grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
-    if not grads:
-        return
-    device = grads[0][1].device  # the parameters' device: nccl refuses CPU tensors
-    sq = {True: torch.zeros((), dtype=torch.float32, device=device),
-          False: torch.zeros((), dtype=torch.float32, device=device)}
-    for n, g in grads:
-        sq[is_expert_parameter(n)] += torch.linalg.vector_norm(g.detach().float()) ** 2
-    experts = sq[True].clone()
-    if _size(group) > 1:
-        dist.all_reduce(experts, group=group)
-    coef = torch.clamp(max_norm / (torch.sqrt(experts + sq[False]) + 1e-6), max=1.0)
-    for _, g in grads:
-        g.mul_(coef.to(g.dtype))
+    """Clip every gradient by the whole model's gradient norm (module docstring): the mesh's clip, the
+    experts' squares summed over the EP group."""
+    clip_global_norm(model, is_expert_parameter, group, max_norm)
 
 
 def step_counts(model) -> dict:

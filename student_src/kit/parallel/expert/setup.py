@@ -3,11 +3,11 @@ table of parallelisms (``registry.Parallelism.setup``), called by ``train/task_s
 
 from __future__ import annotations
 
-from student_src.kit import student_api, tasks
+from student_src.kit import student_api
 from student_src.kit.core.config import TrainConfig
-from student_src.kit.errors import KitError
 from student_src.kit.parallel.expert import layers
 from student_src.kit.parallel.expert.traffic import traffic_of
+from student_src.kit.parallel.mesh import averaging_function
 from student_src.kit.parallel.registry import Lent
 
 
@@ -21,11 +21,7 @@ def setup(cfg: TrainConfig, model, ctx, task, parallelize_layer, lent: Lent) -> 
     ep_size = cfg.ep_size or ctx.world_size
     mesh = layers.layout(ctx.world_size, ep_size, ctx.rank, student_api.function(task.id, "expert_mesh"))
     (_, ep_group), (_, dp_group) = mesh["ep"], mesh["dp"]
-    averaging = [t for t in map(tasks.get, task.needs_tasks) if t.sync == "function"]
-    if not averaging:
-        raise KitError(f"Task {task.id}: EP x DP names the task whose function averages its gradients in "
-                       "needs_tasks (see student_src/kit/tasks.py)")
-    average = student_api.function(averaging[0].id)
+    average = averaging_function(task, "EP x DP")
     sync_grads = student_api.function(task.id, "sync_expert_parallel_grads")
     ep_model = layers.parallelize(model, parallelize_layer, ep_group, ep_size)
     ep_model.kit_ep = {"ep_rank": mesh["ep_rank"], "ep_size": ep_size, "replicas": mesh["replicas"]}

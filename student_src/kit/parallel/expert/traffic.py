@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from student_src.kit import tasks
 from student_src.kit.core.moe import is_expert_parameter
 from student_src.kit.ranks import process_group
 
@@ -125,3 +126,30 @@ def traffic_of(ep_model, world_size: int, ep_size: int, clip: bool):
         return calls, extra
 
     return of
+
+
+def last_step_bytes(metrics: dict) -> list[dict] | None:
+    """What each rank of the first EP group sent to the others in the run's last training step, every MoE
+    layer summed (``layer_bytes`` of that step's routing: ``metrics["moe"]["kept_per_rank_last_step"]``, the
+    rows each rank really kept per expert), one dict per rank like ``layer_bytes``'s; None for a run without
+    those counts (not a MoE run, or a ``metrics.json`` older than them). The kit's tests check ``layer_bytes``
+    against the bytes ``all_to_all_single`` sends, so this is what the step's all-to-alls carried."""
+    moe = (metrics or {}).get("moe") or {}
+    per_rank = moe.get("kept_per_rank_last_step")
+    if not per_rank or "hidden_size" not in moe:
+        return None
+    cfg = metrics.get("config") or {}
+    ep = cfg.get("ep_size") or metrics.get("world_size") or len(per_rank)
+    if tasks.get(metrics.get("task")).sync != "expert_parallel":
+        ep = 1  # one process (Task 1 on a MoE model): every expert is at home, nothing travels
+    group = per_rank[:ep]  # ranks 0..P-1: the first EP group (rank = replica * P + ep_rank)
+    hidden, size = moe["hidden_size"], moe.get("element_size", 4)
+    num_experts = len(group[0][0])
+    out = [{"rank": r, "counts": 0, "dispatch": 0, "combine": 0, "backward": 0, "total": 0} for r in range(ep)]
+    for layer in range(len(group[0])):
+        rows = rows_from_counts([rank_counts[layer] for rank_counts in group], ep)
+        for mine, theirs in zip(out, layer_bytes(rows, hidden, num_experts, size)):
+            for key in ("counts", "dispatch", "combine", "backward", "total"):
+                mine[key] += theirs[key]
+    return out
+

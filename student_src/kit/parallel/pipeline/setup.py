@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from functools import partial
 
-from student_src.kit import student_api, tasks
+from student_src.kit import student_api
 from student_src.kit.core.config import TrainConfig, per_worker_batch_size
 from student_src.kit.errors import KitError
 from student_src.kit.measure.memory_model import model_layout
+from student_src.kit.parallel.mesh import ParallelDims, average_over
 from student_src.kit.parallel.pipeline import memory, stages as helpers
 from student_src.kit.parallel.pipeline.activations import ActivationMeter
 from student_src.kit.parallel.pipeline.traffic import traffic_of
@@ -17,7 +18,7 @@ from student_src.kit.parallel.registry import Lent
 
 def setup(cfg: TrainConfig, model, ctx, task, pipeline_step, lent: Lent) -> dict:
     """Pipeline x data parallel: ``--pipeline_stages`` P stages (default one per rank) times
-    world / P replicas, rank = replica * P + stage. The stage cut by the student's ``build_stage``;
+    world / P replicas, rank = replica * P + stage (the kit's one mesh, ``parallel/mesh.py``). The stage cut by the student's ``build_stage``;
     AdamW over its parameters; the kit's step around ``pipeline_step``; with several replicas each
     stage's gradients averaged over its replicas by the ``"function"`` task of ``needs_tasks``
     (Task 2b's ``allreduce_average``) on the stage's group; the stages gathered before evaluation;
@@ -25,21 +26,17 @@ def setup(cfg: TrainConfig, model, ctx, task, pipeline_step, lent: Lent) -> dict
     p = cfg.pipeline_stages or ctx.world_size
     if ctx.world_size % p:
         raise KitError(f"Task {task.id}: {p} pipeline stages do not divide {ctx.world_size} ranks")
-    replicas, stage_id, replica = ctx.world_size // p, ctx.rank % p, ctx.rank // p
-    pipelines, data_parallel = helpers.process_groups(ctx.world_size, p)
-    average = None
-    if replicas > 1:
-        averaging = [t for t in map(tasks.get, task.needs_tasks) if t.sync == "function"]
-        if not averaging:
-            raise KitError(f"Task {task.id}: a pipeline with replicas names the task whose function averages its "
-                           "gradients in needs_tasks (see student_src/kit/tasks.py)")
-        fn, dp_group = student_api.function(averaging[0].id), data_parallel[stage_id][1]
-        average = lambda m: fn(m, group=dp_group)  # noqa: E731
+    dims = ParallelDims(ctx.world_size, pp=p)
+    replicas = dims.dp
+    # the stages' groups; the replicas' (one per stage) only where there are replicas to average over
+    mesh = dims.build(ctx.rank, ("pp", "dp") if replicas > 1 else ("pp",))
+    stage_id, replica = mesh.coords["pp"], mesh.coords["dp"]
+    average = average_over(task, mesh.group("dp"), "a pipeline with replicas") if replicas > 1 else None
     build = student_api.function(task.id, "build_stage")
     stages = [build(model, s, p) for s in range(p)]  # every rank cuts alike: who owns what, for evaluation
     stage = stages[stage_id]
     owner = helpers.owners(model, stages)  # stage s of replica 0 is rank s
-    ranks, group = pipelines[replica]
+    ranks, group = mesh.mine("pp")
     runner = None
     if cfg.torch_pipelining:  # torch's schedule over the same stages, as Task 3's DDP is to 2b
         from student_src.kit.parallel.pipeline.torch_pipelining import make_runner  # imports torch.distributed.pipelining: only here

@@ -21,6 +21,7 @@ from torch import nn
 
 from student_src.kit.core import compat
 from student_src.kit.errors import KitError
+from student_src.kit.parallel.mesh import clip_global_norm
 
 
 def split_micro_batches(batch: dict, m: int) -> list[dict]:
@@ -111,25 +112,9 @@ def _device(params) -> torch.device:
     return next((p.device for p in params), torch.device("cpu"))
 
 
-def clip_global_norm(params, max_norm: float, group=None, reduce: bool = True) -> None:
-    """``torch.nn.utils.clip_grad_norm_`` over the parameters of *every* stage: each stage adds the
-    squares of its gradients' norms, one all_reduce sums them, every stage scales by the same factor."""
-    import torch.distributed as dist
-
-    params = list(params)
-    grads = [p.grad for p in params if p.grad is not None]
-    norms = [torch.linalg.vector_norm(g.detach(), 2.0) for g in grads]
-    # on the gradients' device: an nccl group (a GPU per rank) refuses CPU tensors
-    squares = torch.stack(norms).pow(2).sum() if norms else torch.zeros((), device=_device(params))
-    if reduce and dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(squares, group=group)
-    coef = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
-    for g in grads:
-        g.detach().mul_(coef.to(g.dtype))
-
-
 def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: int, schedule: str, ranks=None,
-                    group=None, replica: int = 0, replicas: int = 1, average=None, runner=None, activations=None):
+                    group=None, replica: int = 0, replicas: int = 1, average=None, runner=None, activations=None,
+                    clip=None):
     """A ``train_step(model, batch, optimizer, scheduler, sync_gradients, max_grad_norm)`` for the
     kit's loop, around the student's ``pipeline_step``: this replica's share of the batch (rows
     ``replica`` of ``replicas`` equal parts) cut into micro-batches, the schedule among ``ranks``
@@ -139,7 +124,9 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
     last stage's loss broadcast in the pipeline, so that every rank returns its replica's loss.
     ``runner(model, batch)``, when given, runs the schedule in place of ``pipeline_step``
     (``--torch_pipelining``: ``torch_pipelining.py``). ``activations`` (an ``activations.ActivationMeter``)
-    counts what autograd keeps for backward during the first step of ``pipeline_step``."""
+    counts what autograd keeps for backward during the first step of ``pipeline_step``. ``clip(model,
+    max_norm)``, when given, clips in place of the norm over the pipeline's stages (a composed run's
+    stages are cut by the other axes too: ``parallel/composed_model.clip_fn``)."""
     import contextlib
 
     import torch.distributed as dist
@@ -159,8 +146,11 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
                                      ranks=ranks, group=group)
         if average is not None:
             average(model)
-        if max_grad_norm and max_grad_norm > 0:
-            clip_global_norm(model.parameters(), max_grad_norm, group=group, reduce=num_stages > 1)
+        if clip is not None:
+            clip(model, max_grad_norm)
+        elif max_grad_norm and max_grad_norm > 0:
+            # the mesh's clip: every parameter of a stage is its own (the others' are on the other stages)
+            clip_global_norm(model, lambda name: True, group, max_grad_norm, reduce=num_stages > 1)
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
@@ -173,22 +163,6 @@ def make_train_step(pipeline_step, stage: int, num_stages: int, micro_batches: i
         return out
 
     return train_step
-
-
-def process_groups(world_size: int, stages: int) -> tuple[list, list]:
-    """Pipeline x data parallel on ``world_size`` ranks, rank = replica * stages + stage:
-    ``(pipeline groups, data-parallel groups)``, one per replica and one per stage, each
-    ``(ranks, group)``; every rank creates every group, in the same order (``dist.new_group``)."""
-    import torch.distributed as dist
-
-    replicas = world_size // stages
-    pipelines = [[d * stages + s for s in range(stages)] for d in range(replicas)]
-    data_parallel = [[d * stages + s for d in range(replicas)] for s in range(stages)]
-    if replicas == 1:
-        return [(pipelines[0], None)], [([s], None) for s in range(stages)]
-    if stages == 1:
-        return [([d], None) for d in range(replicas)], [(data_parallel[0], None)]
-    return ([(r, dist.new_group(r)) for r in pipelines], [(r, dist.new_group(r)) for r in data_parallel])
 
 
 def owners(model, stage_modules) -> dict:

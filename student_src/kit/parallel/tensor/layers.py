@@ -3,8 +3,8 @@
 
 The layout (``layout``): ``world`` ranks as ``--tp_size`` T ranks per tensor-parallel group times
 D = world / T data-parallel replicas, rank = replica * T + tp_rank (the TP ranks of a replica are
-neighbours: on a cluster, the GPUs of one node). Every rank creates every group, in the same order
-(``dist.new_group``): one TP group per replica, one DP group per TP rank.
+neighbours: on a cluster, the GPUs of one node), asked of the kit's one mesh (``parallel/mesh.py``),
+which builds the groups: one TP group per replica, one DP group per TP rank.
 
 The model (``parallelize``): a copy of the whole model, each encoder layer rewritten in place by
 the student's ``parallelize_bert_layer`` on the TP group; the kit keeps the whole model beside it
@@ -27,9 +27,9 @@ the same name, so ``cut_dims`` finds it cut by rows and ``gather_into`` joins th
 padding rows (it keeps the whole model's first V rows). Its g (one all_reduce forward) runs on the whole
 sequence before the encoder, with or without ``--sequence_parallel``. Checkpoints refuse it (config.py).
 
-The clip (``global_clip``): a shard's gradient is 1/T of its parameter's, so the global gradient
-norm is ``sqrt(replicated squares + the TP group's sum of the shards' squares)``, one all_reduce of
-one number. Clipping by it first leaves ``train_step``'s own clip (over this rank's tensors, a
+The clip (``global_clip``, the mesh's ``clip_global_norm``): a shard's gradient is 1/T of its
+parameter's, so the global gradient norm is ``sqrt(replicated squares + the TP group's sum of the
+shards' squares)``, one all_reduce of one number. Clipping by it first leaves ``train_step``'s own clip (over this rank's tensors, a
 smaller norm) multiplying by exactly 1, as in Task 7 (``train/task_setup._fsdp_sync``).
 """
 
@@ -41,34 +41,27 @@ import torch
 import torch.distributed as dist
 
 from student_src.kit.errors import KitError
+from student_src.kit.parallel.mesh import ParallelDims, clip_global_norm
 
 
 def layout(world_size: int, tp_size: int, rank: int, mesh_ranks=None) -> dict:
-    """``{"tp": (ranks, group), "dp": (ranks, group), "tp_rank", "replica", "replicas"}`` of ``rank``;
-    a group of the whole world is None (the default group); a TP group of one rank is a group of its
-    own (``dist.get_world_size(group)`` 1: nothing is sent). ``mesh_ranks``: the student's
-    (``tensor_parallel.mesh_ranks``), whose lists of ranks are checked (``check_mesh``)."""
-    if tp_size < 1 or world_size % tp_size:
-        raise KitError(f"--tp_size {tp_size} does not divide --world_size {world_size}: the ranks are TP x DP")
-    replicas = world_size // tp_size
-    tp_ranks, dp_ranks = (mesh_ranks or expected_mesh)(world_size, tp_size)
-    check_mesh(tp_ranks, dp_ranks, world_size, tp_size)
-
-    def groups(all_ranks):
-        if len(all_ranks[0]) == world_size or not (dist.is_available() and dist.is_initialized()):
-            return [(r, None) for r in all_ranks]
-        return [(r, dist.new_group(r)) for r in all_ranks]
-
-    tp, dp = groups(tp_ranks), groups(dp_ranks)
-    replica, tp_rank = rank // tp_size, rank % tp_size
-    return {"tp": tp[replica], "dp": dp[tp_rank], "tp_rank": tp_rank, "replica": replica, "replicas": replicas}
+    """``{"tp": (ranks, group), "dp": (ranks, group), "tp_rank", "replica", "replicas"}`` of ``rank``, from the
+    kit's one mesh (``parallel/mesh.py``: its groups, built once); a group of the whole world is None (the
+    default group); a TP group of one rank is a group of its own (``dist.get_world_size(group)`` 1: nothing is
+    sent). ``mesh_ranks``: the student's (``tensor_parallel.mesh_ranks``), whose lists of ranks are checked
+    against the mesh's (``check_mesh``)."""
+    dims = ParallelDims(world_size, tp=tp_size)
+    if mesh_ranks is not None:
+        check_mesh(*mesh_ranks(world_size, tp_size), world_size, tp_size)
+    mesh = dims.build(rank, ("tp", "dp"))
+    c = mesh.coords
+    return {"tp": mesh.mine("tp"), "dp": mesh.mine("dp"), "tp_rank": c["tp"], "replica": c["dp"], "replicas": dims.dp}
 
 
 def expected_mesh(world_size: int, tp_size: int) -> tuple[list, list]:
-    """The kit's own mesh: rank = replica * T + tp_rank (what the student's ``mesh_ranks`` returns)."""
-    replicas = world_size // tp_size
-    return ([[d * tp_size + t for t in range(tp_size)] for d in range(replicas)],
-            [[d * tp_size + t for d in range(replicas)] for t in range(tp_size)])
+    """The kit's mesh: rank = replica * T + tp_rank (what the student's ``mesh_ranks`` returns)."""
+    dims = ParallelDims(world_size, tp=tp_size)
+    return dims.ranks("tp"), dims.ranks("dp")
 
 
 def check_mesh(tp_ranks, dp_ranks, world_size: int, tp_size: int) -> None:
@@ -80,11 +73,6 @@ def check_mesh(tp_ranks, dp_ranks, world_size: int, tp_size: int) -> None:
         if got != want:
             raise KitError(f"mesh_ranks({world_size}, {tp_size}) returned the {what} groups {got}, expected {want} "
                            "(rank = replica * T + tp_rank; a DP group holds one rank of every TP group)")
-
-
-def _local(t):
-    """A DTensor's local shard (``--torch_tp``), a plain tensor as it is."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def encoder_layers(model) -> list:
@@ -103,16 +91,22 @@ def parallelize(model, parallelize_layer, group, sequence_parallel: bool = False
     (``sequence_parallel_edges``); with ``vocab_parallel_embedding`` (the student's class), the word
     embeddings cut by rows (``vocab_parallel_embeddings``)."""
     tp_model = copy.deepcopy(model)
-    for layer in encoder_layers(tp_model):
-        if sequence_parallel:
-            parallelize_layer(layer, group, sequence_parallel=True)
-        else:
-            parallelize_layer(layer, group)
+    cut_layers(tp_model, parallelize_layer, group, sequence_parallel)
     if sequence_parallel:
         sequence_parallel_edges(tp_model, group)
     if vocab_parallel_embedding is not None:
         vocab_parallel_embeddings(tp_model, vocab_parallel_embedding, group)
     return tp_model
+
+
+def cut_layers(model, parallelize_layer, group, sequence_parallel: bool = False) -> None:
+    """Every encoder layer of ``model`` rewritten in place by the student's ``parallelize_layer`` on ``group``
+    (a composed run cuts the model Task 11 already rewrote: ``parallel/composed_model.py``)."""
+    for layer in encoder_layers(model):
+        if sequence_parallel:
+            parallelize_layer(layer, group, sequence_parallel=True)
+        else:
+            parallelize_layer(layer, group)
 
 
 def vocab_parallel_embeddings(tp_model, vocab_parallel_embedding, group) -> None:
@@ -215,25 +209,9 @@ def cut_dims(full_model, tp_model) -> dict:
 
 
 def global_clip(model, cut: dict, group, max_norm: float) -> None:
-    """Clip every gradient by the norm of the whole model's gradient (module docstring); torch's
-    formula (``max_norm / (norm + 1e-6)``, never above 1)."""
-    if not max_norm or max_norm <= 0:
-        return
-    grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
-    if not grads:
-        return
-    grads = [(n, _local(g)) for n, g in grads]  # --torch_tp: a DTensor's shard (torch_tp.py)
-    device = grads[0][1].device  # an nccl group (a GPU per rank) all_reduces CUDA tensors only
-    sq = {cut_: torch.zeros((), dtype=torch.float32, device=device) for cut_ in (True, False)}
-    for n, g in grads:
-        sq[n in cut] = sq[n in cut] + torch.linalg.vector_norm(g.detach().float()) ** 2
-    shards = sq[True].clone()
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(shards, group=group)
-    total = torch.sqrt(shards + sq[False])
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for _, g in grads:
-        g.detach().mul_(coef.to(g.dtype))
+    """Clip every gradient by the norm of the whole model's gradient (module docstring): the mesh's clip,
+    the cut parameters' squares summed over the TP group."""
+    clip_global_norm(model, lambda name: name in cut, group, max_norm)
 
 
 def gather_into(full_model, tp_model, cut: dict, group) -> None:

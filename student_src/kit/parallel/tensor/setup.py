@@ -3,9 +3,9 @@ the table of parallelisms (``registry.Parallelism.setup``), called by ``train/ta
 
 from __future__ import annotations
 
-from student_src.kit import student_api, tasks
+from student_src.kit import student_api
 from student_src.kit.core.config import TrainConfig, per_worker_batch_size
-from student_src.kit.errors import KitError
+from student_src.kit.parallel.mesh import average_over
 from student_src.kit.parallel.registry import Lent
 from student_src.kit.parallel.tensor import layers
 from student_src.kit.parallel.tensor.traffic import traffic_of
@@ -21,14 +21,7 @@ def setup(cfg: TrainConfig, model, ctx, task, parallelize_layer, lent: Lent) -> 
     mesh = layers.layout(ctx.world_size, cfg.tp_size or ctx.world_size, ctx.rank,
                          None if cfg.torch_tp else student_api.function(task.id, "mesh_ranks"))
     (_, tp_group), (_, dp_group) = mesh["tp"], mesh["dp"]
-    average = None
-    if mesh["replicas"] > 1 and not cfg.torch_tp:
-        averaging = [t for t in map(tasks.get, task.needs_tasks) if t.sync == "function"]
-        if not averaging:
-            raise KitError(f"Task {task.id}: TP x DP names the task whose function averages its gradients in "
-                           "needs_tasks (see student_src/kit/tasks.py)")
-        fn = student_api.function(averaging[0].id)
-        average = lambda m: fn(m, group=dp_group)  # noqa: E731
+    average = average_over(task, dp_group, "TP x DP") if mesh["replicas"] > 1 and not cfg.torch_tp else None
     step = optimizer = None
     if cfg.torch_tp:  # torch's parallelize_module in place of the student's layer, with the kit's step
         from student_src.kit.parallel.tensor import torch_tp  # imports torch.distributed.tensor: only here

@@ -1,0 +1,47 @@
+"""Task 9's flags, checked before any rank starts (``registry.Parallelism.validate``, run by
+``core/config.validate`` for every task), and how a pipeline splits the global batch (``data_ranks``)."""
+
+from __future__ import annotations
+
+from student_src.kit import tasks
+from student_src.kit.errors import KitError
+from student_src.kit.parallel.mesh import ParallelDims, composes
+
+
+def validate(cfg) -> None:
+    """Its flags only with a pipeline task; stages that divide the ranks (the mesh's check); micro-batches
+    and replicas that divide the batch; what it does not do yet refused in one line."""
+    task = tasks.get(cfg.task)
+    if composes(task):  # its stages among the other axes: parallel/composed.py checks the grid
+        return
+    if task.sync != "pipeline":
+        if cfg.pipeline_stages is not None or cfg.micro_batches != 4 or cfg.schedule != "1f1b" or cfg.torch_pipelining:
+            raise KitError(f"--pipeline_stages/--micro_batches/--schedule/--torch_pipelining are for a pipeline: use them "
+                           f"with --task {tasks.spoken(tasks.ids(lambda t: t.sync == 'pipeline'))}")
+        return
+    if cfg.schedule not in ("afab", "1f1b"):
+        raise KitError(f"--schedule must be afab or 1f1b, got {cfg.schedule!r}")
+    if cfg.micro_batches < 1:
+        raise KitError("--micro_batches must be at least 1")
+    if cfg.pipeline_stages is not None and cfg.pipeline_stages < 1:
+        raise KitError("--pipeline_stages must be at least 1")
+    replicas = 1
+    if cfg.pipeline_stages is not None and cfg.world_size is not None:
+        replicas = ParallelDims(cfg.world_size, pp=cfg.pipeline_stages).dp
+    if cfg.torch_pipelining and cfg.pipeline_stages == 1:
+        raise KitError("--torch_pipelining needs at least 2 stages (--pipeline_stages)")
+    if cfg.torch_pipelining and cfg.measure_traffic:
+        raise KitError("--measure_traffic's model follows your pipeline_step (torch's schedules also send shapes and "
+                       "other messages): measure without --torch_pipelining")
+    if cfg.timeline or cfg.torch_sharding:
+        raise KitError(f"--task {task.id} trains a pipeline without --timeline or --torch_sharding "
+                       "(not there yet for pipelines)")
+    g = cfg.global_batch_size or (cfg.per_device_train_batch_size or 64)
+    if g % (cfg.micro_batches * replicas):
+        raise KitError(f"{replicas} replica(s) x --micro_batches {cfg.micro_batches} do not divide the batch of {g}: "
+                       "equal micro-batches keep the loss the batch's mean (pick a divisor)")
+
+
+def data_ranks(cfg, world: int) -> int:
+    """1: every stage loads the whole batch, as one process does (each replica takes its rows in the step)."""
+    return 1
