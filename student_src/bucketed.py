@@ -208,9 +208,10 @@ def _weak_hook(wrapper_ref):
     return hook
 
 
-def _remove_hooks(handles) -> None:
+def _remove_hooks(handles: list) -> None:
     for h in handles:
         h.remove()
+    handles.clear()
 
 
 class BucketedDDP(nn.Module):
@@ -268,10 +269,9 @@ class BucketedDDP(nn.Module):
         # The hooks reach the wrapper through a weak reference: a bound method would make every
         # parameter keep the wrapper alive (a reference cycle), so a wrapper its caller dropped
         # would live on, buffers and any handle with it, until the interpreter's exit.
-        me = weakref.ref(self)
-        self._hook_handles = [p.register_post_accumulate_grad_hook(_weak_hook(me))
-                              for b in self.buckets for p in b.params]
-        weakref.finalize(self, _remove_hooks, self._hook_handles)
+        self._hook_handles: list = []
+        self._register_hooks()
+        weakref.finalize(self, _remove_hooks, self._hook_handles)  # the list itself: no_sync refills it
         pending_work.register(self)  # the kit drains the handles before it destroys the group
 
     def drop_pending_work(self) -> None:
@@ -311,13 +311,18 @@ class BucketedDDP(nn.Module):
         """Backwards inside launch nothing (provided): gradient accumulation (Task 13) lets the
         micro-batches' gradients add up locally, and the last backward, outside, syncs the sum once,
         as DDP's ``no_sync`` does. The gradient hooks are off inside and registered again after."""
-        for handle in self._hook_handles:
-            handle.remove()
+        _remove_hooks(self._hook_handles)
         try:
             yield
         finally:
-            self._hook_handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
-                                  for b in self.buckets for p in b.params]
+            self._register_hooks()
+
+    def _register_hooks(self) -> None:
+        """(Re)register the post-accumulate-grad hook on every bucketed parameter, through a weak
+        reference to the wrapper (see ``__init__``), into the same ``_hook_handles`` list."""
+        me = weakref.ref(self)
+        self._hook_handles[:] = [p.register_post_accumulate_grad_hook(_weak_hook(me))
+                                 for b in self.buckets for p in b.params]
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         """Hook: ``param.grad`` has just been accumulated in backward.

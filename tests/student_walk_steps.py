@@ -161,19 +161,26 @@ def walk_to_notebooks(tmp: Path) -> Walk:
     """Steps 1-4: release, fresh venv, public checks (blank, then solved), make data, notebooks."""
     from autograder.course.release import build_release
 
+    from walk_venv import make_venv, undeclared_imports
+
     release = build_release(tmp / "release")
     venv = tmp / "venv"
     env = student_env(venv)
-    make = ["make", "-s", f"VENV={venv}", f"PYTHON={getattr(sys, '_base_executable', sys.executable)}"]
+    base = getattr(sys, '_base_executable', sys.executable)
+    make = ["make", "-s", f"VENV={venv}", f"PYTHON={base}"]
 
-    # 1. set up from the release itself
-    proc = run(make + ["setup"], release, env, 900, "make setup (fresh venv: torch, then the release)")
+    # 1. set up from the release itself, in a fresh venv that also sees the kit's packages
+    # (walk_venv.py: pip finds the dependencies installed instead of downloading them again)
+    make_venv(venv, base)
+    proc = run(make + ["setup"], release, env, 900, "make setup (fresh venv over the kit's packages, then the release)")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     py = venv / "bin" / "python"
     where = subprocess.run([str(py), "-c", "import student_src, autograder; print(student_src.__file__, autograder.__file__)"],
                            cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
     assert where.returncode == 0 and str(ROOT) not in where.stdout, where.stdout + where.stderr
     assert str(release) in where.stdout  # the venv runs the release, never the instructor's tree
+    missing = undeclared_imports(py, release, env)  # the release declares every package it imports
+    assert not missing, f"the release imports packages its pyproject.toml does not declare: {missing}"
 
     # 2. the public checks on the untouched release, as the student sees them (the table; the
     # results file for the test): every check fails, so make test fails (make test && make export

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import student_src.kit.parallel  # noqa: F401  (registers the parallelisms' flag checks, as run_glue does)
 from autograder.results.results import Results, TestResult
 from student_src.kit.core.config import parse_config
 

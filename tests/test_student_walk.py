@@ -4,7 +4,10 @@ In a temporary folder, with nothing from the instructor's tree on the path:
 
 1. build the release (``python -m autograder release``) and install it in a fresh virtual
    environment with the release's own ``make setup`` (torch==2.13.0 first, then the release
-   itself with its notebook extras, as a student gets it);
+   itself with its notebook extras, as a student gets it). The venv also sees the kit's own
+   packages (``walk_venv.py``), so pip finds the dependencies installed instead of downloading
+   them again, and every package the release imports must be one it declares
+   (``release_imports.py``);
 2. ``make test`` (the public checks): every check fails, each with a message, in a table no wider
    than 100 columns, and ``make test`` fails with a last line that says how many failed;
    ``make export`` still packs, with a one-line warning;
@@ -21,8 +24,8 @@ In a temporary folder, with nothing from the instructor's tree on the path:
 Slow (a venv install, two public-check runs, seven notebooks, a 4-rank run, a full grading: 5-9
 minutes on 2 busy cores); it is part of ``make test``. Steps 1-4 live in ``student_walk_steps.py``
 and run once per session (the ``student_walk`` fixture): ``test_notebooks.py`` checks the same
-executed notebooks (widget state, runs against Task 1) instead of executing them again. pip installs from its configured indexes and its own
-wheel cache (``~/.cache/pip``), so a second run installs without building anything.
+executed notebooks (widget state, runs against Task 1) instead of executing them again. That the
+dependencies download from an index into a bare venv is ``make compat``'s part (``noxfile.py``).
 ``KIT_SKIP_STUDENT_WALK=1`` skips it (for quick local iterations only).
 """
 

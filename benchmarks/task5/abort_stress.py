@@ -18,7 +18,9 @@ construct ``BucketedDDP`` on a toy model with a tied weight, a frozen layer and 
 whole batch, then ``destroy_process_group`` and return. The runs go one after another from this
 process, as a test file's tests do. A run counts as an abort when a rank died of a signal (the
 abort's SIGABRT: the rank printed "terminate called ..." to stderr), as failed when a rank
-raised or exited non-zero, as hung past ``RUN_DEADLINE_S`` (killed).
+raised or exited non-zero, as hung past ``RUN_DEADLINE_S`` (killed). Each rank notes how far it
+got (started, imported, in the group, trained and checked, returned), so a hung or aborted run
+says whether it stopped in the work or at the exit.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-#: a run that takes longer than this is counted as hung (and killed): nothing waits forever
-RUN_DEADLINE_S = 300
+#: a run that takes longer than this is counted as hung (and killed): nothing waits forever. Generous:
+#: on 2 cores shared with a load of 15-20 a healthy run (two ranks importing torch) took up to 5 minutes
+RUN_DEADLINE_S = 900
 
 
 def _free_port() -> int:
@@ -66,8 +69,14 @@ def _toy(seed: int):
     return Toy()
 
 
-def _rank(rank: int, world_size: int, port: int, steps: int) -> None:
+def _mark(marks: str, rank: int, stage: str) -> None:
+    """Where this rank got to (a hung or aborted run says it: an exit problem shows as 'returned')."""
+    Path(marks, f"rank{rank}").write_text(stage)
+
+
+def _rank(rank: int, world_size: int, port: int, steps: int, marks: str) -> None:
     """One rank: plain torch.distributed, no kit launcher; raises if the sync is wrong."""
+    _mark(marks, rank, "started")
     sys.path.insert(0, str(ROOT))
     import torch
     import torch.distributed as dist
@@ -75,8 +84,10 @@ def _rank(rank: int, world_size: int, port: int, steps: int) -> None:
     from student_src.bucketed import BucketedDDP
 
     torch.set_num_threads(1)
+    _mark(marks, rank, "imported")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=120))
+                            timeout=datetime.timedelta(seconds=RUN_DEADLINE_S))
+    _mark(marks, rank, "in the group")
     try:
         for cap_mb in (100.0, 0.0005):  # one bucket; several (the cap is 524 bytes)
             reference = _toy(seed=1)  # rank 0's weights (seed 1 + 0): what BucketedDDP broadcasts
@@ -99,29 +110,39 @@ def _rank(rank: int, world_size: int, port: int, steps: int) -> None:
                 if not torch.allclose(p, q, atol=1e-5):
                     raise AssertionError(f"rank {rank}: {name} differs from one-process training (cap {cap_mb} MB)")
         dist.barrier()
+        _mark(marks, rank, "trained and checked")
     finally:
         dist.destroy_process_group()
+    _mark(marks, rank, "returned (the interpreter exits next)")
 
 
 def one_run(steps: int) -> str:
     """Spawn 2 ranks (``mp.spawn``'s start method and wrapper, with a deadline) and join them:
     "passed", "abort (SIGABRT)" when a rank died of a signal, "failed: ..." or "hung"."""
+    import tempfile
+
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_rank, args=(2, _free_port(), steps), nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + RUN_DEADLINE_S
-    try:
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.kill()
-                return "hung"
-    except mp.ProcessExitedException as exc:
-        if exc.signal_name:
-            return f"abort ({exc.signal_name})"
-        return f"failed: {str(exc).splitlines()[0]}"
-    except mp.ProcessRaisedException as exc:
-        return f"failed: {str(exc).strip().splitlines()[-1]}"
+    with tempfile.TemporaryDirectory(prefix="abort-stress-") as marks:
+        def where() -> str:
+            return ", ".join(f"rank {r}: {(Path(marks) / f'rank{r}').read_text() if (Path(marks) / f'rank{r}').exists() else 'not started'}"
+                             for r in range(2))
+
+        ctx = mp.start_processes(_rank, args=(2, _free_port(), steps, marks), nprocs=2, join=False,
+                                 start_method="spawn")
+        deadline = time.monotonic() + RUN_DEADLINE_S
+        try:
+            while not ctx.join(timeout=5):
+                if time.monotonic() > deadline:
+                    for p in ctx.processes:
+                        p.kill()
+                    return f"hung ({where()})"
+        except mp.ProcessExitedException as exc:
+            if exc.signal_name:
+                return f"abort ({exc.signal_name}; {where()})"
+            return f"failed: {str(exc).splitlines()[0]} ({where()})"
+        except mp.ProcessRaisedException as exc:
+            return f"failed: {str(exc).strip().splitlines()[-1]}"
     return "passed"
 
 
@@ -136,7 +157,7 @@ def stress(runs: int, steps: int) -> dict:
         outcome = one_run(steps)
         counts["runs"] += 1
         key = "passed" if outcome == "passed" else "aborts" if outcome.startswith("abort") else \
-            "hung" if outcome == "hung" else "failed"
+            "hung" if outcome.startswith("hung") else "failed"
         counts[key] += 1
         if key != "passed":
             examples.append(f"run {i}: {outcome}")
