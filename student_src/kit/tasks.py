@@ -159,6 +159,13 @@ class Task:
         if own is None:
             return None
         for other in self.needs_tasks:
+            if self.sync == "composed" and TASKS[other].distributed:
+                # a composed run trains the other parallelisms' layers as well: every collective they call
+                theirs = TASKS[other].calls
+                if theirs is None:
+                    return None
+                own = own | theirs
+                continue
             theirs = TASKS[other].collectives
             if TASKS[other].sync == "function" and theirs is not None:
                 own = own | theirs
@@ -303,13 +310,14 @@ _ROWS = (
                 "dropout masks; `--torch_recompute`: torch's checkpoint)"), advanced=True),
     # Task 14 is advanced, extra credit like Tasks 9-12: the parallelisms composed on one N-D grid (the layout, every
     # axis's groups, the data shards, the composed sync through the student's own Tasks 2b, 10, 11 and 12). Its sync
-    # calls all_reduce only (2b's average, 10's and 11's sums). Not a training row yet (sync None): the kit's mesh
-    # (parallel/mesh.py) and its composed run call these functions through student_api.
+    # calls all_reduce only (2b's average, 10's and 11's sums). Its run (sync "composed": parallel/composed.py, on the
+    # kit's mesh, parallel/mesh.py) also trains with the student's Tasks 1, 2 and 9-12 (train_step, the loader, the
+    # pipeline's step, the TP/CP/EP layers), so it needs them and calls their collectives too (``calls``).
     Task("14", "the parallelisms composed (N-D parallelism)", "parallel_dims",
          ("coords_to_rank", "rank_to_coords", "axis_ranks", "build_axis_groups", "data_shard", "loss_rank",
           "sync_composed_grads"),
          "14_parallel_dims", color="#98df8a", collectives=frozenset({"all_reduce"}), extra_credit=True, sync="composed",
-         needs_tasks=("2b", "10", "11", "12"),
+         needs_tasks=("1", "2", "2b", "9", "10", "11", "12"),
          built=("the parallelisms composed on one N-D grid: coordinates <-> rank in one order (TP innermost), "
                 "every axis's process groups created by every rank in the same order, which ranks share a data "
                 "shard, which rank reads the loss, and the composed gradient sync (DP average, CP sum, TP's "
