@@ -31,7 +31,7 @@ import threading
 import time
 import traceback
 
-from .results import results as _results  # light (json, os): the signal handler must not import anything
+from .results import report as _results  # light (json, os): the signal handler must not import anything
 from .sandbox import leftovers  # light too: what _exit_now kills and removes
 
 
@@ -276,7 +276,7 @@ def _progress(show: bool, public_only: bool, tasks):
 
 
 def cmd_grade(args, public_only: bool = False) -> int:
-    from .results.results import Results, write_json_atomic
+    from .results.report import Results, write_json_atomic
 
     tasks = _tasks(args)  # a bad --tasks is a usage error (exit 2), not a grade
     if not os.path.exists(args.submission):
@@ -423,8 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_sandbox(args) -> int:
     """Print the isolation level grading gets on this host; exit 1 if the asked level is impossible."""
-    from .sandbox import sandbox
-    text = sandbox.report(args.sandbox)
+    from .sandbox import isolation
+    text = isolation.report(args.sandbox)
     print(text)
     return 1 if text.startswith("cannot use") else 0
 

@@ -11,7 +11,7 @@ A *check* is one graded test. It has two halves:
   student code, on the list of every rank's payload; ``secrets[r]`` is rank r's ``ctx.secret`` (a secret number per check, rank and submission that
   only rank r got). It fails by raising ``CheckFailure``/``AssertionError``. Every check has a
   judge, and the judge decides: the rank returns observations (tensors, losses, call logs), the
-  judge recomputes the expected values from the secrets (``autograder/judging/judging.py``) and compares.
+  judge recomputes the expected values from the secrets (``autograder/judging/judges.py``) and compares.
   A payload is never trusted to say "passed", so a student cannot patch the answer in the rank;
   the rank side may still ``ctx.fail`` early for a clearer message (that can only lose points).
   Per-rank inputs come from the rank's secret (``autograder/judging/fixtures.py``), so no rank can

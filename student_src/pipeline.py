@@ -16,7 +16,7 @@ A **stage** is one rank's contiguous slice of the model. For the kit's BERT with
 
 ``stage_sizes`` says how many encoder layers each stage gets (balanced), ``build_stage`` builds
 rank ``stage``'s module from the whole model with the kit's ``BertStage``
-(``student_src/kit/parallel/pipeline/stages.py``, provided). Every stage module is called as
+(``student_src/kit/parallel/pipeline/provided.py``, provided). Every stage module is called as
 ``stage_module(inputs, micro_batch)``: ``inputs`` is the tuple of tensors received from the
 previous stage (``()`` on stage 0, which reads the micro-batch's ``input_ids``); it returns the
 tuple to send to the next stage, or on the last stage the micro-batch's mean loss. The attention
@@ -122,7 +122,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .kit.parallel.pipeline.stages import BertStage, num_layers, split_micro_batches  # noqa: F401  (provided)
+from .kit.parallel.pipeline.provided import BertStage, num_layers, split_micro_batches  # noqa: F401  (provided)
 
 SCHEDULES = ("afab", "1f1b")
 

@@ -270,7 +270,7 @@ def test_check_exits_1_when_a_check_that_counts_failed():
     task named in --tasks, or the grader itself; a skipped check is no failure."""
     from types import SimpleNamespace
 
-    from autograder.results.results import Results, TestResult
+    from autograder.results.report import Results, TestResult
 
     def result(id, passed, extra=False, output=""):
         c = SimpleNamespace(id=id, task=id.split(".")[0], title="t")
@@ -308,7 +308,7 @@ def test_check_table_fits_100_columns_and_keeps_everything():
     from types import SimpleNamespace
 
     from autograder import registry
-    from autograder.results.results import Results, TestResult
+    from autograder.results.report import Results, TestResult
 
     registry.discover()
     checks = registry.all_checks()

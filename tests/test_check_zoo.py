@@ -1136,37 +1136,37 @@ def test_every_check_has_points_in_the_table():
 
 def test_compare_grads_tolerance_is_tight():
     """The grader's gradient comparison accepts float32 rounding and nothing more: loosening
-    ``judging.TOLERANCE`` (atol 1e-5 -> 1.0 made the n+1 divisor above gain 6 points) fails here."""
+    ``judges.TOLERANCE`` (atol 1e-5 -> 1.0 made the n+1 divisor above gain 6 points) fails here."""
     import torch
 
-    from autograder.judging import judging
+    from autograder.judging import judges
 
     g = torch.Generator().manual_seed(0)
     want = {"w": torch.randn(64, 8, generator=g, dtype=torch.float64), "frozen": None}
     exact = {"w": want["w"].float(), "frozen": None}
-    assert judging.compare_grads(exact, want, rank=0) is None            # float32 rounding passes
+    assert judges.compare_grads(exact, want, rank=0) is None            # float32 rounding passes
     for wrong in (exact["w"] * 1.0001,                                   # 0.01 % off
                   exact["w"] + 2e-5,                                     # just past atol
                   exact["w"] * 4 / 5):                                   # divided by N+1 (N=4)
-        msg = judging.compare_grads({"w": wrong, "frozen": None}, want, rank=2)
+        msg = judges.compare_grads({"w": wrong, "frozen": None}, want, rank=2)
         assert msg and msg.startswith("rank 2: w.grad is not the mean"), msg
-    assert "divided by 5" in judging.compare_grads({"w": exact["w"] * 4 / 5}, want, rank=0, world=4)
-    assert "sum over the ranks" in judging.compare_grads({"w": exact["w"] * 4}, want, rank=0, world=4)
+    assert "divided by 5" in judges.compare_grads({"w": exact["w"] * 4 / 5}, want, rank=0, world=4)
+    assert "sum over the ranks" in judges.compare_grads({"w": exact["w"] * 4}, want, rank=0, world=4)
     # float64 gradients are held to float64 precision
     want64 = {"w": want["w"]}
-    assert judging.compare_grads({"w": want["w"].clone()}, want64, 0, dtype=torch.float64) is None
-    assert judging.compare_grads({"w": want["w"] * (1 + 1e-8)}, want64, 0, dtype=torch.float64)
-    assert judging.compare_grads({"w": exact["w"].double()}, want64, 0, dtype=torch.float64)  # float32 precision is not enough
+    assert judges.compare_grads({"w": want["w"].clone()}, want64, 0, dtype=torch.float64) is None
+    assert judges.compare_grads({"w": want["w"] * (1 + 1e-8)}, want64, 0, dtype=torch.float64)
+    assert judges.compare_grads({"w": exact["w"].double()}, want64, 0, dtype=torch.float64)  # float32 precision is not enough
     # a frozen parameter (no gradient) first does not end the comparison
     frozen_first = {"frozen": None, "w": want["w"]}
-    assert judging.compare_grads({"frozen": None, "w": exact["w"] * 1.0001}, frozen_first, 0)
+    assert judges.compare_grads({"frozen": None, "w": exact["w"] * 1.0001}, frozen_first, 0)
     # the non-contiguous hint only in the non-contiguous test
     noise = exact["w"] + 0.5
-    assert "non-contiguous" not in judging.compare_grads({"w": noise}, want, 0, world=4)
-    assert "non-contiguous" in judging.compare_grads({"w": noise}, want, 0, world=4, layout="non_contiguous")
+    assert "non-contiguous" not in judges.compare_grads({"w": noise}, want, 0, world=4)
+    assert "non-contiguous" in judges.compare_grads({"w": noise}, want, 0, world=4, layout="non_contiguous")
     # a gradient where the mean has none, and none where it needs one
-    assert "had no gradient" in judging.compare_grads({"w": exact["w"], "frozen": exact["w"]}, want, 0)
-    assert "is None after the sync" in judging.compare_grads({"frozen": None}, want, 0)
+    assert "had no gradient" in judges.compare_grads({"w": exact["w"], "frozen": exact["w"]}, want, 0)
+    assert "is None after the sync" in judges.compare_grads({"frozen": None}, want, 0)
 
 
 def test_expected_mean_is_the_mean_of_every_ranks_gradient():
@@ -1175,10 +1175,10 @@ def test_expected_mean_is_the_mean_of_every_ranks_gradient():
     import torch
 
     from autograder.judging import fixtures as F
-    from autograder.judging import judging
+    from autograder.judging import judges
 
     secrets = [5, 6, 7]
-    want = judging.expected_mean_grads({"frozen": True}, secrets)
+    want = judges.expected_mean_grads({"frozen": True}, secrets)
     model = F.make_model(0, frozen=True)
     trainable = set(F.trainable_names(model))
     assert trainable and set(want) == {n for n, _ in model.named_parameters()} != trainable
@@ -1188,7 +1188,7 @@ def test_expected_mean_is_the_mean_of_every_ranks_gradient():
             continue
         mean = sum(F.rank_grad(s, name, p.shape).double() for s in secrets) / 3
         assert want[name].dtype == torch.float64 and torch.allclose(want[name], mean, rtol=0, atol=1e-12), name
-    own = judging.rank_grads({"frozen": True}, 6)
+    own = judges.rank_grads({"frozen": True}, 6)
     assert {n for n, g in own.items() if g is not None} == trainable
     some = next(iter(trainable))
     assert torch.equal(own[some], F.rank_grad(6, some, own[some].shape))
@@ -1198,18 +1198,18 @@ def test_compare_grads_messages():
     """The hint names the likely cause, and the reported error is the real one."""
     import torch
 
-    from autograder.judging import judging
+    from autograder.judging import judges
 
     w = torch.linspace(-1, 1, 50, dtype=torch.float64).reshape(10, 5)
     want = {"w": w}
-    assert "(max abs error 0.5)" in judging.compare_grads({"w": (w + 0.5).float()}, want, 0)
+    assert "(max abs error 0.5)" in judges.compare_grads({"w": (w + 0.5).float()}, want, 0)
     own = {"w": (w * 3).float()}
-    assert "still this rank's own gradient" in judging.compare_grads(own, want, 0, own=own, world=4)
+    assert "still this rank's own gradient" in judges.compare_grads(own, want, 0, own=own, world=4)
     for shape in ((5, 10), (11, 5)):  # smaller and larger than the right shape
-        assert f"has shape {shape}" in judging.compare_grads({"w": torch.zeros(shape)}, want, 0)
+        assert f"has shape {shape}" in judges.compare_grads({"w": torch.zeros(shape)}, want, 0)
     # small gradients are held to the same relative precision: 1 % off at 0.01 is wrong
     tiny = {"w": w * 0.01}
-    assert judging.compare_grads({"w": (w * 0.01 * 1.01).float()}, tiny, 0)
+    assert judges.compare_grads({"w": (w * 0.01 * 1.01).float()}, tiny, 0)
 
 
 def test_task_14_ranks_creating_groups_in_different_orders_are_named_within_a_minute(tmp_path):

@@ -14,7 +14,7 @@ from student_src.kit.core import compat
 from student_src.kit.core.config import parse_config
 from student_src.kit.errors import KitError
 from student_src.kit.ranks import process_group
-from student_src.kit.parallel.pipeline import stages as pipeline_helpers
+from student_src.kit.parallel.pipeline import provided as pipeline_helpers
 
 
 # ------------------------------------------------------------------ the BERT layer mask

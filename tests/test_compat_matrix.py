@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import student_src.kit.parallel  # noqa: F401  (registers the parallelisms' flag checks, as run_glue does)
-from autograder.results.results import Results, TestResult
+from autograder.results.report import Results, TestResult
 from student_src.kit.core.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]

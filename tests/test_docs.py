@@ -38,7 +38,7 @@ def test_the_checker_sees_a_wrong_name_in_them(tmp_path):
 
 def test_the_course_readme_shows_the_commands_the_nbgrader_test_runs():
     """autograder/course/README.md: "`tests/test_nbgrader.py` runs exactly these" (``workflow()``)."""
-    from autograder.course.course import workflow
+    from autograder.course.workflow import workflow
 
     course = Path.home() / "dp-course"
     text = (ROOT / "autograder" / "course" / "README.md").read_text().replace("$HOME", str(Path.home()))

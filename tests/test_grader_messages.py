@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from autograder.sandbox import endings, spy  # noqa: E402
+from autograder.sandbox import endings, spy# noqa: E402
 from autograder.sandbox.capture import waits_point_to_point, where_from_dump  # noqa: E402
 from test_check_zoo import submission  # noqa: E402
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from autograder import points  # noqa: E402
 from autograder.cli import IMPORT_WAIT, STOP_GRACE  # noqa: E402
-from autograder.results.results import Results, TestResult  # noqa: E402
+from autograder.results.report import Results, TestResult  # noqa: E402
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
 # seconds a stopped grader may take to exit: a hang guard, not a speed test. By design the slowest
@@ -410,11 +410,11 @@ def test_closing_a_sandbox_that_is_still_starting_does_not_wait_on_it(monkeypatc
     """Before its "ready" the sandbox's server is importing torch and reads no request: a polite
     "stop" then only waited out a 10 s timeout, which on a loaded machine outlasted the grace a
     SIGTERM gives the clean-up (the grader exited 1). Closing it then kills it without asking."""
-    from autograder.sandbox import sandbox
+    from autograder.sandbox import isolation
 
     sent = []
-    monkeypatch.setattr(sandbox.socket, "send_fds", lambda sock, msgs, fds, *a: sent.append(msgs))
-    box = sandbox.Sandbox(sandbox.choose("auto"), readable=[str(tmp_path)], transformers=False,
+    monkeypatch.setattr(isolation.socket, "send_fds", lambda sock, msgs, fds, *a: sent.append(msgs))
+    box = isolation.Sandbox(isolation.choose("auto"), readable=[str(tmp_path)], transformers=False,
                           start_timeout=HANG_GUARD).start(wait=False)
     proc = box.proc
     box.close()

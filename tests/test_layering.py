@@ -224,7 +224,7 @@ def test_the_grader_order_checker_sees_an_upward_and_a_sideways_arrow(tmp_path):
     copy = tmp_path / "autograder"
     shutil.copytree(ROOT / "autograder", copy, ignore=shutil.ignore_patterns("__pycache__"))
     spy = copy / "sandbox" / "spy.py"
-    spy.write_text(spy.read_text() + "\n\ndef _planted():\n    from ..judging import fixtures  # planted\n"
+    spy.write_text(spy.read_text() + "\n\ndef _planted():\n    from ..judging import fixtures# planted\n"
                    "    from ..grading import runner  # planted\n    return fixtures, runner\n")
     where = {n: r for n, r in grader_rooms().items()}
     wrong = grader_against_order(imports(copy, "autograder"), where)
@@ -316,7 +316,7 @@ def test_the_checker_finds_a_loop_through_a_function_level_import(tmp_path):
     folder = _package(tmp_path, {
         "__init__.py": "",
         "a.py": "from pkg.b import g\n",
-        "b.py": "def g():\n    from . import a  # planted\n    return a\n",
+        "b.py": "def g():\n    from . import a# planted\n    return a\n",
         "c.py": "from .a import g\n",
     })
     edges = imports(folder, "pkg")

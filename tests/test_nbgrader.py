@@ -95,7 +95,7 @@ def _course_cli(*args, expect: int = 0) -> str:
 def course(tmp_path_factory):
     """generate_assignment -> release_assignment -> (students) fetch_assignment, submit -> collect
     -> autograde -> generate_feedback: exactly the commands ``workflow()`` gives (and the README shows)."""
-    from autograder.course.course import nbgrader, release_to_exchange, workflow
+    from autograder.course.workflow import nbgrader, release_to_exchange, workflow
 
     tmp_path = tmp_path_factory.mktemp("nbgrader")
     course = tmp_path / "course"

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from autograder import registry  # noqa: E402
 from autograder.grading import runner  # noqa: E402
-from autograder.sandbox import sandbox  # noqa: E402
+from autograder.sandbox import isolation# noqa: E402
 
 STUDENT_MODULES = ["train.py", "partition.py", "sync.py", "ddp.py", "profiling.py", "bucketed.py"]
 HANG_GUARD = 600  # seconds; a guard against hangs only, never a speed assertion
@@ -36,7 +36,7 @@ HANG_GUARD = 600  # seconds; a guard against hangs only, never a speed assertion
 
 def _levels():
     out = []
-    why = sandbox._bwrap_works()
+    why = isolation._bwrap_works()
     out.append(pytest.param("bwrap", marks=pytest.mark.skipif(bool(why), reason=f"no bwrap level here: {why}")))
     out.append(pytest.param("user", marks=pytest.mark.skipif(os.geteuid() != 0, reason="the user level needs root (CI runs as root)")))
     out.append("process")
@@ -216,7 +216,7 @@ def test_levels_report_says_which_isolation_was_used(tmp_path):
 
 def test_unknown_level_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown sandbox level"):
-        sandbox.choose("chroot")
+        isolation.choose("chroot")
 
 
 def test_same_grade_twice_even_on_a_loaded_machine(tmp_path):
@@ -382,17 +382,17 @@ def test_a_check_that_breaks_the_sandbox_starts_no_new_one_when_it_ends(tmp_path
     from autograder.sandbox import leftovers
     from autograder.sandbox.pool import Settings
 
-    pools = runner.Pools(Settings(), str(tmp_path), sandbox.choose("process"), transformers=False)
+    pools = runner.Pools(Settings(), str(tmp_path), isolation.choose("process"), transformers=False)
     try:
         group = pools.group(1)
         launches = []
-        real_launch = sandbox.Sandbox._launch
-        monkeypatch.setattr(sandbox.Sandbox, "_launch", lambda self: (launches.append(1), real_launch(self))[1])
+        real_launch = isolation.Sandbox._launch
+        monkeypatch.setattr(isolation.Sandbox, "_launch", lambda self: (launches.append(1), real_launch(self))[1])
 
         def broken_cleanup(self):
-            raise sandbox.SandboxError("the server does not answer")
+            raise isolation.SandboxError("the server does not answer")
 
-        monkeypatch.setattr(sandbox.Sandbox, "cleanup", broken_cleanup)
+        monkeypatch.setattr(isolation.Sandbox, "cleanup", broken_cleanup)
         group.kill()
         assert launches == [] and not pools.sandbox.alive(), "kill() started a sandbox"
         monkeypatch.undo()
@@ -400,7 +400,7 @@ def test_a_check_that_breaks_the_sandbox_starts_no_new_one_when_it_ends(tmp_path
         assert pools.sandbox.alive()
         again.kill()
         monkeypatch.setattr(leftovers, "_STOPPING", [True])  # what the CLI's stop handler sets
-        with pytest.raises(sandbox.SandboxError, match="stopping"):
+        with pytest.raises(isolation.SandboxError, match="stopping"):
             pools.sandbox.restart()
     finally:
         monkeypatch.undo()

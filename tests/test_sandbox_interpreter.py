@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from autograder import cli
-from autograder.results.results import Results
-from autograder.sandbox import sandbox
+from autograder.results.report import Results
+from autograder.sandbox import isolation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,13 +37,13 @@ def _fake_python_behind_a_link(tmp_path, monkeypatch):
 
 def test_an_interpreter_behind_a_symlinked_folder_is_bound_where_the_grader_runs_it(tmp_path, monkeypatch):
     real, link = _fake_python_behind_a_link(tmp_path, monkeypatch)
-    assert sandbox._interpreter_aliases(["/usr"]) == [(str(real), str(link))]
-    argv = sandbox.bwrap_argv("/tmp/sandbox", [])
+    assert isolation._interpreter_aliases(["/usr"]) == [(str(real), str(link))]
+    argv = isolation.bwrap_argv("/tmp/sandbox", [])
     bind = ["--ro-bind", str(real), str(link)]
     at = next(i for i in range(len(argv)) if argv[i:i + 3] == bind)
     assert at > argv.index("/tmp") - 1 > 0  # after the private /tmp, so bound on top of it
     # a folder already visible by its own path gets nothing more
-    assert sandbox._interpreter_aliases([str(tmp_path)]) == []
+    assert isolation._interpreter_aliases([str(tmp_path)]) == []
 
 
 def test_a_real_interpreter_folder_needs_no_alias(tmp_path, monkeypatch):
@@ -51,10 +51,10 @@ def test_a_real_interpreter_folder_needs_no_alias(tmp_path, monkeypatch):
     for name in ("prefix", "exec_prefix", "base_prefix", "base_exec_prefix"):
         monkeypatch.setattr(sys, name, str(tmp_path))
     monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python3"))
-    assert sandbox._interpreter_aliases(["/usr"]) == []
+    assert isolation._interpreter_aliases(["/usr"]) == []
 
 
-@pytest.mark.skipif(bool(sandbox._bwrap_works()), reason=f"no bwrap level here: {sandbox._bwrap_works()}")
+@pytest.mark.skipif(bool(isolation._bwrap_works()), reason=f"no bwrap level here: {isolation._bwrap_works()}")
 def test_bubblewrap_runs_a_python_that_lives_in_tmp(tmp_path):
     """The real thing: this Python's installation reached through a link in the temporary folder
     gets the bwrap level (before: 'bwrap: execvp ...: No such file or directory', then user)."""
@@ -63,7 +63,7 @@ def test_bubblewrap_runs_a_python_that_lives_in_tmp(tmp_path):
     exe = link / os.path.relpath(os.path.realpath(sys._base_executable if hasattr(sys, "_base_executable")
                                                   else sys.executable), sys.base_prefix)
     assert str(exe).startswith(str(tmp_path)) and exe.exists(), exe
-    probe = ("from autograder.sandbox import sandbox as s; i = s.choose(); "
+    probe = ("from autograder.sandbox import isolation as s; i = s.choose(); "
              "import json; print(json.dumps([i.level, i.reason]))")
     proc = subprocess.run([str(exe), "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})

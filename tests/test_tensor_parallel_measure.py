@@ -16,8 +16,8 @@ import pytest
 from student_src.kit.errors import KitError
 from student_src.kit.measure import memory_model as mm
 from student_src.kit.measure import traffic_model as model
-from student_src.kit.parallel.tensor import layers as tp_helpers
-from student_src.kit.parallel.tensor import memory as tp_memory  # importing the room registers "tensor_parallel" with mm
+from student_src.kit.parallel.tensor import provided as tp_helpers
+from student_src.kit.parallel.tensor import memory as tp_memory# importing the room registers "tensor_parallel" with mm
 from student_src.kit.parallel.tensor import traffic as tp_traffic
 
 ROOT = Path(__file__).resolve().parents[1]

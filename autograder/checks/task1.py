@@ -4,7 +4,7 @@ The student's ``train_step`` gets a recording optimizer (an SGD that logs each `
 copy of the gradients it saw), a recording scheduler and, where it matters, a fake
 ``sync_gradients`` that logs the gradients it got and scales them by 1000. The rank only
 records; the judge, in the grader's process, rebuilds the same model and batches from the
-rank's secret, replays a correct step (:func:`autograder.judging.judging.replay_train_calls`) and
+rank's secret, replays a correct step (:func:`autograder.judging.judges.replay_train_calls`) and
 decides: the loss returned is this step's, detached; the optimizer and scheduler step once
 each, in that order; the gradient used is this batch's own and is cleared afterwards; the
 sync happens after backward, before clipping and before the step; clipping uses max_grad_norm.

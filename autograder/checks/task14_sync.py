@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from autograder.checks import task14 as grid
-from autograder.judging import fixtures, judging
+from autograder.judging import fixtures, judges
 from autograder.public import task14 as shared
 from autograder.registry import CheckFailure, define_check
 
@@ -100,7 +100,7 @@ def expected(rank: int, secrets, degrees: dict, order) -> dict:
 
 def judge_sync(payloads, secrets, degrees: dict, order) -> None:
     what = grid.describe(degrees, order)
-    allowed = judging.ALLOWED_COLLECTIVES[TASK]
+    allowed = judges.ALLOWED_COLLECTIVES[TASK]
     for r, p in enumerate(payloads):
         odd = sorted(set(p["calls"]) - allowed)
         if odd:

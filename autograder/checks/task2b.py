@@ -1,11 +1,11 @@
 """Hidden checks for Task 2b: ``allreduce_average`` beyond the public mean check.
 
 None gradients, world sizes 1 and 3, non-contiguous and float64 gradients, the collectives used
-(definitions shared with 2a in ``_sync.py``), and the ``comm_log`` records.
+(definitions shared with 2a in ``sync_common.py``), and the ``comm_log`` records.
 """
 
-from autograder.judging import fixtures, judging
-from autograder.checks._sync import WITH_NONE, define_all
+from autograder.judging import fixtures, judges
+from autograder.checks.sync_common import WITH_NONE, define_all
 from autograder.registry import define_check
 
 TASK = "2b"
@@ -38,7 +38,7 @@ def comm_log_entries(ctx):
 @comm_log_entries.judge
 def _(payloads, secrets):
     from autograder.registry import CheckFailure
-    judging.judge_mean(payloads, TASK, WITH_NONE, secrets)
+    judges.judge_mean(payloads, TASK, WITH_NONE, secrets)
     for r, p in enumerate(payloads):
         calls = [info for name, info in p["calls"] if name == "all_reduce"]
         recs = p["records"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from autograder.judging import judging
+from autograder.judging import judges
 from autograder.checks.task5 import ToyModel, _rank_batch
 from autograder.public import task6 as shared
 from autograder.registry import CheckFailure, define_check
@@ -77,7 +77,7 @@ def _(payloads, secrets):
 def judge_collectives(payloads) -> None:
     """``step`` calls the table's collectives only (broadcast, barrier) and broadcast every step;
     the constructor needs none."""
-    allowed, required = judging.ALLOWED_COLLECTIVES["6"], judging.REQUIRED_COLLECTIVES["6"]
+    allowed, required = judges.ALLOWED_COLLECTIVES["6"], judges.REQUIRED_COLLECTIVES["6"]
     if len(payloads) == 1:
         return  # one rank: nothing to send (a broadcast to itself is harmless)
     for r, p in enumerate(payloads):

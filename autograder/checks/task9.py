@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from autograder.judging import fixtures, judging, margins
+from autograder.judging import fixtures, judges, margins
 from autograder.public import task9 as shared
 from autograder.registry import CheckFailure, define_check
 
@@ -132,7 +132,7 @@ def point_to_point_only(ctx):
 
 @point_to_point_only.judge
 def _(payloads, secrets):
-    allowed = judging.ALLOWED_COLLECTIVES["9"]
+    allowed = judges.ALLOWED_COLLECTIVES["9"]
     for stage, pl in enumerate(payloads):
         names = [n for step in pl["calls"] for n in step]
         extra = sorted(set(names) - allowed)

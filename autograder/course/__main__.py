@@ -1,5 +1,5 @@
 import sys
 
-from .course import main
+from .workflow import main
 
 sys.exit(main())

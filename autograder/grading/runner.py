@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .. import registry
 from ..points import PointsError, check_file as check_points_file, course_tasks, in_course, points_for, visibility_for
-from ..results.results import Results, TestResult
+from ..results.report import Results, TestResult
 from ..sandbox import deadlines, leftovers
 from ..sandbox.pool import PoolError, SandboxGroup, Settings
 from ..task_table import tasks as task_table
@@ -41,7 +41,7 @@ class Pools:
     """Fresh rank groups for every check, forked inside one sandbox (``sandbox.py``)."""
 
     def __init__(self, settings: Settings, workdir: str, isolation, transformers: bool = True):
-        from ..sandbox.sandbox import Sandbox
+        from ..sandbox.isolation import Sandbox
 
         self.settings = settings
         self.sandbox = Sandbox(isolation, readable=[workdir], transformers=transformers,
@@ -50,7 +50,7 @@ class Pools:
 
     def group(self, world_size: int) -> SandboxGroup:
         """``world_size`` new ranks for one check (killed, with all they started, by ``kill()``)."""
-        from ..sandbox.sandbox import SandboxError
+        from ..sandbox.isolation import SandboxError
         try:
             if self.sandbox.proc is None:  # closed after a check broke it (SandboxGroup.kill): a new one
                 self.sandbox.start(wait=True)
@@ -130,11 +130,11 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     """Grade ``submission_path``; never raises for anything the student's code does.
 
     ``sandbox``: the isolation level for student code (``auto`` takes the strongest this host
-    allows; see ``autograder.sandbox.sandbox``). Every check gets fresh ranks, with deadlines from the
+    allows; see ``autograder.sandbox.isolation``). Every check gets fresh ranks, with deadlines from the
     reference solution's own cost (``deadlines.py``). ``observe(check, outcome)``, if given, sees
     what every check's ranks did (``costs.record`` measures the costs with it).
     """
-    from ..sandbox.sandbox import GraderFiles, choose, SandboxError
+    from ..sandbox.isolation import GraderFiles, choose, SandboxError
     settings = settings or Settings()
     t0 = time.monotonic()
     results = Results()

@@ -9,7 +9,7 @@ submission, derived by the grader (``seeding.py``); each rank gets only its own)
 Everything here runs in rank processes, next to student code, so nothing here may let one rank
 compute another rank's values: every per-rank input is a function of that rank's secret, which
 the other ranks never see. The expected values and the comparisons live in
-:mod:`autograder.judging.judging`, which the grader's parent process runs with *every* rank's secret.
+:mod:`autograder.judging.judges`, which the grader's parent process runs with *every* rank's secret.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def run_sync(ctx, task: str, model_kwargs: dict, dtype: torch.dtype | None = Non
     """Rank side: give this rank its own gradients, call the student's sync, report what it did.
 
     The payload is raw observations (the gradients after the call, the collectives seen); the
-    judge (:func:`autograder.judging.judging.judge_mean`) decides whether they are the mean.
+    judge (:func:`autograder.judging.judges.judge_mean`) decides whether they are the mean.
     """
     model = make_model(seed=0, dtype=dtype, **model_kwargs)
     set_rank_grads(model, ctx.secret, layout)

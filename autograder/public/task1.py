@@ -7,12 +7,12 @@ each, in that order; each step uses only its own batch's gradient and clears it 
 ``max_grad_norm`` (None or 0: none). The rank only records what the student's ``train_step``
 did (:func:`autograder.judging.fixtures.record_train_calls`); the judge, in the grader's process,
 replays a correct step on the same secret-seeded model and batches and decides
-(:mod:`autograder.judging.judging`).
+(:mod:`autograder.judging.judges`).
 """
 
 import torch
 
-from autograder.judging import fixtures, judging
+from autograder.judging import fixtures, judges
 from autograder.registry import CheckFailure, define_check
 
 
@@ -58,24 +58,24 @@ def _(payloads, secrets):
 PROPERTIES = {
     # name: (title, judge, clear gradients between calls, the words of train_step's docstring it relies on)
     "returns_detached_loss": ("train_step returns the loss as a 0-dim tensor detached from the graph",
-                              judging.judge_returned_loss, True,
+                              judges.judge_returned_loss, True,
                               ("the loss returned is this batch's, from the forward pass before the optimizer "
                                "step, as a 0-dim tensor detached from the graph",)),
     "steps_optimizer_and_scheduler": ("train_step steps the optimizer, then the scheduler, once per call",
-                                      judging.judge_steps, True,
+                                      judges.judge_steps, True,
                                       ("with and without a scheduler: optimizer.step() and scheduler.step() once "
                                        "per call, in that order",)),
     "fresh_gradients": ("each step uses only its own batch's gradient and clears it afterwards",
-                        judging.judge_fresh, False,
+                        judges.judge_fresh, False,
                         ("each step uses only its own batch's gradient, and no gradient is left in .grad when "
                          "train_step returns", "optimizer.zero_grad(set_to_none=True)")),
     "sync_before_clip_and_step": ("sync_gradients runs once, after backward, before clipping and the optimizer step",
-                                  judging.judge_sync_order, True,
+                                  judges.judge_sync_order, True,
                                   ("sync_gradients called exactly once per call, after backward and before "
                                    "clipping", "call it once, after backward() and before clipping and the "
                                    "optimizer step")),
     "clips_gradients": ("train_step clips the gradient norm to max_grad_norm (None or 0: no clipping)",
-                        judging.judge_clips, True,
+                        judges.judge_clips, True,
                         ("max_grad_norm small enough to clip, None and 0", "None or 0 means no clipping")),
 }
 

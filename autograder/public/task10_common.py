@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from autograder.judging import fixtures
-from autograder.judging.judging import family  # noqa: F401 (the task10 checks take it from here)
+from autograder.judging.judges import family  # noqa: F401 (the task10 checks take it from here)
 
 TASK = "10"
 #: the student files every Task 10 check imports (tensor_parallel.py imports the sequence-parallel pair)

@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from autograder.judging import judging, margins
+from autograder.judging import judges, margins
 from autograder.public.task10_common import (BERT, BERT_TOKENS, COLUMN, EXPECTED_CALLS, IN, OUT, ROW, SHAPE, SP_BERT_TOKENS,
                                              SP_CALLS, SP_MARKED, SP_SHAPE, SP_WHY, SP_WIDTH, TASK, TOLERANCE, WHY,
                                              cols, draw, family, full_bert_layer, full_linear, layer_output, rows,
@@ -183,7 +183,7 @@ JUDGES = {"f": _judge_f, "g": _judge_g, "column": _judge_column, "row": _judge_r
 def judge_sp_calls(payloads, pieces=("seq_gather", "seq_scatter", "sp_layer")) -> None:
     """Each SP piece calls its all_gathers / reduce_scatters (either torch form) in its phase, and nothing else;
     an SP layer's grad sync calls all_reduces only."""
-    allowed = judging.ALLOWED_COLLECTIVES[TASK]
+    allowed = judges.ALLOWED_COLLECTIVES[TASK]
     for r, p in enumerate(payloads):
         for piece in pieces:
             calls = ((p or {}).get(piece) or {}).get("calls") or {}
@@ -207,7 +207,7 @@ def judge_sp_calls(payloads, pieces=("seq_gather", "seq_scatter", "sp_layer")) -
 
 def judge_calls(payloads, pieces=("f", "g", "column", "row", "layer")) -> None:
     """Each piece calls the table's collectives only, and exactly the all_reduces it must, in its phase."""
-    allowed = judging.ALLOWED_COLLECTIVES[TASK]
+    allowed = judges.ALLOWED_COLLECTIVES[TASK]
     for r, p in enumerate(payloads):
         for piece in pieces:
             calls = ((p or {}).get(piece) or {}).get("calls") or {}

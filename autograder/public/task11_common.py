@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from autograder.judging import fixtures, margins
-from autograder.judging.judging import family
+from autograder.judging.judges import family
 from autograder.registry import CheckFailure
 
 TASK = "11"

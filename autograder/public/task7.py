@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from autograder.judging import fixtures, judging, margins
+from autograder.judging import fixtures, judges, margins
 from autograder.public.task6 import _walk
 from autograder.registry import CheckFailure, define_check
 
@@ -245,7 +245,7 @@ def judge_collectives(payloads) -> None:
     """A step calls only the table's collectives, the all_gathers and reduce_scatters among them."""
     if len(payloads) == 1:
         return
-    allowed, required = judging.ALLOWED_COLLECTIVES["7"], judging.REQUIRED_COLLECTIVES["7"]
+    allowed, required = judges.ALLOWED_COLLECTIVES["7"], judges.REQUIRED_COLLECTIVES["7"]
     for r, p in enumerate(payloads):
         for step, s in enumerate(p["steps"]):
             extra = sorted(set(s["calls"]) - allowed)

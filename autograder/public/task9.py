@@ -3,7 +3,7 @@ like one process that runs the whole model on the same micro-batches.
 
 The model is a toy (``make_toy``): blocks of ``Linear(WIDTH, WIDTH)`` + tanh, then a linear head
 and cross entropy; stage s holds ``sizes[s]`` blocks (the last also the head), built by the
-grader (``ToyStage``, the stage contract of ``student_src/kit/parallel/pipeline/stages.py``). The
+grader (``ToyStage``, the stage contract of ``student_src/kit/parallel/pipeline/provided.py``). The
 batch's inputs come from stage 0's secret and its labels from the last stage's: no rank can
 compute the right gradients without the activations and gradients the pipeline carries. Each
 stage's optimizer is the grader's ``RecordingSGD``, which notes the gradients it is given.

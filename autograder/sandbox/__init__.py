@@ -1,6 +1,6 @@
 """Where student code runs, and how the grader watches it: the sandbox and the rank machinery.
 
-* ``sandbox.py``       isolation levels (bubblewrap, or the host's strongest fallback) and the sandbox the grader starts
+* ``isolation.py``     isolation levels (bubblewrap, or the host's strongest fallback) and the sandbox the grader starts
 * ``bwrap.py``         the bubblewrap level's command line (what a rank may read) and the probe that says it works here
 * ``zygote.py``        the server inside it that forks the ranks and cleans up; ``_preload.py`` its slow imports, done once
 * ``pool.py``          a group of ranks for one check, seen from the grader: start, watch, end (``endings.py``: how it ended, in words)

@@ -26,6 +26,6 @@ if os.environ.get("AUTOGRADER_PRELOAD_TRANSFORMERS", "1") == "1":
         pass
 
 from .. import registry  # noqa: E402
-from . import worker  # noqa: F401,E402
+from . import worker# noqa: F401,E402
 
 registry.discover()

@@ -1,6 +1,6 @@
 """The sandbox's own server: the one trusted process inside the sandbox, parent of every rank.
 
-``autograder.sandbox.sandbox`` starts it (under bubblewrap, or directly in the fallback) with one end of
+``autograder.sandbox.isolation`` starts it (under bubblewrap, or directly in the fallback) with one end of
 a Unix socket pair. It imports torch (and the checks) once, then answers requests:
 
 * ``spawn``: fork ``world_size`` fresh rank processes for one check. The request carries, as
@@ -272,7 +272,7 @@ def main(argv=None) -> None:
     os.makedirs(scratch, exist_ok=True)
     # The slow imports, once: every rank is a fork of this process.
     os.environ.setdefault("AUTOGRADER_PRELOAD_TRANSFORMERS", "1")
-    from . import _preload  # noqa: F401
+    from . import _preload# noqa: F401
     server.send({"status": "ready", "pid": os.getpid()})
     server.serve()
 

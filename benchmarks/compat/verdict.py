@@ -2,7 +2,7 @@
 
 A check counts as lost when it did not pass (``status`` other than "passed"), whatever its
 points: an extra-credit check is written with ``max_score`` 0 and its points in ``extra_data``
-(``autograder/results/results.py``), so ``score < max_score`` never sees it lost, and a
+(``autograder/results/report.py``), so ``score < max_score`` never sees it lost, and a
 session that lost Task 5-12 checks used to pass and print its score as "215.0/79". Required and
 extra credit are reported apart, each as ``score/max``. The grader's own "grading stopped" and
 "autograder failed" entries are failed checks too, and a results file with no checks at all is a

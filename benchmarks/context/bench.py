@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from student_src.kit.parallel.context import demo, memory, traffic  # noqa: E402
+from student_src.kit.parallel.context import demo, memory, traffic# noqa: E402
 
 BATCH, HEADS, DIM = 1, 2, 32
 

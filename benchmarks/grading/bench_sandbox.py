@@ -25,15 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from autograder.sandbox import sandbox  # noqa: E402
+from autograder.sandbox import isolation# noqa: E402
 from autograder.sandbox.pool import SandboxGroup, Settings  # noqa: E402
 
 
 def bench_level(level: str, sizes, repeat: int) -> dict:
-    iso = sandbox.choose(level)
+    iso = isolation.choose(level)
     work = tempfile.mkdtemp(prefix="bench-sandbox-")
     t0 = time.perf_counter()
-    box = sandbox.Sandbox(iso, readable=[work], transformers=False).start()
+    box = isolation.Sandbox(iso, readable=[work], transformers=False).start()
     start_s = time.perf_counter() - t0
     out = {"level": iso.level, "start_s": start_s, "cycle_s": {}}
     try:
@@ -62,7 +62,7 @@ def main() -> None:
     for level in args.levels.split(","):
         try:
             rows.append(bench_level(level, sizes, args.repeat))
-        except sandbox.SandboxError as exc:
+        except isolation.SandboxError as exc:
             print(f"{level}: not available here ({exc})")
     load = os.getloadavg()[0]
     print(f"load average at the end: {load:.1f}; {args.repeat} cycles per world size")

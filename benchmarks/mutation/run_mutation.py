@@ -80,7 +80,7 @@ TARGETS = {
                                "tests/test_bucketed.py -k 'without_process_group or hooks_mark_stale or tied_weight "
                                "or forward_delegates or multi_rank'", timeout=240.0),
     "collectives": Target("student_src/collectives.py", (), "tests/test_task0.py -k solution"),
-    "judging": Target("autograder/judging/judging.py", ("_close", "compare_grads", "expected_mean_grads", "rank_grads"),
+    "judging": Target("autograder/judging/judges.py", ("_close", "compare_grads", "expected_mean_grads", "rank_grads"),
                       "tests/test_check_zoo.py -k tolerance_is_tight"),
     # the verdict (tolerance, steps, the judge and the single-node reference it compares with)
     "references": Target("autograder/judging/references.py",

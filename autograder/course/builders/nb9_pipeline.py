@@ -25,7 +25,7 @@ equal stages. Two schedules:
 | gradients | accumulated over the m micro-batches (each loss × 1/m), then one optimizer step per stage | the same |
 """, "`student_src/pipeline.py` → `stage_sizes`, `build_stage`, `schedule_order` and `pipeline_step` "
          "(`TODO(task 9)`; the docstring explains stages, the schedules, the deadlock to avoid, and lists the cases "
-         "the checks test). The stage module of BERT is provided (`student_src/kit/parallel/pipeline/stages.py`).",
+         "the checks test). The stage module of BERT is provided (`student_src/kit/parallel/pipeline/provided.py`).",
            params="STAGES = 4             # pipeline stages: local ranks, one stage each\n"
                   "MICRO_BATCHES = (4, 8)  # m values to run (add 16 for the full table)")
     check_cells(nb, "9", "Two ranks run your `pipeline_step` with AFAB on a small model cut in two; every stage's "

@@ -31,7 +31,7 @@ from student_src.kit import student_api
 from student_src.kit.core.models import tiny_config
 from student_src.kit.notebook.runs import grading
 from student_src.kit.notebook.show import show_figure
-from student_src.kit.parallel.pipeline.stages import split_micro_batches
+from student_src.kit.parallel.pipeline.provided import split_micro_batches
 from student_src.kit.ranks.launch import launch
 
 SCHEDULES = ("afab", "1f1b")

@@ -28,7 +28,7 @@ from student_src.kit.errors import KitError
 from student_src.kit.parallel import composed_model as cm
 from student_src.kit.parallel.composed_stage import ContextParallelStage
 from student_src.kit.parallel.mesh import COMPOSED, ORDER, ParallelDims, composes, world_of
-from student_src.kit.parallel.pipeline import stages as pipeline_stages
+from student_src.kit.parallel.pipeline import provided as pipeline_stages
 from student_src.kit.parallel.registry import Lent
 
 #: the sync kind of the task table this runs

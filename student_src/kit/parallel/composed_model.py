@@ -19,9 +19,9 @@ import torch.distributed as dist
 
 from student_src.kit import student_api, tasks
 from student_src.kit.core.moe import is_expert_parameter
-from student_src.kit.parallel.expert import layers as expert_layers
+from student_src.kit.parallel.expert import provided as expert_layers
 from student_src.kit.parallel.mesh import ParallelDims
-from student_src.kit.parallel.tensor import layers as tensor_layers
+from student_src.kit.parallel.tensor import provided as tensor_layers
 
 
 def _student(name: str):

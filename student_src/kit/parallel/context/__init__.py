@@ -2,7 +2,7 @@
 cut across a CP group, attention by all-gather or by a ring (``student_src/context_parallel.py`` is the
 student's part).
 
-  layout.py     the CP x DP mesh (rank = replica * C + cp_rank), asked of ``parallel/mesh.py``
+  provided.py   the CP x DP mesh (rank = replica * C + cp_rank), asked of ``parallel/mesh.py``
   setup.py      how the task trains (``train/task_setup.py`` calls it through the registry)
   flags.py      its flags checked before any rank starts; how many ways it splits the batch
   memory.py     memory terms: attention's activations per rank for each way (scores s/C x s, or s/C x s/C a step)

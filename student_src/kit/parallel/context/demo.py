@@ -123,7 +123,7 @@ def compare(world: int, batch: int = 2, heads: int = 2, seq: int = 512, head_dim
     """Both ways measured on ``world`` ranks beside the model (``memory.py``, ``traffic.py``), as a markdown
     table; one line instead while the student's attention is a TODO or fails. Returns the ring's runs
     too, as ``compare.last_ring`` (for ``timeline_png``)."""
-    from student_src.kit.parallel.context import memory, traffic  # here: the demo's tables only
+    from student_src.kit.parallel.context import memory, traffic# here: the demo's tables only
 
     rows = ["| attention | C | saved for backward: measured / model | biggest scores matrix (model) | "
             "bytes sent forward + backward: measured / model | forward time (s) |", "|---|---|---|---|---|---|"]

@@ -8,7 +8,7 @@ import copy
 from student_src.kit import student_api
 from student_src.kit.core.config import TrainConfig, per_worker_batch_size
 from student_src.kit.errors import KitError
-from student_src.kit.parallel.context.layout import layout
+from student_src.kit.parallel.context.provided import layout
 from student_src.kit.parallel.context.traffic import traffic_of
 from student_src.kit.parallel.mesh import average_over
 from student_src.kit.parallel.registry import Lent

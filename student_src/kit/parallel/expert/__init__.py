@@ -2,7 +2,7 @@
 experts (``core/moe.py``) spread over an EP group, the tokens sent to them and back with all-to-all
 (``student_src/expert_parallel.py`` is the student's part).
 
-  layers.py     the EP x DP layout (asked of ``parallel/mesh.py``), the cut model, the clip by the
+  provided.py   the EP x DP layout (asked of ``parallel/mesh.py``), the cut model, the clip by the
                 global norm, the whole model refilled from every rank's experts for evaluation,
                 per-expert token counts of a step
   memory.py     memory terms: the ``"expert_parallel"`` strategy (experts 1/P, the rest whole)

@@ -1,6 +1,6 @@
 """Task 12's checkpoint: each EP rank saves its own experts, and resumes only on the layout it saved.
 
-In an expert-parallel run a rank trains a copy of the MoE model (``run.model``, ``layers.py``) whose MoE
+In an expert-parallel run a rank trains a copy of the MoE model (``run.model``, ``provided.py``) whose MoE
 layers hold this rank's E/P experts under local indices (``...intermediate.experts.0.dense_in.weight`` is
 expert 0 on EP rank 0 and expert 2 on EP rank 1, with 4 experts on 2 ranks). The P ranks of an EP group
 thus hold different tensors under the same names, as tensor parallelism's shards do, and the answer is

@@ -1,7 +1,7 @@
 """Pipeline parallelism (Task 9, the task table's ``"pipeline"`` sync), one room: the model cut by
 depth into stages, micro-batches through them (``student_src/pipeline.py`` is the student's part).
 
-  stages.py            the stage module of BERT, micro-batches, the kit's step around ``pipeline_step``,
+  provided.py          the stage module of BERT, micro-batches, the kit's step around ``pipeline_step``,
                        evaluation's gathering of the stages (what ``pipeline.py`` imports); the clip and the
                        groups are the mesh's (``parallel/mesh.py``)
   torch_pipelining.py  ``--torch_pipelining``: torch's own schedule over the same stages

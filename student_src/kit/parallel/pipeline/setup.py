@@ -10,7 +10,7 @@ from student_src.kit.core.config import TrainConfig, per_worker_batch_size
 from student_src.kit.errors import KitError
 from student_src.kit.measure.memory_model import model_layout
 from student_src.kit.parallel.mesh import ParallelDims, average_over
-from student_src.kit.parallel.pipeline import memory, stages as helpers
+from student_src.kit.parallel.pipeline import memory, provided as helpers
 from student_src.kit.parallel.pipeline.activations import ActivationMeter
 from student_src.kit.parallel.pipeline.traffic import traffic_of
 from student_src.kit.parallel.registry import Lent

@@ -35,7 +35,7 @@ import torch
 from student_src.kit import student_api, tasks
 from student_src.kit.core.models import load_model
 from student_src.kit.errors import KitError
-from student_src.kit.parallel.pipeline.stages import num_layers
+from student_src.kit.parallel.pipeline.provided import num_layers
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 layer cut by width across a TP group (Megatron's f and g; ``student_src/tensor_parallel*.py`` are the
 student's part), with sequence parallelism and a vocab-parallel embedding as options.
 
-  layers.py     the TP x DP layout (asked of ``parallel/mesh.py``), the cut model and its names, the
+  provided.py   the TP x DP layout (asked of ``parallel/mesh.py``), the cut model and its names, the
                 clip by the global norm, the whole model refilled from the shards for evaluation
   torch_tp.py   ``--torch_tp``: torch's ``parallelize_module`` in place of the student's layer
   memory.py     memory terms: the ``"tensor_parallel"`` strategy (cut tensors 1/T, the rest whole)

@@ -1,7 +1,7 @@
 """Task 10's checkpoint: each TP rank saves its own shards, and resumes only on the layout it saved.
 
 In a tensor-parallel run (the task table's ``"tensor_parallel"`` sync) a rank trains a copy of the
-model (``run.model``, ``layers.py``) whose encoder layers hold this rank's 1/T of every
+model (``run.model``, ``provided.py``) whose encoder layers hold this rank's 1/T of every
 weight they cut, under the whole model's names (``bert.encoder.layer.0.attention.self.query.weight``
 is rows 0..31 on TP rank 0, rows 32..63 on TP rank 1), and whose other parameters are whole. The T
 ranks of a TP group thus hold different tensors under the same names, and DCP, given them so, would

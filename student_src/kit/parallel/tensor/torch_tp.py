@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from student_src.kit.errors import KitError
-from student_src.kit.parallel.tensor.layers import encoder_layers
+from student_src.kit.parallel.tensor.provided import encoder_layers
 
 #: the BERT layer's modules and how torch cuts them (the same cut as the student's)
 COLUMN = ("attention.self.query", "attention.self.key", "attention.self.value", "intermediate.dense")

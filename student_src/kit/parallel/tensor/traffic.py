@@ -6,7 +6,7 @@ their all_gather / reduce_scatter halves; the clip; the DP groups' gradient all_
 from __future__ import annotations
 
 from student_src.kit.errors import KitError
-from student_src.kit.parallel.tensor.layers import encoder_layers
+from student_src.kit.parallel.tensor.provided import encoder_layers
 
 
 def tp_calls(world_size: int, tp_size: int, layers: int, activation_nbytes: int, grad_nbytes: list[int],

@@ -32,7 +32,7 @@ import torch
 
 from student_src.kit.core.models import load_model
 from student_src.kit.errors import KitError
-from student_src.kit.parallel.tensor.layers import encoder_layers
+from student_src.kit.parallel.tensor.provided import encoder_layers
 
 
 @dataclass(frozen=True)

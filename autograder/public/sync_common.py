@@ -2,10 +2,10 @@
 
 Each rank's gradients are drawn from its own secret (``ctx.secret``, ``fixtures.rank_grad``),
 which no other rank knows: the mean can only be had by communicating. The judge, in the grader's
-own process, recomputes the exact mean from every rank's secret (``judging.judge_mean``).
+own process, recomputes the exact mean from every rank's secret (``judges.judge_mean``).
 """
 
-from autograder.judging import fixtures, judging
+from autograder.judging import fixtures, judges
 from autograder.registry import define_check
 
 
@@ -30,6 +30,6 @@ def mean_check(task: str, id_suffix: str, title: str, world_size: int, points: f
 
     @c.judge
     def _(payloads, secrets):
-        judging.judge_mean(payloads, task, kwargs, secrets, dtype=dtype, layout=layout)
+        judges.judge_mean(payloads, task, kwargs, secrets, dtype=dtype, layout=layout)
 
     return c

@@ -2,14 +2,14 @@
 
 Every rank holds a different random gradient for each parameter, drawn from its secret
 (``fixtures.rank_grad``); the grader's own process recomputes the exact mean from every rank's
-secret and compares every rank's result with it (``judging.judge_mean``). The collectives the
+secret and compares every rank's result with it (``judges.judge_mean``). The collectives the
 function calls are recorded by wrapping ``torch.distributed`` in the rank.
 """
 
 import torch
 
-from autograder.judging import fixtures, judging
-from autograder.public._sync import mean_check
+from autograder.judging import fixtures, judges
+from autograder.public.sync_common import mean_check
 from autograder.registry import define_check
 
 WITH_NONE = {"frozen": True, "unused": True}
@@ -51,8 +51,8 @@ def define_all(task: str, collectives: tuple[str, str, str]) -> dict:
         # the right collectives, and they carried the gradients (calling them on a dummy tensor
         # and making the gradients up does not pass); whether the result is the mean is for
         # the mean tests
-        judging.judge_collectives(payloads, task)
-        judging.judge_exchanged(payloads, task, {}, secrets)
+        judges.judge_collectives(payloads, task)
+        judges.judge_exchanged(payloads, task, {}, secrets)
 
     out["collectives"] = c
     return out
