@@ -86,11 +86,18 @@ import torch
 import torch.distributed as dist
 
 
-def _rank_and_world() -> tuple[int, int]:
-    """This rank and the world size (0 and 1 without a process group: one process owns all)."""
+def _rank_and_world(group=None) -> tuple[int, int]:
+    """This rank's place in ``group`` and its size (every rank when None; 0 and 1 without a process
+    group: one process owns all)."""
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
+        return dist.get_rank(group), dist.get_world_size(group)
     return 0, 1
+
+
+def _global_rank(group, rank: int) -> int:
+    """The global rank of ``group``'s ``rank``-th member (what ``dist.broadcast``'s ``src`` names), or
+    ``rank`` itself without a group."""
+    return rank if group is None else dist.get_global_rank(group, rank)
 
 
 def assign_owners(param_groups, world_size: int) -> dict:
@@ -132,10 +139,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     ``step()`` expects the gradients already averaged over the ranks (Task 2b's all_reduce runs
     before it); see the module docstring for the steps and the cases the checks test.
+
+    ``group`` (keyword only, as Tasks 2b and 5 take one): the process group whose ranks hold the same
+    parameters and shard their state (None: every rank). A composed run (Task 14) gives its DP group:
+    there the ranks of one data-parallel replica's pipeline stage, TP shard or experts differ from the
+    others, and only the DP group's ranks hold the same parameters. ``self.rank`` and
+    ``self.world_size`` are then the rank's place in the group and its size (already set for you), the
+    owners ``0 .. world_size - 1`` are places in the group, and the broadcast names the owner's
+    *global* rank over the group: ``dist.broadcast(p.data, src=_global_rank(self.group, owner),
+    group=self.group)`` (``_global_rank`` is given; it is the owner itself when ``group`` is None).
     """
 
-    def __init__(self, params, optimizer_cls, **kwargs):
-        self.rank, self.world_size = _rank_and_world()
+    def __init__(self, params, optimizer_cls, *, group=None, **kwargs):
+        self.group = group  # the ranks that share the parameters (None: every rank); see "group" above
+        self.rank, self.world_size = _rank_and_world(group)
         super().__init__(params, defaults=dict(kwargs))  # fills self.param_groups, every parameter
         ### BEGIN SOLUTION
         self.owner = assign_owners(self.param_groups, self.world_size)
@@ -157,7 +174,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
            skipped; ``kwargs`` are whatever the caller gave ``step`` besides the closure, passed
            on as torch's ``ZeroRedundancyOptimizer`` does);
         3. for every parameter, in the same order on every rank:
-           ``dist.broadcast(p.data, src=self.owner[id(p)])`` (nothing to send on one rank).
+           ``dist.broadcast(p.data, src=self.owner[id(p)])`` (nothing to send on one rank; with a
+           ``group``: ``src=_global_rank(self.group, owner), group=self.group``, class docstring).
 
         ``closure`` (re-evaluates the loss, as ``torch.optim`` allows) is called once, before the
         step, with gradients enabled; its loss is returned.
@@ -179,7 +197,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     if id(p) in seen:
                         continue
                     seen.add(id(p))
-                    dist.broadcast(p.data, src=self.owner[id(p)])
+                    dist.broadcast(p.data, src=_global_rank(self.group, self.owner[id(p)]), group=self.group)
         ### END SOLUTION
         return loss
 
@@ -241,14 +259,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.__dict__.pop("_consolidated", None)
 
     def consolidate_state_dict(self, to: int = 0) -> None:
-        """Gather every rank's optimizer state onto rank ``to`` (call it on every rank: it is a
-        collective); then ``state_dict()`` on rank ``to`` holds every parameter's state."""
+        """Gather every rank's optimizer state onto rank ``to`` (its place in ``self.group``; call it on
+        every rank of the group: it is a collective); then ``state_dict()`` there holds every parameter's
+        state."""
         index = {id(p): key for key, p in self._positions()}
         mine = {index[id(p)]: {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in entry.items()}
                 for p, entry in self.local_optimizer.state.items()}
         if self.world_size > 1:
             gathered = [None] * self.world_size if self.rank == to else None
-            dist.gather_object(mine, gathered, dst=to)
+            dist.gather_object(mine, gathered, dst=_global_rank(self.group, to), group=self.group)
         else:
             gathered = [mine]
         if self.rank != to:

@@ -58,6 +58,57 @@ def test_pp_times_ep_times_dp_trains_like_task_1(small_rte, tmp_path):
     _same_losses(single, metrics, "PP 2 x EP 2 x DP 2")
 
 
+def test_pp_times_ep_times_dp_with_zero1_trains_like_task_1(small_rte, tmp_path):
+    """The same shape with the student's ZeRO-1 (Task 6's ShardedOptimizer, ``--dp_shard zero1``) on the DP axis:
+    each stage's dense state sharded over its 4 DP ranks, the experts' over their 2 replicas only (a broadcast
+    over the DP group would overwrite the other EP rank's experts with its own: other losses)."""
+    single = _moe_run(small_rte, tmp_path / "moe1", "1")
+    metrics = _moe_run(small_rte, tmp_path / "zero1", "14", "--pipeline_stages", "2", "--ep_size", "2",
+                       "--dp_shard", "zero1", "--micro_batches", "2", "--world_size", "8", "--spawn",
+                       "--num_threads", "1")
+    _same_losses(single, metrics, "PP 2 x EP 2 x DP 2, ZeRO-1")
+
+
+def test_the_zero1_chain_is_one_optimizer_to_the_scheduler():
+    """With experts ZeRO-1 is two ShardedOptimizers (dense over DP, experts over EDP) chained: the chain's param
+    groups are theirs (the scheduler's learning rate reaches both), its checkpoint entries keep them apart."""
+    import torch
+
+    from student_src.kit.parallel import composed_zero
+    from student_src.kit.train.optim import make_optimizer
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    expert = {id(p) for p in model[1].parameters()}
+    cfg = parse_config(["--task", "14", "--learning_rate", "0.1"])
+    groups = {"dp": None, "edp": None}
+    opt = make_optimizer(model, cfg, wrapper=composed_zero.wrapper(groups, lambda p: id(p) in expert, 2))
+    dense, experts = opt.parts
+    assert [id(p) for g in experts.param_groups for p in g["params"]] == [id(p) for p in model[1].parameters()]
+    assert all(id(p) not in expert for g in dense.param_groups for p in g["params"])
+    torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5)
+    model(torch.ones(4, 3)).sum().backward()
+    before = model[1].weight.detach().clone()
+    opt.step()
+    assert not torch.equal(before, model[1].weight) and experts.local_optimizer.param_groups[0]["lr"] == 0.05
+    state = opt.sharded_state_dict()
+    assert any(k.startswith("part0.state.") for k in state) and any(k.startswith("part1.state.") for k in state)
+
+
+def test_a_sharded_optimizer_without_group_is_refused_in_one_line(monkeypatch):
+    """A Task 6 written before ``group=`` (it would shard over every rank: other ranks' stages and experts)."""
+    from student_src.kit import student_api
+    from student_src.kit.parallel import composed_zero
+
+    class Old:
+        def __init__(self, params, optimizer_cls, **kwargs):
+            pass
+
+    monkeypatch.setattr(student_api, "function", lambda task, name=None, fresh=False: Old)
+    with pytest.raises(KitError, match="give your ShardedOptimizer .* group=None") as err:
+        composed_zero.sharded_class()
+    assert "\n" not in str(err.value)
+
+
 def _moe_run(small_rte, out, task, *extra):
     """``short_runs.train_tiny``'s recipe on ``tiny-moe`` (train_tiny names ``tiny``)."""
     return run(parse_config([*extra, "--task", task, *MOE, *CLIP, "--dropout", "0", "--max_steps", str(STEPS),
@@ -79,7 +130,6 @@ def test_tp_times_fsdp_trains_like_task_1(single_node, small_rte, tmp_path):
     (("--tp_size", "2", "--ep_size", "8", "--model_name_or_path", "tiny-moe"), "--ep_size 8 does not divide the 4 ranks"),
     (("--tp_size", "2", "--measure_traffic"), "without --measure_traffic"),
     (("--pipeline_stages", "2", "--dp_shard", "fsdp"), "--dp_shard fsdp is composed with --tp_size only"),
-    (("--tp_size", "2", "--dp_shard", "zero1"), "--dp_shard zero1 is not composed yet"),
     (("--pipeline_stages", "2", "--ep_size", "2", "--model_name_or_path", "tiny-moe"), "pass --aux_loss_coef 0"),
 ])
 def test_a_layout_the_kit_cannot_run_is_refused_in_one_line(flags, says):

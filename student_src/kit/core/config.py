@@ -115,7 +115,7 @@ class TrainConfig:
     aux_loss_coef: float = 0.01
     ep_size: int | None = None  # None: every rank in one EP group; fewer: EP groups x data-parallel replicas
     # Task 14: the parallelisms composed (student_src/parallel_dims.py; kit/parallel/composed.py)
-    dp_shard: str = "none"  # the DP axis's kind: "none" (Task 2b's average) or "fsdp" (Task 7's FSDP on the DP group)
+    dp_shard: str = "none"  # the DP axis's kind: "none" (Task 2b), "fsdp" (Task 7) or "zero1" (Task 6) on the DP group
     # checkpoints (student_src/kit/resume/checkpoint.py)
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -240,8 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "experts) tokens, the first in token order (default 1.25; 0: no limit)")
     g.add_argument("--aux_loss_coef", type=float, help="tiny-moe/minilm-moe: the Switch load-balancing loss's weight (0.01)")
     g.add_argument("--dp_shard", choices=("none", "fsdp", "zero1"),
-                   help="Task 14: the data-parallel axis's kind: none (your Task 2b average, default) or fsdp (your "
-                        "Task 7 FSDP over the DP group, e.g. TP 2 x FSDP 2); the degrees are --pipeline_stages, "
+                   help="Task 14: the data-parallel axis's kind: none (your Task 2b average, default), fsdp "
+                        "(your Task 7 FSDP over the DP group, e.g. TP 2 x FSDP 2) or zero1 (your Task 6 ShardedOptimizer "
+                        "over the DP group, e.g. PP 2 x EP 2 x DP 2); the degrees are --pipeline_stages, "
                         "--tp_size, --cp_size, --ep_size, DP what they leave")
     g.add_argument("--ep_size", type=int, help="Task 12: ranks per expert-parallel group (default: all); with fewer, "
                    "EP groups x data-parallel replicas (4 ranks, --ep_size 2: 2 replicas)")

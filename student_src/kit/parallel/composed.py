@@ -16,7 +16,8 @@ Not a parallelism room of its own: it composes the rooms (``pipeline/``, ``tenso
   over that model (Task 9), each stage cutting the sequence too with CP (``composed_stage.py``);
 * the step: the student's ``train_step`` (or, with stages, the kit's pipeline step around the student's
   ``pipeline_step``), the student's ``sync_composed_grads``, the clip by the global norm over every axis
-  that shards a parameter (``composed_model.clip``);
+  that shards a parameter (``composed_model.clip``), the kit's AdamW, or with ``--dp_shard zero1`` the
+  student's ``ShardedOptimizer`` (Task 6) on the DP group (``composed_zero.py``);
 * evaluation on the whole model, refilled from every rank's part.
 """
 
@@ -26,6 +27,7 @@ from student_src.kit import student_api, tasks
 from student_src.kit.core.config import TrainConfig
 from student_src.kit.errors import KitError
 from student_src.kit.parallel import composed_model as cm
+from student_src.kit.parallel import composed_zero
 from student_src.kit.parallel.composed_stage import ContextParallelStage
 from student_src.kit.parallel.mesh import COMPOSED, ORDER, ParallelDims, composes, world_of
 from student_src.kit.parallel.pipeline import provided as pipeline_stages
@@ -60,9 +62,6 @@ def validate(cfg) -> None:
             raise KitError(f"--dp_shard is the DP axis's kind of a composed run: use it with --task "
                            f"{tasks.spoken(tasks.ids(composes))}")
         return
-    if cfg.dp_shard == "zero1":
-        raise KitError("--dp_shard zero1 is not composed yet: your ShardedOptimizer (Task 6) shards over every rank, "
-                       "not over the DP group; run --dp_shard none or fsdp")
     if cfg.schedule not in ("afab", "1f1b") or cfg.micro_batches < 1:
         raise KitError(f"--schedule must be afab or 1f1b and --micro_batches at least 1, got {cfg.schedule!r} and "
                        f"{cfg.micro_batches}")
@@ -132,6 +131,14 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
     built = cm.build(model, dims, groups, members["cp"], cfg)
     clip = cm.clip_fn(built, dims, groups)
 
+    def optimizer(module):
+        """The kit's AdamW, or with ``--dp_shard zero1`` the student's ShardedOptimizer on the DP axis
+        (``composed_zero.py``: the experts' state over their replicas only)."""
+        if cfg.dp_shard != "zero1":
+            return lent.make_optimizer(module, cfg)
+        expert = lambda p: "ep" in built.split.get(id(p), ())  # noqa: E731
+        return lent.make_optimizer(module, cfg, wrapper=composed_zero.wrapper(groups, expert, dims.ep))
+
     def sync(m):
         if built.fsdp is not None:  # FSDP's reduce_scatter averaged the DP axis: the other axes, dp 1
             built.fsdp.finish_gradient_synchronization()
@@ -147,7 +154,7 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
             clip(m, cfg.max_grad_norm)
 
         return {"model": trained, "sync_gradients": sync_and_clip,
-                "optimizer": lent.make_optimizer(built.inner if built.fsdp is not None else trained, cfg),
+                "optimizer": optimizer(built.inner if built.fsdp is not None else trained),
                 "before_eval": lambda: cm.refill(model, built, dims, groups), "data": (coords["dp"], dims.dp)}
     build = student_api.function(tasks.for_function("build_stage").id, "build_stage")
     pipeline_step = student_api.function(tasks.for_function("pipeline_step").id, "pipeline_step")
@@ -161,7 +168,7 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
         pipeline_step, coords["pp"], dims.pp, cfg.micro_batches, cfg.schedule, ranks=members["pp"],
         group=groups["pp"], replica=coords["dp"], replicas=dims.dp, average=sync,
         clip=lambda m, max_norm: clip(m, max_norm))
-    return {"model": stage, "sync_gradients": None, "optimizer": lent.make_optimizer(stage, cfg), "train_step": step,
+    return {"model": stage, "sync_gradients": None, "optimizer": optimizer(stage), "train_step": step,
             "before_eval": lambda: cm.refill(model, built, dims, groups),
             "whole_batch": f"{cfg.micro_batches} micro-batches through {dims.pp} stages ({cfg.schedule}) on "
                            f"the grid {dims.describe()}"}
