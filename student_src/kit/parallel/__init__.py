@@ -35,10 +35,12 @@ import each other (each is a room of its own); they share ``registry.py`` and ``
 """
 
 from student_src.kit.parallel import context, expert, pipeline, tensor  # noqa: F401  (importing a room registers it)
-from student_src.kit.parallel import composed
+from student_src.kit.parallel import composed, composed_checkpoint
 from student_src.kit.parallel.registry import REGISTERED, Lent, Parallelism, get, kinds, register  # noqa: F401
+from student_src.kit.resume import parts
 
 #: Task 14: the rooms composed on the mesh's grid (``composed.py``, beside the rooms: it uses them all)
 COMPOSED = Parallelism(composed.SYNC, composed.setup, validate=composed.validate, data_ranks=composed.data_ranks)
 
 register(COMPOSED)
+parts.register(composed_checkpoint.PART)  # each rank its part of the grid, resumed on the same grid

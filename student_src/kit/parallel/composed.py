@@ -18,7 +18,8 @@ Not a parallelism room of its own: it composes the rooms (``pipeline/``, ``tenso
   ``pipeline_step``), the student's ``sync_composed_grads``, the clip by the global norm over every axis
   that shards a parameter (``composed_model.clip``), the kit's AdamW, or with ``--dp_shard zero1`` the
   student's ``ShardedOptimizer`` (Task 6) on the DP group (``composed_zero.py``);
-* evaluation on the whole model, refilled from every rank's part.
+* evaluation on the whole model, refilled from every rank's part;
+* checkpoints: each rank its own part of the grid, resumed on the same grid only (``composed_checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from student_src.kit.core.config import TrainConfig
 from student_src.kit.errors import KitError
 from student_src.kit.parallel import composed_model as cm
 from student_src.kit.parallel import composed_zero
+from student_src.kit.parallel.composed_checkpoint import mark
 from student_src.kit.parallel.composed_stage import ContextParallelStage
 from student_src.kit.parallel.mesh import COMPOSED, ORDER, ParallelDims, composes, world_of
 from student_src.kit.parallel.pipeline import provided as pipeline_stages
@@ -91,8 +93,7 @@ def validate(cfg) -> None:
         cp = dims.cp
         if cp > 1 and cfg.max_seq_length % cp:
             raise KitError(f"--max_seq_length {cfg.max_seq_length} does not divide by the context-parallel size {cp}")
-    for flag, given in (("--measure_traffic", cfg.measure_traffic), ("--save_every", cfg.save_every),
-                        ("--resume", cfg.resume), ("--timeline", cfg.timeline), ("--fp16", cfg.fp16),
+    for flag, given in (("--measure_traffic", cfg.measure_traffic), ("--timeline", cfg.timeline), ("--fp16", cfg.fp16),
                         ("--torch_sharding", cfg.torch_sharding), ("--torch_tp", cfg.torch_tp),
                         ("--torch_pipelining", cfg.torch_pipelining), ("--sequence_parallel", cfg.sequence_parallel),
                         ("--vocab_parallel", cfg.vocab_parallel)):
@@ -153,6 +154,7 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
             sync(m)
             clip(m, cfg.max_grad_norm)
 
+        mark(trained, coords, dims, cfg.dp_shard)  # what its checkpoint part prefixes (composed_checkpoint.py)
         return {"model": trained, "sync_gradients": sync_and_clip,
                 "optimizer": optimizer(built.inner if built.fsdp is not None else trained),
                 "before_eval": lambda: cm.refill(model, built, dims, groups), "data": (coords["dp"], dims.dp)}
@@ -164,6 +166,7 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
         stage = ContextParallelStage(stage, groups["cp"], members["cp"], _student11("shard_inputs"),
                                      _student11("first_rank_logits"))
     built.owner = cm.stage_owner(model, stages)
+    mark(stage, coords, dims, cfg.dp_shard)
     step = pipeline_stages.make_train_step(
         pipeline_step, coords["pp"], dims.pp, cfg.micro_batches, cfg.schedule, ranks=members["pp"],
         group=groups["pp"], replica=coords["dp"], replicas=dims.dp, average=sync,
