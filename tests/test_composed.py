@@ -128,7 +128,7 @@ def test_tp_times_fsdp_trains_like_task_1(single_node, small_rte, tmp_path):
     (("--tp_size", "2", "--ep_size", "2", "--model_name_or_path", "tiny-moe"), "--ep_size with --tp_size is not"),
     (("--tp_size", "3"), "--tp_size 3 does not divide --world_size 8"),
     (("--tp_size", "2", "--ep_size", "8", "--model_name_or_path", "tiny-moe"), "--ep_size 8 does not divide the 4 ranks"),
-    (("--tp_size", "2", "--measure_traffic"), "without --measure_traffic"),
+    (("--tp_size", "2", "--timeline", "2"), "without --timeline"),
     (("--pipeline_stages", "2", "--dp_shard", "fsdp"), "--dp_shard fsdp is composed with --tp_size only"),
     (("--pipeline_stages", "2", "--ep_size", "2", "--model_name_or_path", "tiny-moe"), "pass --aux_loss_coef 0"),
 ])

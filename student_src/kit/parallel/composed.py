@@ -28,8 +28,9 @@ from student_src.kit import student_api, tasks
 from student_src.kit.core.config import TrainConfig
 from student_src.kit.errors import KitError
 from student_src.kit.parallel import composed_model as cm
+from student_src.kit.parallel import composed_memory, composed_traffic as ct
 from student_src.kit.parallel import composed_zero
-from student_src.kit.parallel.composed_checkpoint import mark
+from student_src.kit.parallel.composed_counter import AxisCounter
 from student_src.kit.parallel.composed_stage import ContextParallelStage
 from student_src.kit.parallel.mesh import COMPOSED, ORDER, ParallelDims, composes, world_of
 from student_src.kit.parallel.pipeline import provided as pipeline_stages
@@ -37,6 +38,15 @@ from student_src.kit.parallel.registry import Lent
 
 #: the sync kind of the task table this runs
 SYNC = COMPOSED
+#: the attribute ``setup`` sets on the rank's model: its coordinates (``mark``), what ``composed_checkpoint.py``
+#: prefixes its checkpoint's keys with
+MARK = "kit_composed"
+
+
+def mark(model, coords: dict, dims: ParallelDims, dp_shard: str) -> None:
+    """Set ``MARK`` on the rank's model: its pp, tp, dp coordinates, its EP rank ``dp % ep`` and the DP axis's kind."""
+    setattr(model, MARK, {"pp": coords["pp"], "tp": coords["tp"], "ep": coords["dp"] % dims.ep, "dp": coords["dp"],
+                          "dp_shard": dp_shard})
 
 
 def dims_of(cfg, world: int) -> ParallelDims:
@@ -90,10 +100,13 @@ def validate(cfg) -> None:
             raise KitError(f"--global_batch_size {g} does not split into {dims.dp} data-parallel replicas"
                            + (f" x --micro_batches {cfg.micro_batches}" if dims.pp > 1 else "")
                            + ": pick a multiple")
+        why = ct.unsupported(cfg, dims) if cfg.measure_traffic else None
+        if why:
+            raise KitError(f"--measure_traffic models a composed run per axis without {why} for now: run it without")
         cp = dims.cp
         if cp > 1 and cfg.max_seq_length % cp:
             raise KitError(f"--max_seq_length {cfg.max_seq_length} does not divide by the context-parallel size {cp}")
-    for flag, given in (("--measure_traffic", cfg.measure_traffic), ("--timeline", cfg.timeline), ("--fp16", cfg.fp16),
+    for flag, given in (("--timeline", cfg.timeline), ("--fp16", cfg.fp16),
                         ("--torch_sharding", cfg.torch_sharding), ("--torch_tp", cfg.torch_tp),
                         ("--torch_pipelining", cfg.torch_pipelining), ("--sequence_parallel", cfg.sequence_parallel),
                         ("--vocab_parallel", cfg.vocab_parallel)):
@@ -131,6 +144,17 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
     sync_composed = student_api.function(pd, "sync_composed_grads")
     built = cm.build(model, dims, groups, members["cp"], cfg)
     clip = cm.clip_fn(built, dims, groups)
+    counter = AxisCounter(dims, ctx.rank) if cfg.measure_traffic else None
+
+    def counted(step):
+        """``step`` with this rank's bytes per axis counted (``--measure_traffic``, ``composed_counter.py``)."""
+        if counter is None:
+            return step
+
+        def run(*args, **kwargs):
+            with counter.counting():
+                return step(*args, **kwargs)
+        return run
 
     def optimizer(module):
         """The kit's AdamW, or with ``--dp_shard zero1`` the student's ShardedOptimizer on the DP axis
@@ -155,7 +179,9 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
             clip(m, cfg.max_grad_norm)
 
         mark(trained, coords, dims, cfg.dp_shard)  # what its checkpoint part prefixes (composed_checkpoint.py)
-        return {"model": trained, "sync_gradients": sync_and_clip,
+        return {"model": trained, "sync_gradients": sync_and_clip, "train_step": counted(student_api.train_step()),
+                "traffic": ct.traffic_of(dims, cfg, built, None, counter, ctx.rank, lent.parameter_groups) if counter else None,
+                "memory": {"predict": composed_memory.predictor(model, built, dims, cfg)},
                 "optimizer": optimizer(built.inner if built.fsdp is not None else trained),
                 "before_eval": lambda: cm.refill(model, built, dims, groups), "data": (coords["dp"], dims.dp)}
     build = student_api.function(tasks.for_function("build_stage").id, "build_stage")
@@ -171,7 +197,9 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
         pipeline_step, coords["pp"], dims.pp, cfg.micro_batches, cfg.schedule, ranks=members["pp"],
         group=groups["pp"], replica=coords["dp"], replicas=dims.dp, average=sync,
         clip=lambda m, max_norm: clip(m, max_norm))
-    return {"model": stage, "sync_gradients": None, "optimizer": optimizer(stage), "train_step": step,
+    return {"model": stage, "sync_gradients": None, "optimizer": optimizer(stage), "train_step": counted(step),
+            "traffic": ct.traffic_of(dims, cfg, built, stages, counter, ctx.rank, lent.parameter_groups) if counter else None,
+            "memory": {"predict": composed_memory.predictor(model, built, dims, cfg)},
             "before_eval": lambda: cm.refill(model, built, dims, groups),
             "whole_batch": f"{cfg.micro_batches} micro-batches through {dims.pp} stages ({cfg.schedule}) on "
                            f"the grid {dims.describe()}"}

@@ -23,13 +23,12 @@ import os
 
 from student_src.kit import tasks
 from student_src.kit.errors import KitError
+from student_src.kit.parallel.composed import MARK, dims_of
 from student_src.kit.parallel.mesh import COMPOSED
 from student_src.kit.resume.parts import CheckpointPart, rank_prefixed_part
 
 #: kit.json's key for the grid a composed checkpoint was saved on
 KEY = "grid_layout"
-#: the attribute ``composed.setup`` sets on the rank's model: ``{"pp", "tp", "ep", "dp", "dp_shard"}``, its coordinates
-MARK = "kit_composed"
 #: the flag of each degree, to say how to resume
 FLAGS = {"pp": "--pipeline_stages", "cp": "--cp_size", "tp": "--tp_size", "ep": "--ep_size"}
 
@@ -59,8 +58,6 @@ class GridLayout:
     def of(self, cfg, world_size: int | None) -> dict | None:
         if not self.applies(cfg) or not world_size:
             return None
-        from student_src.kit.parallel.composed import dims_of  # composed imports this room's neighbours
-
         try:
             dims = dims_of(cfg, world_size)
         except KitError:
@@ -118,9 +115,3 @@ def _optimizer(model, opt) -> tuple:
 
 #: the composed run's part of a checkpoint, registered with ``resume/parts.py`` by ``parallel/__init__.py``
 PART: CheckpointPart = dataclasses.replace(_BASE, optimizer=_optimizer)
-
-
-def mark(model, coords: dict, dims, dp_shard: str) -> None:
-    """Set ``MARK`` on the rank's model (what ``_prefix`` reads): its coordinates, the EP rank ``dp % ep``."""
-    setattr(model, MARK, {"pp": coords["pp"], "tp": coords["tp"], "ep": coords["dp"] % dims.ep, "dp": coords["dp"],
-                          "dp_shard": dp_shard})
