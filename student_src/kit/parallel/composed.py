@@ -19,7 +19,9 @@ Not a parallelism room of its own: it composes the rooms (``pipeline/``, ``tenso
   that shards a parameter (``composed_model.clip``), the kit's AdamW, or with ``--dp_shard zero1`` the
   student's ``ShardedOptimizer`` (Task 6) on the DP group (``composed_zero.py``);
 * evaluation on the whole model, refilled from every rank's part;
-* checkpoints: each rank its own part of the grid, resumed on the same grid only (``composed_checkpoint.py``).
+* checkpoints: each rank its own part of the grid, resumed on the same grid only (``composed_checkpoint.py``);
+* ``--measure_traffic``: the bytes per axis, the model's (``composed_traffic.py``) against the rank's calls
+  (``composed_counter.py``); the memory meter's prediction per rank (``composed_memory.py``).
 """
 
 from __future__ import annotations
