@@ -5,20 +5,13 @@ from __future__ import annotations
 
 from .cells import NB, RESULTS_INTRO, RUN_INTRO, check_cells, header, task_points
 
-#: the composed run of two layouts; the kit runs it once Task 14's row trains (the kit's mesh, issue 45)
+#: the composed run of two layouts on 8 ranks (``run_glue --task 14``)
 RUN_TWO = '''
-from student_src.kit import tasks
-
 LAYOUTS = {"pp2_tp2_dp2": ["--pipeline_stages", 2, "--tp_size", 2],
            "cp2_tp2_dp2": ["--cp_size", 2, "--tp_size", 2]}
 runs14 = {}
-if not tasks.get("14").trains:
-    print("THE COMPOSED RUN IS NOT IN THIS KIT YET: run_glue --task 14 arrives with the kit's mesh "
-          "(student_src/kit/parallel/mesh.py). Until then, the grid above and the planner below are what "
-          "this notebook shows; the checks above grade your functions either way.")
-else:
-    for name, flags in LAYOUTS.items():
-        runs14[name] = kit.run_task("14", name=name, steps=COMPOSED_STEPS, world_size=8, extra=flags)
+for name, flags in LAYOUTS.items():
+    runs14[name] = kit.run_task("14", name=name, steps=COMPOSED_STEPS, world_size=8, extra=flags)
 '''
 
 #: the kit's composed model (``student_src/kit/whatif/composed.py``) for the two layouts of the prediction
@@ -109,8 +102,10 @@ where your `sync_composed_grads` runs a CP sum, then a DP average. What does the
 """)
     nb.code(PREDICTED)
     nb.md(RUN_INTRO + "\nTask 14 runs 8 ranks as the two layouts of your prediction, each equal to Task 1's losses "
-          "step by step with dropout off (the composed run does not measure its bytes per axis yet: compare with the "
-          "kit's model above).")
+          "step by step with dropout off. To measure what each axis sends against the kit's model, add "
+          "`--measure_traffic` to a layout's flags: `metrics.json`'s `traffic.composed` then holds rank 0's bytes per "
+          "axis and step, the model's and the counted, and `memory` every rank's bytes against the composed "
+          "prediction (`benchmarks/composition/per_axis.md` has them for five layouts).")
     nb.code(RUN_TWO)
     nb.md(RESULTS_INTRO + "\nBoth layouts train the same model on the same examples: with dropout off their losses "
           "equal Task 1's. What differs is what each rank holds and sends.")
