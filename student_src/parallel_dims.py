@@ -109,7 +109,9 @@ The kit's mesh (``student_src/kit/parallel/mesh.py``) asks these functions for t
 the groups once with ``build_axis_groups``, gives each parallelism its group (Task 10's
 ``parallelize_bert_layer(layer, group=groups["tp"])``, Task 11's, Task 12's, Task 9's stage
 ``rank_to_coords(rank)["pp"]``), feeds the loader ``data_shard``, reports ``loss_rank``'s loss, and
-calls ``sync_composed_grads`` after every backward (``run_glue --task 14``).
+calls ``sync_composed_grads`` after every backward (``run_glue --task 14``). The DP axis's kind is a flag:
+``--dp_shard zero1`` steps your Task 6 ``ShardedOptimizer`` with ``group=groups["dp"]`` (the experts' over
+``groups["edp"]``), ``--dp_shard fsdp`` wraps the model in your Task 7 ``FSDP`` on ``groups["dp"]``.
 
 Cases the checks test
 ---------------------

@@ -57,6 +57,10 @@ The kit uses it as::
 and ``run_glue --task 6`` gives the same losses as Task 1 step by step (``--dropout 0``, within
 1e-6).
 
+Task 14 uses it again on one axis of an N-D grid (``run_glue --task 14 --dp_shard zero1``): there only
+the ranks of one DP group hold the same parameters, so the kit passes ``group=`` (the class docstring
+says what changes) and builds one ``ShardedOptimizer`` per group of ranks that share parameters.
+
 Cases the checks test
 ---------------------
 * after every step the parameters are identical on every rank and equal to plain (unsharded)
