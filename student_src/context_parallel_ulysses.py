@@ -47,7 +47,7 @@ contiguous.
 
 Cases the checks test
 ---------------------
-* ``ulysses_attention`` at 2 and 4 ranks in float64 (4 heads), padding spread over the ranks: the
+* ``ulysses_attention`` at 2 and 4 ranks in float64 (8 heads), padding spread over the ranks: the
   output and the gradients of q, k and v equal ``attention_reference`` over the whole sequence, cut to
   this rank's slice (within 1e-10);
 * the collectives: exactly three ``all_to_all_single`` forward (Q, K and V stacked into one, the mask,

@@ -1,7 +1,7 @@
 """Hidden checks for Task 11's extra credit, Ulysses attention (``student_src/context_parallel_ulysses.py``),
 through the student's ``context_parallel_attention(..., mode="ulysses")``.
 
-They reuse the attention checks' rank side and judge (``public/task11_common.py``) with 4 heads: every rank
+They reuse the attention checks' rank side and judge (``public/task11_common.py``) with 8 heads: every rank
 draws its slice of q, k, v and the output's gradient from its secret, the judge joins the slices and runs the
 grader's own attention on the whole sequence (the key padding spread over the ranks, the last rank's tokens all
 padding in one row).
@@ -24,7 +24,7 @@ from autograder.registry import CheckFailure, define_check
 TASK = shared.TASK
 MODES = ("ulysses",)
 WHOLE = ([0, 1, 2, 3],)
-_VALUES = ("``ulysses_attention`` at 2 and 4 ranks in float64 (4 heads), padding spread over the ranks",
+_VALUES = ("``ulysses_attention`` at 2 and 4 ranks in float64 (8 heads), padding spread over the ranks",
            "the\n  output and the gradients of q, k and v equal ``attention_reference``")
 _CALLS = ("exactly three ``all_to_all_single`` forward", "and two backward")
 

@@ -20,8 +20,8 @@ NEEDS = ("context_parallel", "context_parallel_attn", "context_parallel_ulysses"
 MODES = ("allgather", "ring")
 #: a batch of 3 rows, 2 heads of 4, a sequence of 8 tokens (C in {2, 4} divides it)
 BATCH, HEADS, SEQ, DIM = 3, 2, 8, 4
-#: Ulysses' checks: 4 heads (one a rank at C = 4)
-ULYSSES_HEADS = 4
+#: Ulysses' checks: 8 heads (two a rank at C = 4: a mix-up of heads and sequence shows even there)
+ULYSSES_HEADS = 8
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
