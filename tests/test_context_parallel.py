@@ -133,14 +133,15 @@ def test_cp_calls_name_the_attentions_calls_the_logits_broadcast_and_both_gradie
 
 @pytest.mark.skipif(not (sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() == 0
                          and shutil.which("ip")), reason="cluster isolate needs root, Linux and ip")
-def test_cp_x_dp_measured_traffic_and_memory_match_the_models(small_rte, tmp_path):
-    """CP 2 x DP 2 (ring) on 4 ranks with --measure_traffic on a private loopback: the bytes within 2% of
-    ``cp_calls`` (measured 0.9992 on the development machine), every rank's states within 5% of the
-    replicated model's."""
+@pytest.mark.parametrize("mode", ["ring", "ulysses"])
+def test_cp_x_dp_measured_traffic_and_memory_match_the_models(small_rte, tmp_path, mode):
+    """CP 2 x DP 2 on 4 ranks with --measure_traffic on a private loopback: the bytes within 2% of
+    ``cp_calls`` (measured 0.9992 for the ring and 1.0005 for Ulysses on the development machine), every rank's
+    states within 5% of the replicated model's."""
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "student_src.kit.cluster", "isolate", "--timeout", "400", "--",
                            sys.executable, "-m", "student_src.run_glue", "--task", CP, "--world_size", "4",
-                           "--cp_size", "2", "--cp_attention", "ring", "--spawn", "--model_name_or_path", "tiny",
+                           "--cp_size", "2", "--cp_attention", mode, "--spawn", "--model_name_or_path", "tiny",
                            "--data_dir", str(small_rte), "--max_seq_length", "32", "--global_batch_size", "16",
                            "--max_steps", "4", "--do_train", "--num_threads", "1", "--no_progress", "--measure_traffic",
                            "--output_dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=420)
@@ -149,6 +150,7 @@ def test_cp_x_dp_measured_traffic_and_memory_match_the_models(small_rte, tmp_pat
     traffic = metrics["traffic"]
     assert 0.98 <= traffic["measured_bytes"] / traffic["expected_bytes"] <= 1.02, traffic
     assert traffic["context_parallel"]["cp_size"] == 2 and traffic["context_parallel"]["replicas"] == 2
+    assert traffic["context_parallel"]["attention"] == mode
     assert metrics["memory"]["max_rel_error"] < 0.05, metrics["memory"]
 
 
@@ -204,3 +206,19 @@ def test_ulysses_with_heads_the_cp_size_does_not_divide_is_one_line():
     assert len(str(err.value).splitlines()) == 1
     check_heads(load_model("tiny", dropout=0.0), 4, "ring")
     assert launch(fns.ulysses_heads_error, 2, threads_per_rank=1, timeout=60) == ["3 2", "3 2"]
+
+
+def test_whatif_says_when_each_attention_wins():
+    """Ulysses: the fewest bytes from N = 3 when N divides the heads, all-gather's scores; the ring when N does not
+    divide the heads or the scores do not fit; a tie at N = 2 goes to all-gather."""
+    from student_src.kit.parallel.context import whatif
+
+    four = whatif.compare(hidden=256, heads=8, layers=2, seq=4096, batch=1, degree=4, bytes_per_s=1e9)
+    assert four["cp_ulysses"]["bytes"] < four["cp_allgather"]["bytes"] < four["cp_ring"]["bytes"]
+    assert four["cp_ulysses"]["scores"] == four["cp_allgather"]["scores"] == 4 * four["cp_ring"]["scores"]
+    assert whatif.best_attention(256, 8, 4096, 1, 4, 1e9) == "ulysses"
+    assert whatif.best_attention(256, 2, 4096, 1, 4, 1e9) == "allgather"  # 4 ranks, 2 heads: no Ulysses
+    limit = four["cp_ring"]["scores"]
+    assert whatif.best_attention(256, 8, 4096, 1, 4, 1e9, scores_limit=limit) == "ring"
+    assert not whatif.compare(256, 2, 2, 4096, 1, 4, 1e9)["cp_ulysses"]["possible"]
+    assert "cp_ulysses" in whatif.table(256, 8, 2, [1024, 2048], 1, 4, 1e9)
