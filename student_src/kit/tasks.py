@@ -283,8 +283,9 @@ _ROWS = (
          built=("context parallelism by hand: each rank holds 1/C of every sequence (global position ids), "
                 "attention by all-gather (all_gather K and V, reduce_scatter dK and dV) and by a ring "
                 "(isend/irecv of K/V blocks with an online softmax, dK/dV sent home), both autograd functions "
-                "with hand-written backwards; CP rank 0's logits on every rank; CP x DP with your 2b on the "
-                "replicas (`--cp_size`, `--cp_attention allgather\\|ring`)"), advanced=True),
+                "with hand-written backwards, and DeepSpeed-Ulysses (all_to_all_single to head-sharded Q, K, V and "
+                "back, the reverse all-to-alls as the backward); CP rank 0's logits on every rank; CP x DP with your "
+                "2b on the replicas (`--cp_size`, `--cp_attention allgather\\|ring\\|ulysses`)"), advanced=True),
     # Task 12 is advanced, extra credit like Tasks 7, 9 and 10. Its layers call all_to_all_single only (the counts,
     # the tokens there and back); EP x DP averages with Task 2b's function on the DP group and on all ranks.
     Task("12", "expert parallelism (mixture of experts, all-to-all)", "expert_parallel",
