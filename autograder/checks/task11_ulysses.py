@@ -44,8 +44,8 @@ def _(payloads, secrets):
 
 
 @define_check("11.ulysses_4_ranks_float64", task=TASK, world_size=4, needs=shared.NEEDS, points=2, timeout=60,
-              title="Ulysses attention at 4 ranks (a group made by dist.new_group) in float64 with padding: output, dq, "
-                    "dk, dv, the all-to-alls on the group; 3 heads on 4 ranks: a one-line ValueError",
+              title="Ulysses attention at 4 ranks (a group made by dist.new_group) in float64 with padding: output, "
+                    "dq, dk, dv, the all-to-alls on the group; 3 heads on 4 ranks: a one-line ValueError",
               promise=_VALUES + ("every one on\n  ``group``", "heads that C does not divide (3 heads on 2 or 4 ranks)",
                                  "a one-line ``ValueError`` naming both"))
 def ulysses_4(ctx):
@@ -67,5 +67,5 @@ def _(payloads, secrets):
     for r, p in enumerate(payloads):
         err = (p or {}).get("heads_error")
         if err is None or "3" not in err or "4" not in err or "\n" in err.strip():
-            raise CheckFailure(f"rank {r}: Ulysses with 3 heads on 4 ranks must raise a one-line ValueError naming 3 and "
-                               f"4 before anything is sent (each rank holds H/C whole heads); got {err!r}")
+            raise CheckFailure(f"rank {r}: Ulysses with 3 heads on 4 ranks must raise a one-line ValueError naming 3 "
+                               f"and 4 before anything is sent (each rank holds H/C whole heads); got {err!r}")

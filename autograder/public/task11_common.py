@@ -131,9 +131,9 @@ HINTS = {"allgather": "all_gather K, V and the mask in CP-rank order; backward, 
                       "so each rank gets the sum of every rank's part of its block",
          "ring": "fold each block in with a running max and denominator (online softmax), the mask travelling with "
                  "its block; backward, the dK/dV of each block travel on with it and arrive home after C steps",
-         "ulysses": "to heads, send rank j heads j*H/C.. of your tokens and join what arrives along the sequence in rank "
-                    "order; back, send rank j tokens j*s/C.. of your heads and join what arrives along the heads; each "
-                    "backward the other direction's all-to-all; the whole key mask on every rank"}
+         "ulysses": "to heads, send rank j heads j*H/C.. of your tokens and join what arrives along the sequence in "
+                    "rank order; back, send rank j tokens j*s/C.. of your heads and join what arrives along the heads; "
+                    "each backward the other direction's all-to-all; the whole key mask on every rank"}
 
 
 def judge_attention(payloads, secrets, dtype=torch.float64, scale: float = 1.0, modes=MODES, cp_groups=None,
