@@ -27,6 +27,10 @@ s/C, not 0). Attention mixes tokens: the queries of this rank's tokens need the 
   combined with an **online softmax** (below). Backward runs the ring again, and the gradients of
   each block's K and V travel with it, back to their owner.
 
+For more extra credit, a third way re-cuts instead of bringing keys to queries: **Ulysses**
+(``context_parallel_ulysses.py``) moves Q, K and V with one all-to-all from 1/C of the sequence to
+1/C of the heads, attends whole sequences, and moves the output back (``mode="ulysses"``).
+
 The model, and the [CLS] token
 ------------------------------
 ``parallelize_bert_for_context(model, group, ranks, mode)`` wraps a Hugging Face
@@ -196,7 +200,8 @@ def parallelize_bert_for_context(model: nn.Module, group=None, ranks=None, mode:
     ranks in CP-rank order; None only with the default group, where it means ``range(C)``) and return it wrapped in ``ContextParallelBert``: every encoder layer's
     ``attention.self`` (``model.bert.encoder.layer[i].attention.self``) becomes
     ``ContextParallelSelfAttention(that module, group, ranks, mode)``; nothing else changes (every other
-    part works token by token). ``mode`` not ``"allgather"`` or ``"ring"``: ``ValueError``."""
+    part works token by token). ``mode`` not ``"allgather"``, ``"ring"`` or ``"ulysses"`` (extra credit:
+    ``context_parallel_ulysses.py``): ``ValueError``."""
     ### BEGIN SOLUTION
     base = getattr(model, "base_model", model)
     for layer in base.encoder.layer:

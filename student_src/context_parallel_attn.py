@@ -1,6 +1,6 @@
-"""Task 11's two attentions (read ``context_parallel.py``'s docstring first): all-gather attention and ring
-attention, each an autograd function whose backward you write, and ``context_parallel_attention``, which
-picks one. ``context_parallel.py`` imports them; nothing here imports it.
+"""Task 11's attentions (read ``context_parallel.py``'s docstring first): all-gather attention, ring
+attention and, for extra credit, Ulysses attention (``context_parallel_ulysses.py``), each an autograd
+function whose backward you write, and ``context_parallel_attention``, which picks one. ``context_parallel.py`` imports them; nothing here imports it.
 
 The online softmax
 ------------------
@@ -79,7 +79,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-MODES = ("allgather", "ring")
+MODES = ("allgather", "ring", "ulysses")
 
 
 def cp_rank_and_size(group=None) -> tuple[int, int]:
@@ -291,11 +291,16 @@ class RingAttention(torch.autograd.Function):
 
 def context_parallel_attention(q, k, v, key_mask, group=None, ranks=None, mode: str = "ring"):
     """This rank's queries attended to the whole sequence, by ``mode``: ``"allgather"``
-    (``AllGatherAttention``) or ``"ring"`` (``RingAttention``); anything else: ``ValueError``. The mask
-    is made bool (True: a real token)."""
+    (``AllGatherAttention``), ``"ring"`` (``RingAttention``) or ``"ulysses"``
+    (``context_parallel_ulysses.ulysses_attention``); anything else: ``ValueError``. The mask is made bool
+    (True: a real token)."""
     key_mask = key_mask.bool()
     if mode == "allgather":
         return AllGatherAttention.apply(q, k, v, key_mask, group)
     if mode == "ring":
         return RingAttention.apply(q, k, v, key_mask, group, ranks)
+    if mode == "ulysses":
+        from student_src.context_parallel_ulysses import ulysses_attention  # here: that file imports this one
+
+        return ulysses_attention(q, k, v, key_mask, group)
     raise ValueError(f"unknown context-parallel attention {mode!r}; choose one of {', '.join(MODES)}")

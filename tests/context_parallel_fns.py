@@ -75,3 +75,20 @@ def tiny_bert_case(ctx, mode, seq=16, batch=3, dtype=torch.float64, cp_ranks=Non
     for name, p in cpm.model.named_parameters():
         diffs.append(float((p.grad - named[name].grad).abs().max()))
     return max(diffs)
+
+
+def ulysses_heads_error(ctx):
+    """Ulysses on 3 heads over this world: the one-line ValueError's numbers (heads, C), before anything is sent."""
+    import re
+
+    from student_src.context_parallel_ulysses import ulysses_attention
+
+    q, k, v, mask = inputs(heads=3)
+    part = q.shape[2] // dist.get_world_size()
+    cut = slice(dist.get_rank() * part, (dist.get_rank() + 1) * part)
+    try:
+        ulysses_attention(q[:, :, cut], k[:, :, cut], v[:, :, cut], mask[:, cut])
+    except ValueError as exc:
+        assert "\n" not in str(exc)
+        return " ".join(re.findall(r"\d+", str(exc))[:2])
+    return "no error"

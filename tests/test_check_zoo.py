@@ -712,8 +712,11 @@ ZOO.update({
 TASK_11 = {"11.public_attention_2_ranks", "11.attention_2_ranks_float64", "11.attention_4_ranks_float64",
            "11.large_logits_2_ranks_float64", "11.cp_groups_4_ranks_float64", "11.world_size_1",
            "11.collectives_4_ranks", "11.shard_inputs_2_ranks", "11.tiny_bert_2_ranks_allgather",
-           "11.cp_x_dp_4_ranks_tiny_bert_ring", "11.ring_4_ranks_tiny_bert_float64"}
+           "11.cp_x_dp_4_ranks_tiny_bert_ring", "11.ring_4_ranks_tiny_bert_float64", "11.ulysses_2_ranks_float64",
+           "11.ulysses_4_ranks_float64"}
 ALL_OF["11"] = TASK_11
+#: the checks that run Ulysses attention (student_src/context_parallel_ulysses.py)
+ULYSSES = {"11.ulysses_2_ranks_float64", "11.ulysses_4_ranks_float64"}
 #: the checks that run ring attention on values over more than one rank (the counts of collectives alone may still
 #: be right; with one rank every block is the rank's own)
 RING_VALUES = {"11.public_attention_2_ranks", "11.attention_2_ranks_float64", "11.attention_4_ranks_float64",
@@ -788,6 +791,19 @@ ZOO.update({
         ("dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)",
          "dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)\n            p.grad.div_(cp_rank_and_size(group)[1])")),
         CP_MODELS, "a mean where the sum over the CP group belongs"),
+    "11_ulysses_heads_and_sequence_swapped": ("context_parallel_ulysses", "11", _solution_with(
+        "context_parallel_ulysses", "seq_to_heads",
+        # what arrives joined along the heads where it belongs along the sequence, then reshaped to the shape
+        # expected: the right shapes, the heads' and the tokens' values mixed up (right only with one head a rank)
+        ("return recv.movedim(0, -3).reshape(", "return recv.movedim(0, -4).reshape(")),
+        ULYSSES, "join what arrives along the sequence in rank order"),
+    "11_ulysses_backward_in_the_forwards_direction": ("context_parallel_ulysses", "11", _solution_with(
+        "context_parallel_ulysses", "HeadsToSeq",
+        # the output's gradient sent back to the sequence like the output itself, not to the heads: the reverse
+        # all-to-all is the other direction's (autograd refuses the gradient's shape)
+        ("return seq_to_heads(grad.contiguous(), ctx.group), None",
+         "return heads_to_seq(grad.contiguous(), ctx.group), None")),
+        ULYSSES, "HeadsToSeq"),
 })
 
 TASK_12 = {"12.public_all_to_all_2_ranks", "12.public_dispatch_combine_2_ranks", "12.layer_2_ranks_float64",

@@ -24,19 +24,21 @@ ROOT = Path(__file__).resolve().parents[1]
 CP = tasks.ids(lambda t: t.sync == "context_parallel")[0]
 
 
-@pytest.mark.parametrize("mode", ["allgather", "ring"])
+@pytest.mark.parametrize("mode", ["allgather", "ring", "ulysses"])
 def test_attention_matches_one_process_at_2_and_4_ranks_with_a_padded_rank_and_large_logits(mode):
     """float64: output, dq, dk, dv within 1e-12 of attention on the whole sequence; rank C-1's tokens all
-    padding in row 0; then logits of order 1e4 at 2 ranks (the online softmax's running max)."""
+    padding in row 0; then logits of order 1e4 at 2 ranks (the online softmax's running max). Ulysses with 4 heads
+    (one for each of 4 ranks), the others with 2."""
+    heads = 4 if mode == "ulysses" else 2
     for c in (2, 4):
-        for diffs in launch(fns.attention_case, c, args=(mode,), kwargs={"pad_rank_of": (c, c - 1)},
+        for diffs in launch(fns.attention_case, c, args=(mode,), kwargs={"pad_rank_of": (c, c - 1), "heads": heads},
                             threads_per_rank=1, timeout=90):
             assert max(diffs) < 1e-12, (c, diffs)
     for diffs in launch(fns.attention_case, 2, args=(mode,), kwargs={"big": 1e4}, threads_per_rank=1, timeout=90):
         assert max(diffs) < 1e-9, diffs
 
 
-@pytest.mark.parametrize("mode", ["allgather", "ring"])
+@pytest.mark.parametrize("mode", ["allgather", "ring", "ulysses"])
 def test_tiny_bert_loss_and_every_gradient_match_one_process_cp_and_cp_x_dp(mode):
     """float64, padding: CP over 2 ranks, then CP 2 x DP 2 (each CP group its own batch) on 4."""
     assert max(launch(fns.tiny_bert_case, 2, args=(mode,), threads_per_rank=1, timeout=120)) < 1e-12
@@ -55,7 +57,7 @@ def single_node(small_rte, tmp_path_factory):
 
 
 @pytest.mark.parametrize("world_size, cp_size, mode", [(2, 2, "ring"), (2, 2, "allgather"), (4, 2, "ring"),
-                                                        (4, 2, "allgather")])
+                                                        (4, 2, "allgather"), (2, 2, "ulysses"), (4, 2, "ulysses")])
 def test_run_glue_losses_match_single_node(single_node, small_rte, tmp_path, world_size, cp_size, mode):
     """run_glue --task 11 --cp_size C --cp_attention MODE: Task 1's losses step by step within 1e-6; the
     ranks of a CP group report the same loss (CP rank 0's), CP x DP's replicas different rows."""
@@ -132,14 +134,15 @@ def test_cp_calls_name_the_attentions_calls_the_logits_broadcast_and_both_gradie
 
 @pytest.mark.skipif(not (sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() == 0
                          and shutil.which("ip")), reason="cluster isolate needs root, Linux and ip")
-def test_cp_x_dp_measured_traffic_and_memory_match_the_models(small_rte, tmp_path):
-    """CP 2 x DP 2 (ring) on 4 ranks with --measure_traffic on a private loopback: the bytes within 2% of
-    ``cp_calls`` (measured 0.9992 on the development machine), every rank's states within 5% of the
-    replicated model's."""
+@pytest.mark.parametrize("mode", ["ring", "ulysses"])
+def test_cp_x_dp_measured_traffic_and_memory_match_the_models(small_rte, tmp_path, mode):
+    """CP 2 x DP 2 on 4 ranks with --measure_traffic on a private loopback: the bytes within 2% of
+    ``cp_calls`` (measured 0.9992 for the ring and 1.0005 for Ulysses on the development machine), every rank's
+    states within 5% of the replicated model's."""
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "student_src.kit.cluster", "isolate", "--timeout", "400", "--",
                            sys.executable, "-m", "student_src.run_glue", "--task", CP, "--world_size", "4",
-                           "--cp_size", "2", "--cp_attention", "ring", "--spawn", "--model_name_or_path", "tiny",
+                           "--cp_size", "2", "--cp_attention", mode, "--spawn", "--model_name_or_path", "tiny",
                            "--data_dir", str(small_rte), "--max_seq_length", "32", "--global_batch_size", "16",
                            "--max_steps", "4", "--do_train", "--num_threads", "1", "--no_progress", "--measure_traffic",
                            "--output_dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=420)
@@ -148,6 +151,7 @@ def test_cp_x_dp_measured_traffic_and_memory_match_the_models(small_rte, tmp_pat
     traffic = metrics["traffic"]
     assert 0.98 <= traffic["measured_bytes"] / traffic["expected_bytes"] <= 1.02, traffic
     assert traffic["context_parallel"]["cp_size"] == 2 and traffic["context_parallel"]["replicas"] == 2
+    assert traffic["context_parallel"]["attention"] == mode
     assert metrics["memory"]["max_rel_error"] < 0.05, metrics["memory"]
 
 
@@ -171,3 +175,51 @@ def test_cp_x_dp_resumes_with_the_very_same_losses(small_rte, tmp_path):
     whole = run(parse_config(argv(tmp_path / "a", "--save_every", "3")))
     resumed = run(parse_config(argv(tmp_path / "b", "--resume", str(tmp_path / "a" / "checkpoints" / "step-3"))))
     assert resumed["losses"] == whole["losses"], (resumed["losses"], whole["losses"])
+
+
+def test_ulysses_traffic_is_its_all_to_alls_and_tends_to_a_constant_while_the_ring_grows():
+    """``sent``'s Ulysses figure is the chunks its five all-to-alls hand to the other ranks (``cp_calls``' messages);
+    with the sequence grown with C it stays within 8 (C-1)/C kv elements, where the ring's grows as C - 1."""
+    from student_src.kit.measure import traffic_model as model
+    from student_src.kit.parallel.context import traffic
+
+    calls = traffic.cp_calls(2, 2, 1, rows=8, seq=32, hidden=64, num_labels=2, mode="ulysses", grad_nbytes=[])
+    sends = [c for c in calls if c[0] == "send"]
+    assert len(sends) == 5 * 2  # five all-to-alls, one message each way between the two ranks
+    assert model.ranked_calls_traffic(sends, 2).sent[0] == sum(traffic.sent(8, 2, 32, 32, 2, "ulysses").values())
+    kv = 8 * 2 * 16 * 32 * 4  # b·H·n·d float32 at C = 2
+    assert traffic.sent(8, 2, 32, 32, 2, "ulysses") == {"forward": 4 * kv // 2 + 8 * 16 * 4, "backward": 4 * kv // 2}
+    ulysses = [sum(traffic.sent(1, 8, 64 * c, 32, c, "ulysses").values()) for c in (2, 4, 8)]
+    ring = [sum(traffic.sent(1, 8, 64 * c, 32, c, "ring").values()) for c in (2, 4, 8)]
+    assert ulysses[2] < 2 * ulysses[0] and ring[2] > 5 * ring[0]
+    with pytest.raises(ValueError, match="2 attention heads do not divide over 4"):
+        traffic.sent(1, 2, 64, 32, 4, "ulysses")
+
+
+def test_ulysses_with_heads_the_cp_size_does_not_divide_is_one_line():
+    """The kit, before the ranks train (the model's heads are known at setup), and the student's attention."""
+    from student_src.context_parallel_ulysses import ulysses_attention
+    from student_src.kit.core.models import load_model
+    from student_src.kit.parallel.context.setup import check_heads
+
+    with pytest.raises(KitError, match="2 attention heads to divide over --cp_size 4") as err:
+        check_heads(load_model("tiny", dropout=0.0), 4, "ulysses")
+    assert len(str(err.value).splitlines()) == 1
+    check_heads(load_model("tiny", dropout=0.0), 4, "ring")
+    assert launch(fns.ulysses_heads_error, 2, threads_per_rank=1, timeout=60) == ["3 2", "3 2"]
+
+
+def test_whatif_says_when_each_attention_wins():
+    """Ulysses: the fewest bytes from N = 3 when N divides the heads, all-gather's scores; the ring when N does not
+    divide the heads or the scores do not fit; a tie at N = 2 goes to all-gather."""
+    from student_src.kit.parallel.context import whatif
+
+    four = whatif.compare(hidden=256, heads=8, layers=2, seq=4096, batch=1, degree=4, bytes_per_s=1e9)
+    assert four["cp_ulysses"]["bytes"] < four["cp_allgather"]["bytes"] < four["cp_ring"]["bytes"]
+    assert four["cp_ulysses"]["scores"] == four["cp_allgather"]["scores"] == 4 * four["cp_ring"]["scores"]
+    assert whatif.best_attention(256, 8, 4096, 1, 4, 1e9) == "ulysses"
+    assert whatif.best_attention(256, 2, 4096, 1, 4, 1e9) == "allgather"  # 4 ranks, 2 heads: no Ulysses
+    limit = four["cp_ring"]["scores"]
+    assert whatif.best_attention(256, 8, 4096, 1, 4, 1e9, scores_limit=limit) == "ring"
+    assert not whatif.compare(256, 2, 2, 4096, 1, 4, 1e9)["cp_ulysses"]["possible"]
+    assert "cp_ulysses" in whatif.table(256, 8, 2, [1024, 2048], 1, 4, 1e9)

@@ -306,6 +306,7 @@ def test_notebook_executes(name, runs_dir, request):
         for run in ("allgather", "ring"):
             assert f"| Task 11 ({run}) | 1 |" in outputs, f"{run} is missing from the dev-accuracy table"
             assert f"| Task 11 ({run}) | 4 |" in outputs, f"{run} is missing from the time table"
+        assert "your Ulysses on 2 ranks sent 1,049,600 bytes a rank (model 1,049,600)" in outputs, outputs[-2000:]
     if name == "12_expert_parallel":  # Task 1 on tiny-moe with the same routing: equal losses; the last step's bytes
         ones = {n: m for n, m in runs.items() if m["task"] == "1" and m["config"]["model_name_or_path"] == "tiny-moe"}
         assert ones, f"Task 1 did not run on tiny-moe: {sorted(runs)}"

@@ -16,10 +16,12 @@ from autograder.registry import CheckFailure
 
 TASK = "11"
 #: the student files every Task 11 check imports (context_parallel.py imports the attentions' file)
-NEEDS = ("context_parallel", "context_parallel_attn")
+NEEDS = ("context_parallel", "context_parallel_attn", "context_parallel_ulysses")
 MODES = ("allgather", "ring")
 #: a batch of 3 rows, 2 heads of 4, a sequence of 8 tokens (C in {2, 4} divides it)
 BATCH, HEADS, SEQ, DIM = 3, 2, 8, 4
+#: Ulysses' checks: 8 heads (two a rank at C = 4: a mix-up of heads and sequence shows even there)
+ULYSSES_HEADS = 8
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
@@ -42,11 +44,11 @@ U = torch.tensor([0.5, -0.5, 0.5, 0.5], dtype=torch.float64)
 KEY_ALONG_U = 4.0
 
 
-def draw(secret: int, label: str, world: int, dtype, scale: float = 1.0) -> torch.Tensor:
-    """One rank's slice ``[BATCH, HEADS, SEQ / world, DIM]`` of ``label`` (q, k, v or the output's gradient);
+def draw(secret: int, label: str, world: int, dtype, scale: float = 1.0, heads: int = HEADS) -> torch.Tensor:
+    """One rank's slice ``[BATCH, heads, SEQ / world, DIM]`` of ``label`` (q, k, v or the output's gradient);
     ``scale`` > 1: the large-logits q and k (``U``)."""
     gen = torch.Generator().manual_seed(fixtures.derive_seed(secret, "cp", label))
-    x = torch.randn(BATCH, HEADS, SEQ // world, DIM, generator=gen, dtype=torch.float64)
+    x = torch.randn(BATCH, heads, SEQ // world, DIM, generator=gen, dtype=torch.float64)
     if scale != 1.0 and label in ("q", "k"):
         x = x - (x @ U)[..., None] * U  # nothing along U
         if label == "k":
@@ -59,9 +61,9 @@ def draw(secret: int, label: str, world: int, dtype, scale: float = 1.0) -> torc
     return x.to(dtype)
 
 
-def whole(secrets, label: str, dtype, scale: float = 1.0) -> torch.Tensor:
+def whole(secrets, label: str, dtype, scale: float = 1.0, heads: int = HEADS) -> torch.Tensor:
     """The whole sequence of ``label``: every rank's slice, in rank order."""
-    return torch.cat([draw(s, label, len(secrets), dtype, scale) for s in secrets], dim=2)
+    return torch.cat([draw(s, label, len(secrets), dtype, scale, heads) for s in secrets], dim=2)
 
 
 def reference(q, k, v, mask, grad):
@@ -84,7 +86,8 @@ def student(ctx):
     return mod
 
 
-def run_attention(ctx, dtype=torch.float64, scale: float = 1.0, modes=MODES, cp_groups=None) -> dict:
+def run_attention(ctx, dtype=torch.float64, scale: float = 1.0, modes=MODES, cp_groups=None,
+                  heads: int = HEADS) -> dict:
     """Rank side: for each mode, this rank's slice through the student's ``context_parallel_attention``, forward
     then backward, and the collectives of each phase. The CP group is every rank (the default group, global ranks
     in order), or with ``cp_groups`` (lists of global ranks) this rank's group, made by ``dist.new_group``."""
@@ -96,7 +99,7 @@ def run_attention(ctx, dtype=torch.float64, scale: float = 1.0, modes=MODES, cp_
         ranks, group = next((g, h) for g, h in made if ctx.rank in g)
     world, out = len(ranks), {}
     cp_rank = ranks.index(ctx.rank)
-    q, k, v, grad = (draw(ctx.secret, label, world, dtype, scale) for label in ("q", "k", "v", "dout"))
+    q, k, v, grad = (draw(ctx.secret, label, world, dtype, scale, heads) for label in ("q", "k", "v", "dout"))
     cut = slice(cp_rank * SEQ // world, (cp_rank + 1) * SEQ // world)
     mask = key_mask(world)[:, cut].clone()
     with ctx.spy() as spy:
@@ -127,21 +130,25 @@ def run_attention(ctx, dtype=torch.float64, scale: float = 1.0, modes=MODES, cp_
 HINTS = {"allgather": "all_gather K, V and the mask in CP-rank order; backward, reduce_scatter the whole dK and dV "
                       "so each rank gets the sum of every rank's part of its block",
          "ring": "fold each block in with a running max and denominator (online softmax), the mask travelling with "
-                 "its block; backward, the dK/dV of each block travel on with it and arrive home after C steps"}
+                 "its block; backward, the dK/dV of each block travel on with it and arrive home after C steps",
+         "ulysses": "to heads, send rank j heads j*H/C.. of your tokens and join what arrives along the sequence in "
+                    "rank order; back, send rank j tokens j*s/C.. of your heads and join what arrives along the heads; "
+                    "each backward the other direction's all-to-all; the whole key mask on every rank"}
 
 
-def judge_attention(payloads, secrets, dtype=torch.float64, scale: float = 1.0, modes=MODES, cp_groups=None) -> None:
+def judge_attention(payloads, secrets, dtype=torch.float64, scale: float = 1.0, modes=MODES, cp_groups=None,
+                    heads: int = HEADS) -> None:
     """Each rank's output and dq, dk, dv against the matching slice of the grader's attention on the whole
     sequence (with ``cp_groups``, each CP group's whole sequence: its ranks' slices)."""
     for ranks in cp_groups or [list(range(len(payloads)))]:
         _judge_group([payloads[r] for r in ranks], [secrets[r] for r in ranks], dtype, scale, modes,
-                     f" (CP group {list(ranks)})" if cp_groups else "")
+                     f" (CP group {list(ranks)})" if cp_groups else "", heads)
 
 
-def _judge_group(payloads, secrets, dtype, scale: float, modes, group_name: str) -> None:
+def _judge_group(payloads, secrets, dtype, scale: float, modes, group_name: str, heads: int = HEADS) -> None:
     world = len(payloads)
-    q, k, v = (whole(secrets, label, dtype, scale) for label in ("q", "k", "v"))
-    want = reference(q, k, v, key_mask(world), whole(secrets, "dout", dtype))
+    q, k, v = (whole(secrets, label, dtype, scale, heads) for label in ("q", "k", "v"))
+    want = reference(q, k, v, key_mask(world), whole(secrets, "dout", dtype, heads=heads))
     tol = TOLERANCE[dtype]
     for mode in modes:
         for r, p in enumerate(payloads):
@@ -169,7 +176,8 @@ def _judge_group(payloads, secrets, dtype, scale: float, modes, group_name: str)
 
 def judge_calls(payloads, modes=MODES, cp_groups=None) -> None:
     """All-gather attention: three all_gathers forward (K, V, the mask), two reduce_scatters backward, nothing
-    else; ring attention: C - 1 isends and C - 1 irecvs forward, point to point only backward. One rank: nothing
+    else; ring attention: C - 1 isends and C - 1 irecvs forward, point to point only backward; Ulysses: three
+    all_to_all_single forward, two backward. One rank: nothing
     at all, either way. With ``cp_groups``, every collective on the rank's CP group (point to point names its peers
     by global rank, on any group)."""
     world = len(payloads)
@@ -189,6 +197,13 @@ def judge_calls(payloads, modes=MODES, cp_groups=None) -> None:
                     raise CheckFailure(f"rank {r}, allgather attention called {fwd} forward and {bwd} backward; "
                                        f"expected {want_f} (K, V and the key mask) and {want_b} (dK and dV), nothing "
                                        "else")
+            elif mode == "ulysses":
+                want_f, want_b = ["all_to_all_single"] * 3, ["all_to_all_single"] * 2
+                if fwd != want_f or bwd != want_b:
+                    raise CheckFailure(f"rank {r}, ulysses attention called {fwd} forward and {bwd} backward; expected "
+                                       f"{want_f} (Q, K, V stacked to heads, the key mask, the output back) and "
+                                       f"{want_b} (dO to heads, dQ, dK, dV back), nothing else (all_to_all_single: the "
+                                       "list all_to_all is not on every gloo)")
             else:
                 want_f = sorted(["irecv"] * (world - 1) + ["isend"] * (world - 1))
                 if fwd != want_f or any(c not in ("isend", "irecv") for c in bwd):

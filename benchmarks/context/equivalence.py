@@ -1,7 +1,7 @@
 """run_glue --task 11 against Task 1 on the tiny BERT (fp32, dropout 0, 4 steps, 16 x 32 tokens): the largest
 difference of the logged loss for each layout and attention (a markdown row each).
 
-    python benchmarks/context/equivalence.py
+    python benchmarks/context/equivalence.py [MODE ...]   # only these attentions (default: all)
 """
 import sys
 import tempfile
@@ -33,6 +33,10 @@ if __name__ == "__main__":
     d = D[0] = tempfile.mkdtemp()
     generate(d + "/RTE", seed=7, n_train=256, n_dev=64, n_test=32)
     ref = losses(tasks.reference())
-    for ws, c, m in ((2, 2, "allgather"), (2, 2, "ring"), (4, 2, "allgather"), (4, 2, "ring"), (4, 4, "ring"), (4, 4, "allgather")):
+    only = set(sys.argv[1:])
+    for ws, c, m in ((2, 2, "allgather"), (2, 2, "ring"), (4, 2, "allgather"), (4, 2, "ring"), (4, 4, "ring"), (4, 4, "allgather"),
+                     (2, 2, "ulysses"), (4, 2, "ulysses")):  # tiny has 2 heads: Ulysses up to C = 2
+        if only and m not in only:
+            continue
         got = losses(CP, "--cp_size", str(c), "--cp_attention", m, ws=ws)
         print(f"| {ws} | {c} | {m} | {max(abs(a - b) for a, b in zip(ref, got)):.2e} |")

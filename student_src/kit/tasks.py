@@ -57,7 +57,7 @@ student package.
                   evaluating (``parallel/tensor/``).
 * ``"context_parallel"``  the task's first function is ``parallelize_bert_for_context``: the ranks are
                   ``--cp_size`` C ranks per CP group x world/C replicas (rank = replica * C + cp_rank); a
-                  copy of the model, rewritten by it on the CP group (``--cp_attention`` allgather or ring),
+                  copy of the model, rewritten by it on the CP group (``--cp_attention`` allgather, ring or ulysses),
                   trains on its replica's share of the batch, each CP rank on 1/C of every sequence; the
                   student's ``sync_context_parallel_grads`` sums the gradients over the CP group, then with
                   replicas the first ``"function"`` task of ``needs_tasks`` (2b) averages them on the DP
@@ -270,18 +270,22 @@ _ROWS = (
     # Task 11 is advanced, extra credit like Tasks 7, 9 and 10. All-gather attention calls all_gather forward and
     # reduce_scatter backward, ring attention isend/irecv; the logits of CP rank 0 are broadcast, the gradients summed
     # with all_reduce; CP x DP averages over the replicas with Task 2b's function. A CP rank holds the whole model.
-    # The attentions (AllGatherAttention, RingAttention) are in more_modules' context_parallel_attn.py.
+    # The attentions (AllGatherAttention, RingAttention) are in more_modules' context_parallel_attn.py; Ulysses
+    # (extra credit inside the task: all_to_all_single to head-sharded Q, K, V and back) in context_parallel_ulysses.py.
     Task("11", "context parallelism (all-gather and ring attention)", "context_parallel",
          ("parallelize_bert_for_context", "shard_inputs", "FirstRankLogits", "sync_context_parallel_grads"),
          "11_context_parallel", color="#7f7f00", sync="context_parallel",
-         collectives=frozenset({"all_gather", "reduce_scatter", "isend", "irecv", "broadcast", "all_reduce"}),
+         collectives=frozenset({"all_gather", "reduce_scatter", "isend", "irecv", "broadcast", "all_reduce",
+                                "all_to_all_single"}),
          must_call=frozenset({"all_reduce", "broadcast"}), extra_credit=True, export=True, memory="replicated",
-         needs_tasks=("1", "2", "2b"), checks_build_bert=True, more_modules=("context_parallel_attn",),
+         needs_tasks=("1", "2", "2b"), checks_build_bert=True,
+         more_modules=("context_parallel_attn", "context_parallel_ulysses"),
          built=("context parallelism by hand: each rank holds 1/C of every sequence (global position ids), "
                 "attention by all-gather (all_gather K and V, reduce_scatter dK and dV) and by a ring "
                 "(isend/irecv of K/V blocks with an online softmax, dK/dV sent home), both autograd functions "
-                "with hand-written backwards; CP rank 0's logits on every rank; CP x DP with your 2b on the "
-                "replicas (`--cp_size`, `--cp_attention allgather\\|ring`)"), advanced=True),
+                "with hand-written backwards, and DeepSpeed-Ulysses (all_to_all_single to head-sharded Q, K, V and "
+                "back, the reverse all-to-alls as the backward); CP rank 0's logits on every rank; CP x DP with your "
+                "2b on the replicas (`--cp_size`, `--cp_attention allgather\\|ring\\|ulysses`)"), advanced=True),
     # Task 12 is advanced, extra credit like Tasks 7, 9 and 10. Its layers call all_to_all_single only (the counts,
     # the tokens there and back); EP x DP averages with Task 2b's function on the DP group and on all ranks.
     Task("12", "expert parallelism (mixture of experts, all-to-all)", "expert_parallel",

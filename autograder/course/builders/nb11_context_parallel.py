@@ -30,7 +30,10 @@ reports is its loss; the gradients of every parameter are summed over the CP gro
          "* `student_src/context_parallel_attn.py` → `AllGatherAttention`, `RingAttention` (forward and backward, "
          "`TODO(task 11)`); write these first: the public check runs them alone;\n"
          "* `student_src/context_parallel.py` → `shard_inputs`, `FirstRankLogits`, `parallelize_bert_for_context`, "
-         "`sync_context_parallel_grads`.",
+         "`sync_context_parallel_grads`;\n"
+         "* more extra credit, `student_src/context_parallel_ulysses.py` → `seq_to_heads`, `heads_to_seq`, "
+         "`SeqToHeads`, `HeadsToSeq`, `gather_key_mask`, `ulysses_attention` (DeepSpeed-Ulysses, the last section "
+         "before the runs).",
            params="CP_SIZE = 2     # ranks per context-parallel group (must divide the sequence length); "
                   "WORLD_SIZE / CP_SIZE data-parallel replicas")
     check_cells(nb, "11", "Both attentions must give, on each rank's slice, exactly what one process's attention over "
@@ -82,6 +85,32 @@ display(Markdown(demo.compare(CP_SIZE)))
 if demo.compare.last_ring:
     display(Image(demo.timeline_png(demo.compare.last_ring)))
 """)
+    nb.md("""
+## A third way: Ulysses (extra credit)
+
+DeepSpeed-Ulysses does not bring every key to every query: it re-cuts. Heads are independent, so for
+attention alone a rank may hold **all s tokens of H/C heads** instead of s/C tokens of all H heads. One
+`all_to_all` turns Q, K, V from sequence-sharded into head-sharded, plain attention runs on whole
+sequences, one `all_to_all` brings the output back; backward runs the reverse all-to-alls
+(`student_src/context_parallel_ulysses.py`, `--cp_attention ulysses`; C must divide the heads).
+
+Predict before you run: with the sequence grown with the ranks (s = 256·C), how do the bytes one rank sends
+change from C = 2 to 4 to 8 for each way? (Each all-to-all hands `(C-1)/C` of a rank's tensor to the
+others.) The cell prints the model, then measures your Ulysses on `CP_SIZE` ranks beside it.
+""")
+    nb.code("""
+rows = ["| C | s | all-gather sends (MB) | ring sends (MB) | Ulysses sends (MB) |", "|---|---|---|---|---|"]
+for c in (2, 4, 8):
+    sent = {m: sum(traffic.sent(1, 8, 256 * c, 32, c, m).values()) / 1e6 for m in ("allgather", "ring", "ulysses")}
+    rows.append(f"| {c} | {256 * c} | {sent['allgather']:.2f} | {sent['ring']:.2f} | {sent['ulysses']:.2f} |")
+display(Markdown("\\n".join(rows)))
+try:
+    got = demo.measure(CP_SIZE, "ulysses", batch=1, heads=8, seq=256 * CP_SIZE, head_dim=32)[0]["sent"]
+    want = traffic.sent(1, 8, 256 * CP_SIZE, 32, CP_SIZE, "ulysses")
+    print(f"your Ulysses on {CP_SIZE} ranks sent {sum(got.values()):,} bytes a rank (model {sum(want.values()):,})")
+except Exception as exc:  # a TODO or a bug: one line, not a traceback
+    print("Ulysses did not run:", str(exc).splitlines()[0][:300])
+""")
     nb.md(RUN_INTRO + "\nTask 11 runs `WORLD_SIZE` ranks as `CP_SIZE` ranks per context-parallel group times "
           "`WORLD_SIZE / CP_SIZE` data-parallel replicas (rank = replica × CP_SIZE + cp_rank): each replica trains "
           "its share of the batch, each CP rank 1/C of every sequence; your Task 2b `allreduce_average` averages "
@@ -118,4 +147,12 @@ if demo.compare.last_ring:
                 "slowest rank at every step. Cutting the sequence into 2C chunks and giving rank r chunks r and "
                 "2C-1-r pairs an early chunk with a late one: every rank then has the same number of unmasked "
                 "score blocks, and blocks entirely above the diagonal are skipped (not computed at all).")
+    nb.question("**Q4.** Ulysses' bytes per rank stay nearly constant when the sequence grows with the ranks, the "
+                "ring's grow. Why, and what stops you from always using Ulysses?",
+                "Each all-to-all sends (C-1)/C of a rank's own tensor, b·H·(s/C)·d elements: with s = C·s0 that is "
+                "(C-1)/C·b·H·s0·d, which tends to a constant. The ring and all-gather send C-1 blocks of that size, "
+                "growing as C. But Ulysses gives each rank whole heads: C can be at most the number of heads (GQA's "
+                "few K/V heads make it worse), and each rank holds the s × s scores of its heads, all-gather's total, "
+                "where the ring holds s/C × s/C a step. Past H ranks, or when those scores do not fit, the ring "
+                "(or Ulysses and the ring combined, as in USP) is the way.")
     return nb

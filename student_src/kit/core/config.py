@@ -107,7 +107,8 @@ class TrainConfig:
     vocab_parallel: bool = False  # Megatron's VocabParallelEmbedding: the word embeddings cut by rows (student's)
     # Task 11: context parallelism (student_src/context_parallel.py; kit/parallel/context/)
     cp_size: int | None = None  # None: every rank in one CP group; fewer: CP groups x data-parallel replicas
-    cp_attention: str = "ring"  # "allgather" (all_gather K and V) or "ring" (pass K/V blocks around, online softmax)
+    cp_attention: str = "ring"  # "allgather" (all_gather K and V), "ring" (K/V blocks passed around, online softmax)
+    # or "ulysses" (all_to_all to head-sharded Q, K, V and back)
     # Task 12: the MoE model (core/moe.py: tiny-moe, minilm-moe) and expert parallelism (kit/parallel/expert/)
     num_experts: int = 4
     top_k: int = 1
@@ -232,8 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the vocabulary, one all_reduce forward; with or without --sequence_parallel; no checkpoints")
     g.add_argument("--cp_size", type=int, help="Task 11: ranks per context-parallel group (default: all), each holding "
                    "1/C of every sequence; with fewer, the ranks are CP groups x data-parallel replicas")
-    g.add_argument("--cp_attention", choices=("allgather", "ring"),
-                   help="Task 11: all_gather the keys and values (allgather) or pass them around a ring (default ring)")
+    g.add_argument("--cp_attention", choices=("allgather", "ring", "ulysses"),
+                   help="Task 11: all_gather the keys and values (allgather), pass them around a ring (default ring), "
+                        "or all_to_all Q, K, V to whole sequences of H/C heads and back (ulysses; C must divide H)")
     g.add_argument("--num_experts", type=int, help="tiny-moe/minilm-moe: experts per layer (default 4)")
     g.add_argument("--top_k", type=int, help="tiny-moe/minilm-moe: experts per token (1 Switch, default; 2 Mixtral)")
     g.add_argument("--capacity_factor", type=float, help="tiny-moe/minilm-moe: an expert keeps ceil(F * tokens * k / "

@@ -1,6 +1,7 @@
 """The student's attentions measured on local ranks (notebook 11, ``benchmarks/context/``): what one call
 saves for backward (``measure.activations.SavedBytes``), the bytes its calls hand to ``torch.distributed``
-(an all_gather or reduce_scatter counted as a ring's ``(C-1)`` chunks, an isend as its tensor), and, for
+(an all_gather or reduce_scatter counted as a ring's ``(C-1)`` chunks, an isend as its tensor, an
+all_to_all_single as the ``(C-1)/C`` of its input that goes to the other ranks), and, for
 the ring, when each step's transfer was posted and waited for (the timeline of its overlap).
 
 ``measure(world, mode, ...)`` launches ``world`` ranks and returns rank by rank
@@ -51,11 +52,14 @@ class _Recorder:
                     rec.sent[rec.phase] += (rec.world - 1) * x.numel() * x.element_size()
                 elif name == "reduce_scatter":
                     rec.sent[rec.phase] += (rec.world - 1) * t.numel() * t.element_size()
+                elif name == "all_to_all_single":  # equal splits: every chunk but this rank's own leaves it
+                    x = args[1] if len(args) > 1 else kwargs["input"]
+                    rec.sent[rec.phase] += (rec.world - 1) * x.numel() * x.element_size() // rec.world
                 work = fn(*args, **kwargs)
                 return _TimedWork(work, rec) if name in ("isend", "irecv") and work is not None else work
             return call
 
-        for name in ("isend", "irecv", "all_gather", "reduce_scatter"):
+        for name in ("isend", "irecv", "all_gather", "reduce_scatter", "all_to_all_single"):
             originals[name] = getattr(dist, name)
             setattr(dist, name, wrap(name, originals[name]))
         return originals

@@ -29,8 +29,8 @@ def validate(cfg) -> None:
             raise KitError(f"--cp_size/--cp_attention are for context parallelism: use them with --task "
                            f"{tasks.spoken(tasks.ids(lambda t: t.sync == 'context_parallel'))}")
         return
-    if cfg.cp_attention not in ("allgather", "ring"):
-        raise KitError(f"--cp_attention must be allgather or ring, got {cfg.cp_attention!r}")
+    if cfg.cp_attention not in ("allgather", "ring", "ulysses"):
+        raise KitError(f"--cp_attention must be allgather, ring or ulysses, got {cfg.cp_attention!r}")
     if cfg.cp_size is not None and cfg.cp_size < 1:
         raise KitError("--cp_size must be at least 1")
     if cfg.cp_size is not None and cfg.world_size is not None:

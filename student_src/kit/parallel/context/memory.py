@@ -9,7 +9,11 @@ For ``b`` rows, ``h`` heads of ``d``, a sequence of ``s`` tokens on ``C`` ranks 
   computing them is the same matrix (twice during softmax);
 * ring attention saves its output (``b·h·n·d``) and the running max and denominator (``2·b·h·n``); it keeps
   no scores for backward (they are rebuilt a block at a time), and its peak is one block's scores,
-  ``b·h·n·n``: ``s/C × s/C`` per head and step.
+  ``b·h·n·n``: ``s/C × s/C`` per head and step;
+* Ulysses attention saves the head-sharded Q, K, V it received (``3·b·(h/C)·s·d``: one buffer), the whole
+  mask (``b·s`` bools, inverted for ``masked_fill``) and the probabilities of its H/C heads over the whole
+  sequence, ``b·(h/C)·s·s``: the same scores as all-gather's in total, cut by heads instead of by queries (C = 1:
+  no Q, K, V buffer).
 
 ``attention_bytes`` gives both numbers; ``demo.measure`` counts what the student's attention saves
 (``measure.activations.SavedBytes``) on local ranks, to set beside it.
@@ -32,8 +36,14 @@ def attention_bytes(batch: int, heads: int, seq: int, head_dim: int, cp_size: in
     elif mode == "ring":
         saved = (batch * heads * n * head_dim + 2 * batch * heads * n) * itemsize
         scores = batch * heads * n * n * itemsize
+    elif mode == "ulysses":
+        if heads % cp_size:
+            raise ValueError(f"{heads} attention heads do not divide over {cp_size} context-parallel ranks (Ulysses)")
+        h = heads // cp_size
+        scores = batch * h * seq * seq * itemsize
+        saved = scores + batch * seq + (0 if cp_size == 1 else 3 * batch * h * seq * head_dim * itemsize)
     else:
-        raise ValueError(f"unknown context-parallel attention {mode!r}; choose allgather or ring")
+        raise ValueError(f"unknown context-parallel attention {mode!r}; choose allgather, ring or ulysses")
     return {"saved": saved, "scores": scores}
 
 

@@ -24,6 +24,7 @@ def setup(cfg: TrainConfig, model, ctx, task, parallelize, lent: Lent) -> dict:
     clip is the global one. The copy's parameters are the whole model's own (``share_parameters``): the
     whole model, with its plain attention, is what evaluation runs and what a checkpoint saves."""
     mesh = layout(ctx.world_size, cfg.cp_size or ctx.world_size, ctx.rank)
+    check_heads(model, len(mesh["cp"][0]), cfg.cp_attention)
     (cp_ranks, cp_group), (_, dp_group) = mesh["cp"], mesh["dp"]
     average = average_over(task, dp_group, "CP x DP") if mesh["replicas"] > 1 else None
     cp_sync = student_api.function(task.id, "sync_context_parallel_grads")
@@ -41,6 +42,15 @@ def setup(cfg: TrainConfig, model, ctx, task, parallelize, lent: Lent) -> dict:
     traffic = traffic_of(cp_model, ctx.world_size, len(cp_ranks), rows, cfg.max_seq_length, cfg.cp_attention)
     return {"model": cp_model, "sync_gradients": sync, "optimizer": lent.make_optimizer(cp_model, cfg),
             "data": (mesh["replica"], mesh["replicas"]), "traffic": traffic}
+
+
+def check_heads(model, cp_size: int, mode: str) -> None:
+    """Ulysses gives each CP rank H/C whole heads: a CP size that does not divide the model's heads is one line
+    here, before the student's attention would raise it on every rank in every layer."""
+    heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
+    if mode == "ulysses" and heads and heads % cp_size:
+        raise KitError(f"--cp_attention ulysses needs the model's {heads} attention heads to divide over --cp_size "
+                       f"{cp_size}: pick a CP size that divides {heads}, or --cp_attention ring")
 
 
 def share_parameters(whole, cut) -> None:

@@ -7,7 +7,12 @@ elements in one rank's K (or V):
   on a ring an all_gather sends ``(C-1)·kv`` per rank, a reduce_scatter ``(C-1)·kv`` (gloo carries a
   reduce_scatter as a whole all_reduce: ``2(C-1)·kv``);
 * ring attention: forward ``C - 1`` passes of one packed block (``2·kv + b·n`` elements: K, V and the mask
-  in K's dtype), backward ``C - 1`` passes of the block again and ``C`` of its dK, dV (``2·kv``).
+  in K's dtype), backward ``C - 1`` passes of the block again and ``C`` of its dK, dV (``2·kv``);
+* Ulysses attention: ``all_to_all_single`` calls, each handing ``(C-1)/C`` of its tensor to the other ranks
+  (a chunk to each): forward Q, K, V stacked (``3·kv``), the mask (this rank's ``b·n`` to every rank, in
+  q's dtype) and the output back (``kv``); backward dO (``kv``) and dQ, dK, dV (``3·kv``). Per rank
+  ``8·(C-1)/C·kv`` elements and the mask: with s = C·s0, ``kv = b·H·s0·d`` whatever C, so the bytes a
+  rank sends tend to a constant where the ring's and all-gather's grow as ``C - 1``.
 
 ``sent`` gives the bytes each way; ``demo.measure`` counts the bytes the student's code hands over.
 """
@@ -27,7 +32,12 @@ def sent(batch: int, heads: int, seq: int, head_dim: int, cp_size: int, mode: st
     if mode == "ring":
         block = (2 * kv + batch * n) * itemsize
         return {"forward": (c - 1) * block, "backward": (c - 1) * block + c * 2 * kv * itemsize}
-    raise ValueError(f"unknown context-parallel attention {mode!r}; choose allgather or ring")
+    if mode == "ulysses":
+        if heads % c:
+            raise ValueError(f"{heads} attention heads do not divide over {c} context-parallel ranks (Ulysses)")
+        chunk = kv // c  # one all-to-all chunk of one of Q, K, V, O: b·(H/C)·n·d
+        return {"forward": (c - 1) * (4 * chunk + batch * n) * itemsize, "backward": (c - 1) * 4 * chunk * itemsize}
+    raise ValueError(f"unknown context-parallel attention {mode!r}; choose allgather, ring or ulysses")
 
 
 def cp_calls(world_size: int, cp_size: int, layers: int, rows: int, seq: int, hidden: int, num_labels: int,
@@ -37,7 +47,8 @@ def cp_calls(world_size: int, cp_size: int, layers: int, rows: int, seq: int, hi
     ``traffic_model.ranked_calls_traffic``: per CP group and encoder layer the attention's calls (``sent``'s:
     all-gather: all_gathers of this rank's K, V (``rows·(s/C)·hidden``) and mask, reduce_scatters of the whole
     dK, dV; ring: each rank's sends to the next, ``C - 1`` blocks forward, ``C - 1`` blocks and ``C`` dK/dV
-    backward); per CP group the logits' broadcast from CP rank 0 and the CP gradient sum (an all_reduce per
+    backward; Ulysses: each all-to-all as one message from every rank to every other, its chunk: Q, K, V
+    stacked, the mask, the output, then dO and dQ, dK, dV); per CP group the logits' broadcast from CP rank 0 and the CP gradient sum (an all_reduce per
     gradient); with replicas, per DP group Task 2b's all_reduce per gradient."""
     replicas, c = world_size // cp_size, cp_size
     n = seq // c
@@ -49,6 +60,10 @@ def cp_calls(world_size: int, cp_size: int, layers: int, rows: int, seq: int, hi
             if mode == "allgather":
                 calls += [("all_gather", kv, ranks)] * 2 + [("all_gather", rows * n, ranks)]
                 calls += [("reduce_scatter", c * kv, ranks)] * 2
+            elif mode == "ulysses":
+                pairs = [(r, s) for r in ranks for s in ranks if r != s]
+                for chunk in (3 * kv // c, rows * n * itemsize, kv // c, kv // c, 3 * kv // c):
+                    calls += [("send", chunk, pair) for pair in pairs]
             else:
                 block = 2 * kv + rows * n * itemsize
                 sends = [(r, ranks[(i + 1) % c]) for i, r in enumerate(ranks)]
