@@ -390,7 +390,8 @@ def _validate_moe_model(cfg: TrainConfig) -> None:
 ACCUMULATES = ("none", "function", "ddp", "bucketed", "sharded_optimizer")
 NO_ACCUMULATION = {
     "fsdp": "its FSDP reduce-scatters every micro-step's gradients inside backward (it keeps shards, not whole "
-            "gradients: the ZeRO-2/3 trade), so accumulation would save no traffic",
+            "gradients: the ZeRO-2/3 trade, both ways in whatif --memory --gradient_accumulation_steps K), so "
+            "accumulation would save no traffic",
     "pipeline": "a pipeline already accumulates over its micro-batches: use --micro_batches",
 }
 #: the ``sync`` kinds whose model ``--recompute`` rewrites before the task takes it (``train/trainer.py``): the
