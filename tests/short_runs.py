@@ -8,10 +8,11 @@ from student_src.kit.train.start import run
 
 def train_tiny(small_rte, out, task, *extra, world_size=None, steps=4) -> dict:
     """``metrics.json``'s dict of a ``steps``-step run of ``task`` (``--spawn``ed on ``world_size`` ranks
-    with one thread each where given) writing into ``out``; ``extra``: more flags."""
-    argv = [*extra, "--task", task, "--model_name_or_path", "tiny", "--dropout", "0", "--max_steps", str(steps),
+    with one thread each where given) writing into ``out``; ``extra``: more flags, after the recipe's, so
+    they win over it (``--dropout 0.1``)."""
+    argv = ["--task", task, "--model_name_or_path", "tiny", "--dropout", "0", "--max_steps", str(steps),
             "--global_batch_size", "16", "--max_seq_length", "32", "--data_dir", str(small_rte),
-            "--do_train", "--no_progress", "--output_dir", str(out)]
+            "--do_train", "--no_progress", "--output_dir", str(out), *extra]
     if world_size:
         argv += ["--world_size", str(world_size), "--spawn", "--num_threads", "1"]
     metrics = run(parse_config(argv))

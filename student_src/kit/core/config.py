@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max_grad_norm", type=float, help="gradient clipping norm, after the sync (default 1.0; 0 = off)")
     g.add_argument("--recompute", help="Task 13: recompute activations in backward instead of keeping them: full (every "
                    "encoder layer), every:k (layers 0, k, 2k...) or selective (the attention core only), with your "
-                   "apply_recompute; Tasks " + ", ".join(tasks.ids(lambda t: t.sync in ACCUMULATES)))
+                   "apply_recompute; Tasks " + ", ".join(tasks.ids(lambda t: t.sync in RECOMPUTES)))
     g.add_argument("--torch_recompute", action="store_true", default=None,
                    help="Task 13: torch.utils.checkpoint on the layers --recompute full|every:k names, in place of "
                         "your RecomputeFunction (the reference, as Task 3's DDP is to 2b)")
@@ -393,9 +393,15 @@ def _validate_moe_model(cfg: TrainConfig) -> None:
 ACCUMULATES = ("none", "function", "ddp", "bucketed", "sharded_optimizer")
 NO_ACCUMULATION = {
     "fsdp": "its FSDP reduce-scatters every micro-step's gradients inside backward (it keeps shards, not whole "
-            "gradients: the ZeRO-2/3 trade), so accumulation would save no traffic",
+            "gradients: the ZeRO-2/3 trade, both ways in whatif --memory --gradient_accumulation_steps K), so "
+            "accumulation would save no traffic",
     "pipeline": "a pipeline already accumulates over its micro-batches: use --micro_batches",
 }
+#: the ``sync`` kinds whose model ``--recompute`` rewrites before the task takes it (``train/trainer.py``): the
+#: accumulating ones, FSDP (a layer rerun in backward fires its gather hooks again: one more all_gather per
+#: recomputed layer, and its reduce-scatter comes out of the rerun's graph) and the pipeline (a stage holds the
+#: rewritten layers, so each micro-batch's forward keeps only the layers' inputs and its backward recomputes them)
+RECOMPUTES = ACCUMULATES + ("fsdp", "pipeline")
 
 
 def validate_accumulation(cfg: TrainConfig, task) -> None:
@@ -417,9 +423,9 @@ def validate_accumulation(cfg: TrainConfig, task) -> None:
     mode = cfg.recompute
     if not (mode in ("full", "selective") or (mode.startswith("every:") and mode[6:].isdigit() and int(mode[6:]) >= 1)):
         raise KitError(f"--recompute {mode!r}: choose full, every:k (k >= 1, every k-th layer) or selective")
-    if task.sync not in ACCUMULATES:
+    if task.sync not in RECOMPUTES:
         raise KitError(f"--recompute rewrites the whole model's layers before the task wraps it: use it with Task "
-                       f"{whole}, not Task {task.id}")
+                       f"{tasks.spoken(tasks.ids(lambda t: t.sync in RECOMPUTES))}, not Task {task.id}")
     if cfg.torch_recompute and mode == "selective":
         raise KitError("--torch_recompute checkpoints whole layers (full, every:k); selective is your "
                        "SelectiveSelfAttention only: drop --torch_recompute")

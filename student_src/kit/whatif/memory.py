@@ -15,7 +15,7 @@ from pathlib import Path
 
 from student_src.kit.core.models import load_model
 from student_src.kit.errors import KitError
-from student_src.kit.measure import memory_model
+from student_src.kit.measure import accumulation_model, memory_model
 
 COLUMNS = ("params", "grads", "optimizer", "states", "working_set", "peak")
 
@@ -101,6 +101,17 @@ def format_memory_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def accumulation_table(size: dict, sizes: list[int], strategies, k: int, precision: str, optimizer: str) -> str:
+    """``--gradient_accumulation_steps K``: the two ways sharded gradients accumulate (``accumulation_model``)."""
+    lines = [f"with {k} micro-steps per optimizer step, where the gradients are sharded (accumulation_model.py):"]
+    for strategy in (s for s in strategies if s in accumulation_model.SHARDED_GRADS):
+        for n in (n for n in sizes if n > 1):
+            lines += accumulation_model.whatif_lines(accumulation_model.choices(
+                strategy, n, k, params=size.get("params"), layout=size.get("layout"), precision=precision,
+                optimizer=optimizer), human)
+    return "\n".join(lines)
+
+
 def run(args) -> int:
     """The ``--memory`` mode of ``whatif.main``."""
     try:
@@ -120,6 +131,9 @@ def run(args) -> int:
     print(f"memory per rank (the busiest rank) for {what}; {args.precision} (params {prec.param_bytes} B, grads "
           f"{prec.grad_bytes} B, {args.optimizer} {prec.optimizer_bytes(args.optimizer)} B per parameter)")
     print(format_memory_table(rows))
+    k = getattr(args, "gradient_accumulation_steps", 1) or 1
+    if k > 1:
+        print(accumulation_table(size, world_sizes(args.world_sizes), strategies, k, args.precision, args.optimizer))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
         print(f"wrote {args.json}")

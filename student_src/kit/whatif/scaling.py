@@ -331,6 +331,9 @@ def main(argv=None) -> int:
     memory.add_argument("--strategies", default="ddp,zero1,zero2,fsdp", help="default %(default)s")
     memory.add_argument("--partition", choices=("even", "flat", "greedy"),
                         help="how shards are cut (default: whole tensors dealt greedily for ZeRO, flat for FSDP)")
+    memory.add_argument("--gradient_accumulation_steps", type=int, default=1,
+                        help="K > 1: also ZeRO-2's and FSDP's two ways to accumulate (reduce-scatter every micro-step, "
+                             "or keep whole gradients and reduce-scatter once): memory and bytes per step")
     args = p.parse_args(argv)
     if args.memory:
         return memory_main(args)

@@ -7,6 +7,7 @@ depth into stages, micro-batches through them (``student_src/pipeline.py`` is th
   torch_pipelining.py  ``--torch_pipelining``: torch's own schedule over the same stages
   memory.py            memory terms: a stage's states, activations held per schedule (``pipeline_held``)
   activations.py       the activations a stage holds, measured in the run
+  recompute_memory.py  a stage's activation peak with --recompute (Task 13): held micro-batches + the rebuilt block
   traffic.py           traffic terms: the sends across each boundary, the replicas' all_reduces
   checkpoint.py        each stage saves its own part; resumes only on its layout
   whatif.py            a pipeline against pure data parallelism, for a model and a link

@@ -10,7 +10,8 @@ micro-batch's forward left saved. After the step ``result`` holds this rank's fi
 * ``peak_bytes``: the most the stage held at once during the step (what the schedule decides);
 * ``per_micro_batch_bytes``: what one micro-batch's forward saves (the largest of the step's);
 * ``held``: micro-batches the schedule keeps at its peak (``memory.pipeline_held``: AFAB m,
-  1F1B at most p - stage) and ``predicted_bytes`` = held x per micro-batch;
+  1F1B at most p - stage) and ``predicted_bytes`` = held x per micro-batch, or, with ``--recompute``,
+  ``recompute_memory``'s prediction (a block rebuilt in backward adds to the product: ``predict``);
 * ``left_bytes``: still held after the step (0: every backward let its micro-batch go).
 
 The training loop measures the first step only (the hooks cost a Python call per saved tensor).
@@ -29,8 +30,9 @@ from student_src.kit.parallel.pipeline.memory import pipeline_held
 class ActivationMeter:
     """This rank's stage's activations over one step (module docstring)."""
 
-    def __init__(self, schedule: str, stage: int, stages: int, micro_batches: int):
+    def __init__(self, schedule: str, stage: int, stages: int, micro_batches: int, predict=None):
         self.schedule, self.stage, self.stages, self.micro_batches = schedule, stage, stages, micro_batches
+        self.predict = predict  # None, or () -> the predicted peak bytes (recomputation: recompute_memory.py)
         self.result: dict | None = None
 
     @contextlib.contextmanager
@@ -50,4 +52,4 @@ class ActivationMeter:
         per = max(saved, default=0)
         self.result = {"stage": self.stage, "schedule": self.schedule, "micro_batches": self.micro_batches,
                        "peak_bytes": counter.peak, "per_micro_batch_bytes": per, "held": held,
-                       "predicted_bytes": held * per, "left_bytes": counter.now}
+                       "predicted_bytes": self.predict() if self.predict else held * per, "left_bytes": counter.now}

@@ -10,7 +10,7 @@ from student_src.kit.core.config import TrainConfig, per_worker_batch_size
 from student_src.kit.errors import KitError
 from student_src.kit.measure.memory_model import model_layout
 from student_src.kit.parallel.mesh import ParallelDims, average_over
-from student_src.kit.parallel.pipeline import memory, provided as helpers
+from student_src.kit.parallel.pipeline import memory, provided as helpers, recompute_memory
 from student_src.kit.parallel.pipeline.activations import ActivationMeter
 from student_src.kit.parallel.pipeline.traffic import traffic_of
 from student_src.kit.parallel.registry import Lent
@@ -43,12 +43,14 @@ def setup(cfg: TrainConfig, model, ctx, task, pipeline_step, lent: Lent) -> dict
 
         runner = make_runner(stage, stage_id, p, cfg.micro_batches, cfg.schedule, ctx.device, group=group,
                              precision=lent.precision(), to_fp32=lent.to_fp32)  # --bf16: autocast inside torch's stage
-    activations = None if runner is not None else ActivationMeter(cfg.schedule, stage_id, p, cfg.micro_batches)
+    rows = per_worker_batch_size(cfg, 1)[0] // (replicas * cfg.micro_batches)  # one micro-batch (config: equal ones)
+    predict_peak = recompute_memory.run_predictor(cfg, model, stage, stage_id, p, rows)  # --recompute: its model
+    activations = None if runner is not None else ActivationMeter(cfg.schedule, stage_id, p, cfg.micro_batches,
+                                                                  predict=predict_peak)
     step = helpers.make_train_step(pipeline_step, stage_id, p, cfg.micro_batches, cfg.schedule, ranks=ranks,
                                    group=group, replica=replica, replicas=replicas, average=average,
                                    runner=runner, activations=activations)
     predict = partial(memory.predicted, [model_layout(s) for s in stages], [r % p for r in range(ctx.world_size)])
-    rows = per_worker_batch_size(cfg, 1)[0] // (replicas * cfg.micro_batches)  # one micro-batch (config: equal ones)
     traffic = traffic_of(stages, replicas, cfg.micro_batches, rows, cfg.max_seq_length,
                          clip=bool(cfg.max_grad_norm and cfg.max_grad_norm > 0))
     return {"model": stage, "sync_gradients": None, "optimizer": lent.make_optimizer(stage, cfg), "train_step": step,
