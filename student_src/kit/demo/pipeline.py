@@ -38,8 +38,15 @@ SCHEDULES = ("afab", "1f1b")
 BATCH, SEQ = 16, 32
 
 
-def predicted_bubble(p: int, m: int) -> float:
-    """The idle fraction of a pipeline step with p equal stages and m micro-batches."""
+def predicted_bubble(p: int, m: int, schedule: str = "1f1b", v: int = 1) -> float:
+    """The idle fraction of a pipeline step with p equal stages and m micro-batches: AFAB and 1F1B
+    (p - 1) / (m + p - 1); ZB-H1 with equal F, B and W idles (p - 1) units of one pass in a step of
+    3m busy ones, (p - 1) / (3m + p - 1), about a third of 1F1B's; interleaved with v chunks per rank
+    drains in 1/v of the time, (p - 1) / (v m + p - 1)."""
+    if schedule == "zb-h1":
+        return (p - 1) / (3 * m + p - 1)
+    if schedule == "interleaved":
+        return (p - 1) / (v * m + p - 1)
     return (p - 1) / (m + p - 1)
 
 
@@ -58,25 +65,36 @@ class _Mark(torch.autograd.Function):
 
 
 class TimedStage(torch.nn.Module):
-    """Your stage, timed: ``events`` gets ``[kind, micro_batch, start, end]`` per forward and backward."""
+    """Your stage, timed: ``events`` gets ``[kind, micro_batch, start, end]`` per forward and backward.
 
-    def __init__(self, inner):
+    ``split`` (ZB-H1): a backward pass that reaches the stage's inputs is a B (it ends there), one
+    that reaches only the weights a W (stage 0 has no input gradient: its B's are empty, its W's
+    carry its backward); without it every backward pass is a "B"."""
+
+    def __init__(self, inner, split: bool = False):
         super().__init__()
-        self.inner, self.events, self._n = inner, [], 0
+        self.inner, self.events, self._n, self.split = inner, [], 0, split
         self._open = []  # the backward running now (its end moves with each parameter gradient)
         for p in inner.parameters():
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(self._grad_done)
+            if p.requires_grad:  # a tensor hook: it fires for backward() and torch.autograd.grad alike
+                p.register_hook(self._grad_done)
 
     def boundary_specs(self, micro_batch):
         return self.inner.boundary_specs(micro_batch)
 
-    def _grad_done(self, _p):
+    def _grad_done(self, _grad):
         if self._open:
-            self._open[-1][3] = time.time()
+            self._open[-1][3] = max(self._open[-1][3], time.time())
+
+    def _input_done(self):
+        """The gradient reached the stage's inputs: this pass is a B (it ends here at the latest)."""
+        if self._open:
+            self._open[-1][0], self._open[-1][3] = "B", max(self._open[-1][3], time.time())
 
     def forward(self, inputs, micro_batch):
         i, self._n = self._n, self._n + 1
+        inputs = tuple(_Mark.apply(t, self._input_done) if t.is_floating_point() and t.requires_grad else t
+                       for t in inputs)
         start = time.time()
         out = self.inner(inputs, micro_batch)
         self.events.append(["F", i, start, time.time()])
@@ -84,7 +102,7 @@ class TimedStage(torch.nn.Module):
         def note():  # the gradient reached the outputs: the previous backward is over, this one starts
             now = time.time()
             self.events.extend(self._open)
-            self._open = [["B", i, now, now]]
+            self._open = [["W" if self.split else "B", i, now, now]]
 
         if isinstance(out, torch.Tensor):
             return _Mark.apply(out, note)
@@ -171,13 +189,24 @@ def measure(result: dict, schedule: str, m: int) -> dict:
         busy = sum(e[3] - e[2] for e in ev)
         idle.append(max(0.0, 1.0 - busy / span))
         held = peak = 0
+        frees = "W" if any(e[0] == "W" for e in ev) else "B"  # ZB-H1 holds a micro-batch until its W
         for e in ev:
-            held += 1 if e[0] == "F" else -1
+            held += 1 if e[0] == "F" else (-1 if e[0] == frees else 0)
             peak = max(peak, held)
         peaks.append(peak)
     p = result["stages"]
     return {"schedule": schedule, "m": m, "bubble_measured": sum(idle) / len(idle),
-            "bubble_predicted": predicted_bubble(p, m), "peak_held": peaks, "step_s": span}
+            "bubble_predicted": predicted_bubble(p, m, schedule, result.get("virtual_stages", 1)), "peak_held": peaks,
+            "step_s": span, "pass_ms": _pass_ms(per_stage)}
+
+
+def _pass_ms(per_stage) -> dict:
+    """The mean duration of each kind of pass (F, B, W), in ms, over every stage's events."""
+    kinds: dict = {}
+    for ev in per_stage:
+        for kind, _, a, b in ev:
+            kinds.setdefault(kind, []).append(1000 * (b - a))
+    return {k: sum(v) / len(v) for k, v in sorted(kinds.items())}
 
 
 def table(result: dict) -> str:
