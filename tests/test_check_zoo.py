@@ -729,7 +729,7 @@ ZOO.update({
         # upstream: the same numbers, and the stage before waits for weight gradients it does not need
         exec(_inspect.getsource(pipeline_step)
              .replace("stash[i, c] = (inputs, outs, grads)  # W needs", "backward_weight(outs, grads, mod.parameters())  #")
-             .replace("_, outs, grads = stash.pop((i, c))\n            backward_weight(outs, grads, mod.parameters())",
+             .replace("_, outs, grads = stash.pop((i, c))\\n            backward_weight(outs, grads, mod.parameters())",
                       "pass"), globals())
         """,
         {"9.zb_h1_3_stages"}, "each W comes after its B's gradient is sent upstream"),
