@@ -220,6 +220,8 @@ def test_pipeline_held_micro_batches():
     assert [pipeline_memory.pipeline_held("afab", s, 4, 8) for s in range(4)] == [8, 8, 8, 8]
     assert [pipeline_memory.pipeline_held("1f1b", s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
     assert [pipeline_memory.pipeline_held("1f1b", s, 4, 2) for s in range(4)] == [2, 2, 2, 1]
+    # ZB-H1 keeps a micro-batch until its W: 1F1B's peak, p, on every stage (tests/test_pipeline_orders.py)
+    assert [pipeline_memory.pipeline_held("zb-h1", s, 4, 8) for s in range(4)] == [4, 4, 4, 4]
     with pytest.raises(KitError, match="unknown schedule"):
         pipeline_memory.pipeline_held("gpipe", 0, 2, 4)
     rows = pipeline_memory.pipeline_rows([{"groups": [[10, 5]]}, {"groups": [[3], [2]]}], [0, 1, 0, 1])
