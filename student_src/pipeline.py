@@ -1,4 +1,5 @@
-"""Task 9 (advanced, extra credit): pipeline parallelism by hand, GPipe (AFAB) then 1F1B.
+"""Task 9 (advanced, extra credit): pipeline parallelism by hand, GPipe (AFAB), 1F1B, then ZB-H1 and
+interleaved 1F1B.
 
 When the model itself is the problem
 ------------------------------------
@@ -63,6 +64,18 @@ Both go through ``schedule_order``: the list of ``("F", i)`` / ``("B", i)`` a st
 order. Micro-batches enter forward in order 0..m-1 and leave backward in order 0..m-1 on every
 stage, so neighbours always agree on which micro-batch a message belongs to.
 
+Past 1F1B: shrinking the bubble itself
+--------------------------------------
+* **ZB-H1** (zero bubble, Qi et al. 2024): a backward is two jobs. B, the gradient of the stage's
+  *inputs*, is what the previous stage waits for; W, the gradient of its *weights*, nobody waits
+  for. Run B (``backward_input``) and send its result at once, and run W (``backward_weight``)
+  later, where 1F1B would idle: with equal F, B and W the bubble is (p - 1) / (3m + p - 1), about a
+  third of 1F1B's, while no stage holds more than p micro-batches (1F1B's peak).
+* **Interleaved 1F1B** (Megatron-LM): each rank holds v model *chunks* (``build_stage`` of the
+  model cut into p * v stages), chunk c of rank r being model chunk c * p + r, so a micro-batch
+  goes round the ranks v times and the start-up and drain take 1/v of the time: the bubble is
+  (p - 1) / (v m + p - 1), for v times as many messages (``interleaved_order``).
+
 Deadlocks: with gloo a blocking ``dist.send`` waits until the peer posts the matching ``recv``. In
 1F1B stage s may send micro-batch i+1's activations while stage s+1 sends micro-batch i's
 gradient back: two blocking sends facing each other never finish. Send with ``dist.isend``
@@ -74,11 +87,12 @@ from rank 1)").
 
 How the kit trains with it
 --------------------------
-``run_glue --task 9 --world_size P --spawn --micro_batches M --schedule afab|1f1b`` gives rank r
+``run_glue --task 9 --world_size P --spawn --micro_batches M --schedule afab|1f1b|zb-h1`` gives rank r
 stage r of ``build_stage`` and AdamW over its parameters; every rank loads the whole batch, the
 kit cuts it into M micro-batches (``split_micro_batches``), calls your ``pipeline_step``, clips
 by the gradient norm over all stages, steps each stage's optimizer and broadcasts the last
-stage's loss. With ``--pipeline_stages P`` below the world size the ranks are P stages x world/P
+stage's loss (``--schedule interleaved --virtual_stages V``: rank r gets the ``nn.ModuleList`` of its
+V chunks). With ``--pipeline_stages P`` below the world size the ranks are P stages x world/P
 data-parallel replicas (rank = replica * P + stage): ``ranks`` and ``group`` then name this
 replica's pipeline, and your Task 2b ``allreduce_average`` averages each stage's gradients over
 its replicas. With ``--dropout 0`` its losses equal Task 1's step by step. ``--save_every N`` /
@@ -114,7 +128,17 @@ Cases the checks test
   the same losses as single-node training on the whole batch (within 1e-4);
 * ``stage_sizes`` balances the layers (sizes differ by at most one, the earlier stages get the
   extra ones), and the stages ``build_stage`` cuts from a BERT model, run as a pipeline, give the
-  model's own loss and gradients (the attention mask travels with the activations).
+  model's own loss and gradients (the attention mask travels with the activations);
+* ZB-H1's order: 1F1B's F and B, W(k - stage) after B(k) once k >= stage, the rest at the end; and
+  interleaved 1F1B's order (Megatron's warm-up, steady state, cool-down), for random (p, m, v); m
+  not a multiple of p raises ValueError;
+* B: the gradients of the stage's inputs only (``backward_input`` leaves the weights' ``.grad``
+  alone); W: the weights' gradients, added into .grad (``backward_weight``), float64, against
+  autograd's;
+* ZB-H1 equals one process on 3 stages, and on every stage B's gradient is sent upstream before
+  its W runs (the stage's F, B, W, sends and receives in ZB-H1's order);
+* interleaved 1F1B equals one process on 2 ranks x 2 chunks, where chunk c of rank r is model
+  chunk c * p + r (its forwards, backwards, sends and receives in ``interleaved_order``'s order).
 """
 
 from __future__ import annotations
