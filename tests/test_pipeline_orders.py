@@ -75,3 +75,33 @@ def test_orders_equal_the_graders_and_bad_input_is_refused():
         solution.interleaved_order(0, 3, 4, 2)
     with pytest.raises(ValueError, match="interleaved_order"):
         solution.schedule_order("interleaved", 0, 2, 4)
+
+
+def test_the_timeline_tells_b_from_w():
+    """``TimedStage(split=True)`` (notebook 9, the bubble benchmark): a pass that reaches the stage's
+    input is a B, one that reaches only its weights a W; without ``split`` a whole backward is a B."""
+    import torch
+    from torch import nn
+
+    from student_src.kit.demo.pipeline import TimedStage
+
+    class Stage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, inputs, micro_batch):
+            return (torch.tanh(self.lin(inputs[0])),)
+
+    for split, kinds in ((True, ["F", "B", "W"]), (False, ["F", "B"])):
+        stage = TimedStage(Stage(), split=split)
+        x = torch.randn(2, 3, requires_grad=True)
+        (out,) = stage((x,), {})
+        grad = torch.ones_like(out)
+        if split:
+            solution.backward_input([out], [grad], (x,))
+            solution.backward_weight([out], [grad], stage.parameters())
+        else:
+            torch.autograd.backward([out], [grad])
+        events = stage.close()
+        assert [e[0] for e in events] == kinds and all(e[1] == 0 and e[3] >= e[2] for e in events)
