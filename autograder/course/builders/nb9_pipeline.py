@@ -71,6 +71,12 @@ The cell runs the four schedules on the same model (`STAGES` × 2 layers: a stag
 interleaved chunk one) with m = 2 × `STAGES`, your `pipeline_step` each time. In ZB-H1's timeline the
 green boxes are W's: find them in the cool-down, where 1F1B's stages idle. Stage 0 has no input
 gradient to send, so its B's are empty and its W's carry its whole backward.
+
+Here each pass of the small model lasts a few milliseconds, about what one message costs on local
+ranks: interleaving's v times as many messages (each chunk boundary is a hop on the critical path)
+can cost more than the bubble it saves, a real trade-off that Megatron-LM weighs too. With passes
+long against a message (a large model, or the course's bubble benchmark, which pads every pass to a
+known length) the bubbles follow the formulas.
 """)
     nb.code("runs9zb = pp.run(STAGES, (2 * STAGES,), schedules=pp.ALL_SCHEDULES)\npp.show(runs9zb)")
     nb.md("""
