@@ -158,7 +158,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     workdir = warm.workdir() if warm else leftovers.make_temp_dir("autograder-")
     if isolation.level == "user":
         os.chmod(workdir, 0o755)  # ranks run as nobody and must read their workspace
-    pools = None
+    pools = lane = None
     checks: list = []
     try:
         # The sandbox's server imports torch (seconds) while this process plans the grading, and
@@ -210,11 +210,12 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             guard = GraderFiles(_grader_roots() + [sub.workspace(src) for _, src in runnable])
         hit: dict[str, bool] = {}  # tasks where a test hit a deadline (an endless loop, a deadlock)
 
+        lane = JudgeLane(results)  # check i is judged here while check i+1's ranks run
         for c, src, skip in plan:
             pts = points_for(c)
             if skip is not None:
                 skipped = skip.startswith("skipped:")
-                results.add(TestResult.of(c, 0.0, 0.0 if skipped else pts, skipped, skip, visibility_for(c)))
+                lane.done(TestResult.of(c, 0.0, 0.0 if skipped else pts, skipped, skip, visibility_for(c)))
                 continue
             if progress:
                 progress(c)
@@ -229,17 +230,18 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
                 outcome = group.run(job, limits)
                 if observe is not None:
                     observe(c, outcome)
-                verdict = judge(c, outcome, secrets)
             except PoolError as exc:
-                verdict = Verdict(False, f"autograder problem (not your code): {exc}")
                 results.grader_errors.append(str(exc))
+                lane.done(TestResult.of(c, 0.0, pts, False, f"autograder problem (not your code): {exc}",
+                                        visibility_for(c), time.monotonic() - tc, source=src.shown()))
             finally:
                 if group is not None:
                     group.kill()
-            if not verdict.passed and outcome is not None and outcome.problem in ("timeout", "deadlock"):
-                hit[c.task] = True
-            results.add(TestResult.of(c, pts if verdict.passed else 0.0, pts, verdict.passed, verdict.message,
-                                      visibility_for(c), time.monotonic() - tc, source=src.shown()))
+            if outcome is not None:
+                if outcome.problem in ("timeout", "deadlock"):  # a check that hit a deadline never passes
+                    hit[c.task] = True
+                lane.judge(c, outcome, secrets, pts, src.shown(), tc)
+        lane.finish()
         if pools:
             results.pools_started = pools.started - started_before
     except SubmissionError as exc:
@@ -249,6 +251,11 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     except Exception:  # a grader bug; a stop signal (cli.Interrupted, a BaseException) passes through
         results.grader_errors.append(traceback.format_exc())
     finally:
+        if lane is not None:
+            try:
+                lane.finish(timeout=30)
+            except Exception:  # already reported by the grading's own finish()
+                pass
         if pools is not None and warm is None:
             pools.close()
         changed = guard.changed() if guard is not None else []  # before the workspaces go
@@ -259,6 +266,76 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
                                      "this grade or any later one; restore the grader and grade with --sandbox bwrap")
     results.execution_time = time.monotonic() - t0
     return results
+
+
+class JudgeLane:
+    """Judges the checks in a thread of their own, in order, while the next check's ranks run.
+
+    A judge rebuilds what is right from the secrets (a reference BERT trained step by step, the
+    exact mean of every rank's gradients) in this process: on the whole solution that was more of
+    the wall time than the ranks' own work, and the ranks mostly wait on each other meanwhile. The
+    judges use one torch thread (tiny tensors; the ranks have the other cores), restored after.
+    Each result goes into ``results`` as soon as it and every result before it are known (the
+    file written during grading counts the tests graded so far, in order). A judge is the
+    grader's own code: an exception it raises is a grader error, raised again by ``finish()``."""
+
+    def __init__(self, results):
+        import queue
+        import torch
+        self._out = results
+        self._threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        self._slots: list = []   # [result, exception] per check, in the plan's order
+        self._added = 0          # how many of them are in ``results``
+        self._lock = threading.Lock()
+        self._todo: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="judges", daemon=True)
+        self._thread.start()
+
+    def done(self, result: TestResult) -> None:
+        """A result known without judging (a skip, a grader problem), in its place in the order."""
+        with self._lock:
+            self._slots.append([result, None])
+        self._flush()
+
+    def judge(self, c, outcome, secrets, pts, shown: str, started: float) -> None:
+        slot = [None, None]
+        with self._lock:
+            self._slots.append(slot)
+        self._todo.put((slot, c, outcome, secrets, pts, shown, started))
+
+    def _work(self) -> None:
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            slot, c, outcome, secrets, pts, shown, started = item
+            try:
+                verdict = judge(c, outcome, secrets)
+                slot[0] = TestResult.of(c, pts if verdict.passed else 0.0, pts, verdict.passed, verdict.message,
+                                        visibility_for(c), time.monotonic() - started, source=shown)
+            except BaseException as exc:  # a grader bug: raised again in the grading's thread
+                slot[1] = exc
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._lock:
+            while self._added < len(self._slots) and self._slots[self._added][0] is not None:
+                self._out.add(self._slots[self._added][0])
+                self._added += 1
+
+    def finish(self, timeout: float | None = None) -> None:
+        """Wait for the last judge (``timeout``: a grading being stopped waits no longer), restore
+        torch's threads; a judge's exception is raised here. Idempotent."""
+        import torch
+        if self._thread is not None:
+            self._todo.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+            torch.set_num_threads(self._threads)
+        for _, exc in self._slots:
+            if exc is not None:
+                raise exc
 
 
 def _output_excerpt(outcome, limit: int = 1500) -> str:

@@ -71,13 +71,18 @@ def timeout_message(limits, used: float, elapsed: float) -> str:
             f"{used:.1f} s of CPU: waiting for something that never comes, while a thread keeps busy?); ")
 
 
-def stall_message(pending, done, where, stall, point_to_point: bool = False) -> str:
+def stall_message(pending, done, where, stall, point_to_point: bool = False, wall: float | None = None) -> str:
+    """A deadlock: no rank still inside the check used CPU for ``stall`` seconds, or (``wall``) the
+    wall-clock ceiling came while their main threads waited (a busy thread, or a loaded machine,
+    kept the CPU moving; the main threads' stacks show where they wait)."""
     at = "; ".join(f"rank {r} was waiting at {w or 'an unknown place'}" for r, w in where.items())
+    waited = (f"waited for {round(wall, 1):g} s of wall time with their main threads idle" if wall is not None
+              else f"made no progress for {round(stall, 1):g} s")
     if done:
         lead = (f"deadlock: rank(s) {', '.join(map(str, done))} finished but rank(s) "
-                f"{', '.join(map(str, pending))} made no progress for {round(stall, 1):g} s")
+                f"{', '.join(map(str, pending))} {waited}")
     else:
-        lead = f"deadlock: no rank made progress for {round(stall, 1):g} s"
+        lead = f"deadlock: no rank made progress for {round(stall, 1):g} s" if wall is None else f"deadlock: every rank {waited}"
     if point_to_point:
         why = (" — a rank waits in a send or receive whose matching call never comes: every send needs a receive "
                "posted by the rank it names, and every receive a send from the rank it names (the same peers, in "

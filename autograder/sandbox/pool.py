@@ -34,6 +34,12 @@ from .capture import Capture, waits_point_to_point, where_from_dump
 from .deadlines import Limits
 from .endings import death_message, stall_message, timeout_message
 
+#: a check stopped by its wall-clock ceiling whose busiest main thread used less than this share of
+#: the elapsed time was waiting, not computing; waiting in a send or receive is then told as a
+#: deadlock (under load a busy helper thread, or the machine's other work, can keep the stall
+#: detector from seeing one)
+WAITING_SHARE = 0.25
+
 _LIVE_GROUPS: "weakref.WeakSet[SandboxGroup]" = weakref.WeakSet()
 _prefix_counter = itertools.count()
 
@@ -377,6 +383,12 @@ class SandboxGroup:
             used = max((self._main_cpu(r) - main_start[r] for r in pending if main_start[r] >= 0), default=0.0)
             if used > timeout or now - t0 > limits.wall:
                 where = self._dump_stacks(sorted(pending))
+                waiting = used <= timeout and used < WAITING_SHARE * (now - t0)
+                if waiting and getattr(self, "_p2p_wait", False):  # main threads idle in a send/recv: a deadlock
+                    done = [r for r in range(self.world_size) if r not in pending]
+                    outcome.problem = "deadlock"
+                    outcome.message = stall_message(sorted(pending), done, where, stall, True, wall=now - t0)
+                    break
                 outcome.problem = "timeout"
                 outcome.message = timeout_message(limits, used, now - t0) + "; ".join(
                     f"rank {r} was at {w or 'an unknown place'}" for r, w in where.items())
