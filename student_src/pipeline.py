@@ -1,4 +1,5 @@
-"""Task 9 (advanced, extra credit): pipeline parallelism by hand, GPipe (AFAB) then 1F1B.
+"""Task 9 (advanced, extra credit): pipeline parallelism by hand, GPipe (AFAB), 1F1B, then ZB-H1 and
+interleaved 1F1B.
 
 When the model itself is the problem
 ------------------------------------
@@ -63,6 +64,18 @@ Both go through ``schedule_order``: the list of ``("F", i)`` / ``("B", i)`` a st
 order. Micro-batches enter forward in order 0..m-1 and leave backward in order 0..m-1 on every
 stage, so neighbours always agree on which micro-batch a message belongs to.
 
+Past 1F1B: shrinking the bubble itself
+--------------------------------------
+* **ZB-H1** (zero bubble, Qi et al. 2024): a backward is two jobs. B, the gradient of the stage's
+  *inputs*, is what the previous stage waits for; W, the gradient of its *weights*, nobody waits
+  for. Run B (``backward_input``) and send its result at once, and run W (``backward_weight``)
+  later, where 1F1B would idle: with equal F, B and W the bubble is (p - 1) / (3m + p - 1), about a
+  third of 1F1B's, while no stage holds more than p micro-batches (1F1B's peak).
+* **Interleaved 1F1B** (Megatron-LM): each rank holds v model *chunks* (``build_stage`` of the
+  model cut into p * v stages), chunk c of rank r being model chunk c * p + r, so a micro-batch
+  goes round the ranks v times and the start-up and drain take 1/v of the time: the bubble is
+  (p - 1) / (v m + p - 1), for v times as many messages (``interleaved_order``).
+
 Deadlocks: with gloo a blocking ``dist.send`` waits until the peer posts the matching ``recv``. In
 1F1B stage s may send micro-batch i+1's activations while stage s+1 sends micro-batch i's
 gradient back: two blocking sends facing each other never finish. Send with ``dist.isend``
@@ -74,11 +87,12 @@ from rank 1)").
 
 How the kit trains with it
 --------------------------
-``run_glue --task 9 --world_size P --spawn --micro_batches M --schedule afab|1f1b`` gives rank r
+``run_glue --task 9 --world_size P --spawn --micro_batches M --schedule afab|1f1b|zb-h1`` gives rank r
 stage r of ``build_stage`` and AdamW over its parameters; every rank loads the whole batch, the
 kit cuts it into M micro-batches (``split_micro_batches``), calls your ``pipeline_step``, clips
 by the gradient norm over all stages, steps each stage's optimizer and broadcasts the last
-stage's loss. With ``--pipeline_stages P`` below the world size the ranks are P stages x world/P
+stage's loss (``--schedule interleaved --virtual_stages V``: rank r gets the ``nn.ModuleList`` of its
+V chunks). With ``--pipeline_stages P`` below the world size the ranks are P stages x world/P
 data-parallel replicas (rank = replica * P + stage): ``ranks`` and ``group`` then name this
 replica's pipeline, and your Task 2b ``allreduce_average`` averages each stage's gradients over
 its replicas. With ``--dropout 0`` its losses equal Task 1's step by step. ``--save_every N`` /
@@ -114,7 +128,17 @@ Cases the checks test
   the same losses as single-node training on the whole batch (within 1e-4);
 * ``stage_sizes`` balances the layers (sizes differ by at most one, the earlier stages get the
   extra ones), and the stages ``build_stage`` cuts from a BERT model, run as a pipeline, give the
-  model's own loss and gradients (the attention mask travels with the activations).
+  model's own loss and gradients (the attention mask travels with the activations);
+* ZB-H1's order: 1F1B's F and B, W(k - stage) after B(k) once k >= stage, the rest at the end; and
+  interleaved 1F1B's order (Megatron's warm-up, steady state, cool-down), for random (p, m, v); m
+  not a multiple of p raises ValueError;
+* B: the gradients of the stage's inputs only (``backward_input`` leaves the weights' ``.grad``
+  alone); W: the weights' gradients, added into .grad (``backward_weight``), float64, against
+  autograd's;
+* ZB-H1 equals one process on 3 stages, and on every stage B's gradient is sent upstream before
+  its W runs (the stage's F, B, W, sends and receives in ZB-H1's order);
+* interleaved 1F1B equals one process on 2 ranks x 2 chunks, where chunk c of rank r is model
+  chunk c * p + r (its forwards, backwards, sends and receives in ``interleaved_order``'s order).
 """
 
 from __future__ import annotations
@@ -124,7 +148,7 @@ import torch.distributed as dist
 
 from .kit.parallel.pipeline.provided import BertStage, num_layers, split_micro_batches  # noqa: F401  (provided)
 
-SCHEDULES = ("afab", "1f1b")
+SCHEDULES = ("afab", "1f1b", "zb-h1", "interleaved")
 
 
 def stage_sizes(num_layers: int, num_stages: int) -> list[int]:
@@ -156,25 +180,121 @@ def build_stage(model, stage: int, num_stages: int, sizes=None):
     ### END SOLUTION
 
 
+
 def schedule_order(schedule: str, stage: int, num_stages: int, num_micro_batches: int) -> list[tuple[str, int]]:
     """The forwards and backwards stage ``stage`` runs in one step, in order: ``("F", i)`` is the
-    forward of micro-batch i, ``("B", i)`` its backward (``schedule`` "afab" or "1f1b", see the
-    module docstring). AFAB: ``F0 F1 .. F(m-1) B0 B1 .. B(m-1)``. 1F1B: ``w = min(p - stage - 1, m)``
+    forward of micro-batch i, ``("B", i)`` its backward (``schedule`` "afab", "1f1b" or "zb-h1", see
+    the module docstring). AFAB: ``F0 F1 .. F(m-1) B0 B1 .. B(m-1)``. 1F1B: ``w = min(p - stage - 1, m)``
     warm-up forwards ``F0 .. F(w-1)``, then ``F(w) B0 F(w+1) B1 ...`` until every forward ran,
     then the remaining backwards. With p = 2, m = 4: stage 0 runs
-    ``F0 F1 B0 F2 B1 F3 B2 B3``, stage 1 ``F0 B0 F1 B1 F2 B2 F3 B3``. Raise ``ValueError`` for an
-    unknown schedule."""
+    ``F0 F1 B0 F2 B1 F3 B2 B3``, stage 1 ``F0 B0 F1 B1 F2 B2 F3 B3``.
+
+    ZB-H1 (zero bubble, Qi et al. 2024) splits each backward in two: ``("B", i)`` computes only
+    the gradient of the stage's *inputs* (what the previous stage waits for) and ``("W", i)`` the
+    gradient of its *weights* (which nobody waits for, so it can be deferred into the idle time).
+    Its order is 1F1B's F and B, with ``("W", k - stage)`` right after ``("B", k)`` once
+    ``k >= stage`` (stage s keeps its first s weight gradients back), and the W's still owed at the
+    end: they fill the cool-down, where 1F1B idles. A micro-batch's activations are held from its
+    F to its W, at most p of them on any stage: 1F1B's peak (stage 0's). With p = 2, m = 3: stage 0
+    ``F0 F1 B0 W0 F2 B1 W1 B2 W2``, stage 1 ``F0 B0 F1 B1 W0 F2 B2 W1 W2``. Raise ``ValueError`` for
+    an unknown schedule ("interleaved" has chunks: ``interleaved_order``)."""
     ### BEGIN SOLUTION
     m = num_micro_batches
     if schedule == "afab":
         return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    if schedule != "1f1b":
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if schedule not in ("1f1b", "zb-h1"):
+        raise ValueError(f"unknown schedule {schedule!r} for schedule_order; choose afab, 1f1b or zb-h1 "
+                         "(interleaved: interleaved_order)")
     warm = min(num_stages - stage - 1, m)
     order = [("F", i) for i in range(warm)]
     for j in range(m - warm):
         order += [("F", warm + j), ("B", j)]
-    return order + [("B", i) for i in range(m - warm, m)]
+    order += [("B", i) for i in range(m - warm, m)]
+    if schedule == "1f1b":
+        return order
+    zb, w = [], 0
+    for kind, i in order:
+        zb.append((kind, i))
+        if kind == "B" and i >= stage:
+            zb.append(("W", w))
+            w += 1
+    return zb + [("W", i) for i in range(w, m)]
+    ### END SOLUTION
+
+
+def interleaved_order(stage: int, num_stages: int, num_micro_batches: int, virtual_stages: int
+                      ) -> list[tuple[str, int, int]]:
+    """Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021): each of the p ranks holds v model
+    *chunks*, chunk c of rank r being model chunk ``c * p + r`` (with p = 2, v = 2: rank 0 holds
+    chunks 0 and 2, rank 1 chunks 1 and 3; a micro-batch goes round the ranks v times). Returns
+    ``("F" or "B", micro_batch, chunk)`` in the order rank ``stage`` runs them.
+
+    The ranks work on micro-batches in groups of p: the k-th forward of a rank is chunk
+    ``(k // p) % v`` of micro-batch ``(k // (p * v)) * p + k % p``; its k-th backward the same with
+    chunk ``v - 1 - (k // p) % v`` (backwards go through the chunks the other way). A rank first
+    runs ``w = min((v - 1) * p + 2 * (p - stage - 1), m * v)`` warm-up forwards, then alternates
+    forward ``w + k`` with backward k, then runs the remaining backwards. Each chunk is 1/v of a
+    stage, so the start-up and drain take 1/v of 1F1B's: the bubble is ``(p - 1) / (v * m)`` of
+    the ideal step, at the price of v times as many messages. Needs m a multiple of p and p >= 2
+    (raise ``ValueError`` otherwise, in one line)."""
+    ### BEGIN SOLUTION
+    p, m, v = num_stages, num_micro_batches, virtual_stages
+    if p < 2 or v < 1:
+        raise ValueError(f"interleaved 1F1B needs at least 2 ranks and 1 chunk each, got p = {p}, v = {v}")
+    if m % p:
+        raise ValueError(f"interleaved 1F1B takes micro-batches in groups of p: m = {m} is not a multiple of p = {p}")
+    total = m * v
+    warm = min((v - 1) * p + 2 * (p - stage - 1), total)
+
+    def at(k: int, backward: bool) -> tuple[int, int]:
+        chunk = (k // p) % v
+        return (k // (p * v)) * p + k % p, (v - 1 - chunk if backward else chunk)
+
+    order = [("F", *at(k, False)) for k in range(warm)]
+    for k in range(total - warm):
+        order += [("F", *at(warm + k, False)), ("B", *at(k, True))]
+    return order + [("B", *at(k, True)) for k in range(total - warm, total)]
+    ### END SOLUTION
+
+
+def backward_input(outputs, grads, inputs) -> list:
+    """ZB-H1's B: the gradients of the loss with respect to this stage's floating-point ``inputs``
+    only (the tuple received from the previous stage), to be sent upstream at once. ``outputs``:
+    the tensors the stage's forward returned (the scaled loss on the last stage), ``grads``: their
+    gradients received from the next stage (None on the last stage). Take them with
+    ``torch.autograd.grad(outputs, inputs=..., grad_outputs=grads, retain_graph=True)``: only the
+    path from the outputs back to the inputs runs, no weight's gradient is computed (``.grad``
+    untouched), and the graph stays for W. Returns one gradient per floating-point input (zeros
+    where the input does not reach the outputs), ``[]`` when there is none (the first stage)."""
+    ### BEGIN SOLUTION
+    floats = [t for t in inputs if t.is_floating_point()]
+    wanted = [t for t in floats if t.requires_grad]
+    if not wanted:
+        return [torch.zeros_like(t) for t in floats]
+    got = dict(zip(map(id, wanted), torch.autograd.grad(outputs, wanted, grad_outputs=grads, retain_graph=True,
+                                                        allow_unused=True)))
+    return [got.get(id(t)) if got.get(id(t)) is not None else torch.zeros_like(t) for t in floats]
+    ### END SOLUTION
+
+
+def backward_weight(outputs, grads, params) -> None:
+    """ZB-H1's W: the gradients of the loss with respect to ``params`` (this stage's parameters),
+    *added* into their ``.grad`` (micro-batches accumulate), with
+    ``torch.autograd.grad(outputs, inputs=params, grad_outputs=grads)``. Nothing downstream waits
+    for them, which is why W can run later, in what would be the bubble. Frees the graph (no
+    ``retain_graph``): the micro-batch's activations are released here. Parameters that do not
+    require a gradient, or that the outputs do not depend on, are left alone."""
+    ### BEGIN SOLUTION
+    params = [q for q in params if q.requires_grad]
+    if not params:
+        return
+    for q, g in zip(params, torch.autograd.grad(outputs, params, grad_outputs=grads, allow_unused=True)):
+        if g is None:
+            continue
+        if q.grad is None:
+            q.grad = g.detach()
+        else:
+            q.grad.add_(g)
     ### END SOLUTION
 
 
@@ -196,6 +316,20 @@ def pipeline_step(stage_module, micro_batches, stage: int, num_stages: int, sche
       ``torch.autograd.backward(outputs, grads)``. Then, except on stage 0, send the gradients of
       the floating-point inputs (``.grad``; zeros where it is None) to the previous stage.
 
+    ZB-H1 (``schedule="zb-h1"``): ``("B", i)`` receives the outputs' gradients as above but takes
+    only the inputs' gradients (``backward_input``) and sends them at once; ``("W", i)`` later adds
+    the weights' gradients (``backward_weight``, over ``stage_module.parameters()``). Keep the
+    outputs and their gradients from B until W.
+
+    Interleaved (``schedule="interleaved"``): ``stage_module`` is the list (an ``nn.ModuleList``)
+    of this rank's v chunks, chunk c being model chunk ``c * p + stage`` (p = ``num_stages``); go
+    through ``interleaved_order(stage, p, m, v)``. Model chunk g is first when g == 0 and last when
+    g == v * p - 1; every other chunk receives from rank ``(stage - 1) % p`` and sends to rank
+    ``(stage + 1) % p`` (the last chunk of rank p - 1 feeds the next chunk of rank 0). Two chunks'
+    messages can now cross the same pair of ranks in a different order than they are received:
+    give every message a ``tag`` that names it (micro-batch, model chunk, direction), on the send
+    and on the receive, so that gloo pairs each receive with its own send.
+
     ``wait()`` on every ``isend`` before returning. Then, when ``optimizer`` is given (it holds
     this stage's parameters), one ``optimizer.step()`` and ``optimizer.zero_grad()``: one step per
     stage per batch, after the m micro-batches' gradients have accumulated.
@@ -211,52 +345,71 @@ def pipeline_step(stage_module, micro_batches, stage: int, num_stages: int, sche
     the others. With ``num_stages == 1`` the only stage is first and last: nothing is sent.
     """
     ### BEGIN SOLUTION
-    m = len(micro_batches)
-    ranks = list(ranks) if ranks is not None else list(range(num_stages))
-    first, last = stage == 0, stage == num_stages - 1
-    prev_rank = None if first else ranks[stage - 1]
-    next_rank = None if last else ranks[stage + 1]
+    m, p = len(micro_batches), num_stages
+    ranks = list(ranks) if ranks is not None else list(range(p))
+    if schedule == "interleaved":
+        chunks = list(stage_module)
+        ops = interleaved_order(stage, p, m, len(chunks))
+    else:
+        chunks = [stage_module]
+        ops = [(kind, i, 0) for kind, i in schedule_order(schedule, stage, p, m)]
+    split, last_chunk = schedule == "zb-h1", len(chunks) * p - 1
+    prev_rank, next_rank = ranks[(stage - 1) % p], ranks[(stage + 1) % p]
     stash, pending, total = {}, [], None
 
-    def send(tensor, dst):
-        t = tensor.detach().contiguous()
-        pending.append((dist.isend(t, dst=dst, group=group), t))
+    def tag(i: int, g: int, backward: bool) -> int:
+        """The one message of micro-batch i leaving model chunk g (forward or backward)."""
+        return (i * (last_chunk + 1) + g) * 2 + int(backward)
 
-    for kind, i in schedule_order(schedule, stage, num_stages, m):
-        mb = micro_batches[i]
+    def send(tensor, dst, t):
+        x = tensor.detach().contiguous()
+        pending.append((dist.isend(x, dst=dst, group=group, tag=t), x))
+
+    for kind, i, c in ops:
+        mod, g, mb = chunks[c], c * p + stage, micro_batches[i]
+        first, last = g == 0, g == last_chunk
         if kind == "F":
             inputs = ()
             if not first:
-                inputs = tuple(torch.empty(shape, dtype=dtype) for shape, dtype in stage_module.boundary_specs(mb))
+                inputs = tuple(torch.empty(shape, dtype=dtype) for shape, dtype in mod.boundary_specs(mb))
                 for t in inputs:
-                    dist.recv(t, src=prev_rank, group=group)
+                    dist.recv(t, src=prev_rank, group=group, tag=tag(i, g - 1, False))
                     if t.is_floating_point():
                         t.requires_grad_()
-            out = stage_module(inputs, mb)
+            out = mod(inputs, mb)
             if last:
                 out = out / m
                 total = out.detach() if total is None else total + out.detach()
+                stash[i, c] = (inputs, [out], None)
             else:
                 out = tuple(out)
                 for t in out:
-                    send(t, next_rank)
-            stash[i] = (inputs, out)
+                    send(t, next_rank, tag(i, g, False))
+                stash[i, c] = (inputs, [t for t in out if t.is_floating_point()], None)
+            continue
+        if kind == "W":
+            _, outs, grads = stash.pop((i, c))
+            backward_weight(outs, grads, mod.parameters())
+            continue
+        inputs, outs, _ = stash[i, c]
+        grads = [None]  # the last chunk's loss: a scalar, d loss / d loss = 1
+        if not last:
+            grads = [torch.empty_like(t) for t in outs]
+            for gr in grads:
+                dist.recv(gr, src=next_rank, group=group, tag=tag(i, g + 1, True))
+            # only the outputs that carry a gradient (one computed from nothing trainable does not)
+            outs, grads = [t for t in outs if t.requires_grad], [gr for t, gr in zip(outs, grads) if t.requires_grad]
+        if split:
+            in_grads = backward_input(outs, grads, inputs)
+            stash[i, c] = (inputs, outs, grads)  # W needs the outputs and their gradients
         else:
-            inputs, out = stash.pop(i)
-            if last:
-                out.backward()
-            else:
-                floats = [t for t in out if t.is_floating_point()]
-                grads = [torch.empty_like(t) for t in floats]
-                for g in grads:
-                    dist.recv(g, src=next_rank, group=group)
-                pairs = [(t, g) for t, g in zip(floats, grads) if t.requires_grad]
-                if pairs:
-                    torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
-            if not first:
-                for t in inputs:
-                    if t.is_floating_point():
-                        send(t.grad if t.grad is not None else torch.zeros_like(t), prev_rank)
+            stash.pop((i, c))
+            if outs:
+                torch.autograd.backward(outs, grads)
+            in_grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs if t.is_floating_point()]
+        if not first:
+            for gr in in_grads:
+                send(gr, prev_rank, tag(i, g, True))
     for work, _ in pending:
         work.wait()
     if optimizer is not None:

@@ -551,6 +551,10 @@ ZOO["10_padding_idx_passed_on_as_the_global_id"] = ("tensor_parallel_vocab", "10
 TASK_9 = {"9.public_afab_2_stages", "9.one_f_one_b_2_stages", "9.one_f_one_b_4_stages", "9.afab_4_stages_float64",
           "9.schedule_1f1b", "9.point_to_point_only", "9.world_size_1", "9.bert_stages_2_ranks", "9.stage_sizes",
           "9.pipeline_x_data_parallel_4_ranks", "9.tiny_bert_matches_single_node"}
+# issue 47's schedules (checks/task9_zb.py): the pure functions', and the two that run pipeline_step
+TASK_9_ZB_PURE = {"9.zb_interleaved_orders", "9.zb_backward_split"}
+TASK_9_ZB_RUNS = {"9.zb_h1_3_stages", "9.interleaved_2_ranks"}
+TASK_9 |= TASK_9_ZB_PURE | TASK_9_ZB_RUNS
 ALL_OF["9"] = TASK_9
 ZOO.update({
     "9_forgets_to_scale_the_loss": ("pipeline", "9", """
@@ -574,7 +578,7 @@ ZOO.update({
             return _step(wrapped, micro_batches, stage, num_stages, schedule, optimizer, ranks, group)
         """,
         # only the calls and the layer counts are right
-        TASK_9 - {"9.point_to_point_only", "9.stage_sizes"}, "scale each micro-batch's loss by 1/m"),
+        TASK_9 - {"9.point_to_point_only", "9.stage_sizes"} - TASK_9_ZB_PURE, "scale each micro-batch's loss by 1/m"),
     "9_afab_request_runs_1f1b": ("pipeline", "9", """
         _step = pipeline_step
 
@@ -582,8 +586,9 @@ ZOO.update({
                           ranks=None, group=None):  # whatever is asked, 1F1B runs: the same numbers, not AFAB's order
             return _step(stage_module, micro_batches, stage, num_stages, "1f1b", optimizer, ranks, group)
         """,
-        # the gradients and parameters are right; only the AFAB checks' order is not
-        {"9.public_afab_2_stages", "9.afab_4_stages_float64"}, "not AFAB's F F F F B B B B"),
+        # the gradients and parameters are right; only the AFAB checks' order is not (and ZB-H1's and
+        # interleaved's, which 1F1B is not either)
+        {"9.public_afab_2_stages", "9.afab_4_stages_float64"} | TASK_9_ZB_RUNS, "not AFAB's F F F F B B B B"),
     "9_sends_back_the_wrong_tensor": ("pipeline", "9", """
         def pipeline_step(stage_module, micro_batches, stage, num_stages, schedule="1f1b", optimizer=None,
                           ranks=None, group=None):
@@ -630,8 +635,10 @@ ZOO.update({
                 optimizer.zero_grad()
             return total
         """,
-        # 2 stages have no middle stage: only the 4-stage checks see it
-        {"9.one_f_one_b_4_stages", "9.afab_4_stages_float64", "9.schedule_1f1b"}, "differs from one process's"),
+        # 2 stages have no middle stage: only the 4-stage checks see it (and the newer schedules', which this
+        # pipeline_step written for AFAB and 1F1B cannot run)
+        {"9.one_f_one_b_4_stages", "9.afab_4_stages_float64", "9.schedule_1f1b"} | TASK_9_ZB_RUNS,
+        "differs from one process's"),
     "9_received_activations_without_requires_grad": ("pipeline", "9", """
         _step = pipeline_step
 
@@ -651,7 +658,7 @@ ZOO.update({
             return _step(_Detached(stage_module), micro_batches, stage, num_stages, schedule, optimizer, ranks, group)
         """,
         # the earlier stages never learn; one stage, the calls and the layer counts are right
-        TASK_9 - {"9.world_size_1", "9.point_to_point_only", "9.stage_sizes"}, "requires_grad_()"),
+        TASK_9 - {"9.world_size_1", "9.point_to_point_only", "9.stage_sizes"} - TASK_9_ZB_PURE, "requires_grad_()"),
     "9_receives_the_gradient_too_early": ("pipeline", "9", """
         def pipeline_step(stage_module, micro_batches, stage, num_stages, schedule="1f1b", optimizer=None,
                           ranks=None, group=None):
@@ -703,7 +710,37 @@ ZOO.update({
         # AFAB, and 1F1B on 4 stages, deadlock (stopped, the message naming each waiting rank's peer and
         # micro-batch); 1F1B on 2 stages happens to receive each gradient in time, but not in 1F1B's order
         {"9.public_afab_2_stages", "9.one_f_one_b_2_stages", "9.one_f_one_b_4_stages", "9.afab_4_stages_float64",
-         "9.schedule_1f1b", "9.point_to_point_only"}, "(in dist.recv of micro-batch 0's gradient from rank 1)"),
+         "9.schedule_1f1b", "9.point_to_point_only"} | TASK_9_ZB_RUNS,
+        "(in dist.recv of micro-batch 0's gradient from rank 1)"),
+    # ------------------------------------------------------------------ 9, issue 47: ZB-H1 and interleaved
+    "9_chunk_mapping_r_times_v_plus_c": ("pipeline", "9", """
+        import inspect as _inspect
+
+        # the solution's pipeline_step with rank r's chunk c taken as model chunk r * v + c (each rank a
+        # contiguous block of chunks), not c * p + r: messages go to chunks that do not wait for them
+        exec(_inspect.getsource(pipeline_step).replace("c * p + stage, micro_batches[i]",
+                                                       "stage * len(chunks) + c, micro_batches[i]"), globals())
+        """,
+        {"9.interleaved_2_ranks"}, "chunk c of rank r is model chunk c * p + r"),
+    "9_w_before_bs_send": ("pipeline", "9", """
+        import inspect as _inspect
+
+        # the solution's pipeline_step with each W run right after its B, before B's gradient is sent
+        # upstream: the same numbers, and the stage before waits for weight gradients it does not need
+        exec(_inspect.getsource(pipeline_step)
+             .replace("stash[i, c] = (inputs, outs, grads)  # W needs", "backward_weight(outs, grads, mod.parameters())  #")
+             .replace("_, outs, grads = stash.pop((i, c))\\n            backward_weight(outs, grads, mod.parameters())",
+                      "pass"), globals())
+        """,
+        {"9.zb_h1_3_stages"}, "each W comes after its B's gradient is sent upstream"),
+    "9_input_gradients_through_the_weights": ("pipeline", "9", """
+        def backward_input(outputs, grads, inputs):
+            # B through the weights: a whole backward() fills the weights' .grad too, then W adds them again
+            floats = [t for t in inputs if t.is_floating_point()]
+            torch.autograd.backward(outputs, grads, retain_graph=True)
+            return [t.grad if t.grad is not None else torch.zeros_like(t) for t in floats]
+        """,
+        {"9.zb_backward_split", "9.zb_h1_3_stages"}, "not a backward() through the weights"),
 })
 
 

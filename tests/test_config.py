@@ -114,7 +114,14 @@ def test_pipeline_flags_are_checked_before_any_rank_starts(tmp_path):
                        (["--task", "9", "--world_size", "4", "--pipeline_stages", "2", "--global_batch_size", "12",
                          "--micro_batches", "4"], "2 replica"),
                        (["--task", "9", "--timeline", "2"], "not there yet for pipelines"),
-                       (["--task", "9", "--torch_pipelining", "--measure_traffic"], "measure without --torch_pipelining")):
+                       (["--task", "9", "--torch_pipelining", "--measure_traffic"], "measure without --torch_pipelining"),
+                       (["--task", "9", "--virtual_stages", "2"], "for --schedule interleaved"),
+                       (["--task", "9", "--schedule", "interleaved"], "--virtual_stages 2 or more"),
+                       (["--task", "9", "--world_size", "3", "--global_batch_size", "12", "--schedule", "interleaved",
+                         "--virtual_stages", "2", "--micro_batches", "4"], "not a multiple of 3"),
+                       (["--task", "9", "--world_size", "2", "--schedule", "interleaved", "--virtual_stages", "2",
+                         "--measure_traffic"], "one chunk per rank"),
+                       (["--task", "2b", "--virtual_stages", "2"], "are for a")):
         with pytest.raises(KitError, match=says):
             parse_config(argv)
     cfg = parse_config(["--task", "9", "--world_size", "3", "--global_batch_size", "16", "--schedule", "afab"])

@@ -220,17 +220,19 @@ def test_pipeline_held_micro_batches():
     assert [pipeline_memory.pipeline_held("afab", s, 4, 8) for s in range(4)] == [8, 8, 8, 8]
     assert [pipeline_memory.pipeline_held("1f1b", s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
     assert [pipeline_memory.pipeline_held("1f1b", s, 4, 2) for s in range(4)] == [2, 2, 2, 1]
+    # ZB-H1 keeps a micro-batch until its W: 1F1B's peak, p, on every stage (tests/test_pipeline_orders.py)
+    assert [pipeline_memory.pipeline_held("zb-h1", s, 4, 8) for s in range(4)] == [4, 4, 4, 4]
     with pytest.raises(KitError, match="unknown schedule"):
         pipeline_memory.pipeline_held("gpipe", 0, 2, 4)
     rows = pipeline_memory.pipeline_rows([{"groups": [[10, 5]]}, {"groups": [[3], [2]]}], [0, 1, 0, 1])
     assert [(r["rank"], r["stage"], r["states"]) for r in rows] == [(0, 0, 16 * 15), (1, 1, 16 * 5), (2, 0, 240), (3, 1, 80)]
 
 
-@pytest.mark.parametrize("schedule", ["afab", "1f1b"])
+@pytest.mark.parametrize("schedule", ["afab", "1f1b", "zb-h1"])
 def test_a_pipeline_run_counts_each_stages_activations_as_predicted(small_rte, tmp_path, schedule):
     """Task 9 on 2 ranks, 4 micro-batches: each stage's parameters, gradients and AdamW state within
     5% of its stage's prediction; the activations held at the peak of the first step (saved-tensor
-    hooks) within 5% of the schedule's micro-batches (AFAB 4 and 4, 1F1B 2 and 1) x one micro-batch's;
+    hooks) within 5% of the schedule's micro-batches (AFAB 4 and 4, 1F1B 2 and 1, ZB-H1 2 and 2) x one micro-batch's;
     nothing left after the step."""
     from student_src.kit.core.config import parse_config
     from student_src.kit.train.start import run
@@ -245,6 +247,7 @@ def test_a_pipeline_run_counts_each_stages_activations_as_predicted(small_rte, t
     states = [r["states"] for r in memory["predicted"]["per_rank"]]
     assert states[0] > states[1] > 0  # stage 0 holds the embeddings
     acts = memory["activations"]
-    assert [r["held"] for r in acts["per_rank"]] == ([4, 4] if schedule == "afab" else [2, 1])
+    # ZB-H1 holds a micro-batch from its F to its W: p = 2 on both stages
+    assert [r["held"] for r in acts["per_rank"]] == {"afab": [4, 4], "1f1b": [2, 1], "zb-h1": [2, 2]}[schedule]
     assert all(r["per_micro_batch_bytes"] > 0 and r["left_bytes"] == 0 for r in acts["per_rank"]), acts
     assert acts["max_rel_error"] < 0.05, acts

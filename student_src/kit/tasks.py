@@ -244,7 +244,8 @@ _ROWS = (
     # Task 9 is advanced, extra credit like Task 7. Its stages talk point to point only; its notebook also runs the
     # student's pipeline_step on local ranks itself, timed (kit/demo/pipeline.py).
     Task("9", "pipeline parallelism (GPipe, 1F1B)", "pipeline",
-         ("pipeline_step", "schedule_order", "stage_sizes", "build_stage"), "9_pipeline", color="#bcbd22",
+         ("pipeline_step", "schedule_order", "stage_sizes", "build_stage", "interleaved_order", "backward_input",
+          "backward_weight"), "9_pipeline", color="#bcbd22",
          sync="pipeline", collectives=frozenset({"send", "recv", "isend", "irecv", "barrier"}), extra_credit=True,
          export=True, memory="pipeline", needs_tasks=("2b",), checks_build_bert=True,
          built=("pipeline parallelism by hand: the model cut into stages, micro-batches through them with `send` "

@@ -56,6 +56,30 @@ formula's: compare the trend as m grows.
 """)
     nb.code("runs9 = pp.run(STAGES, MICRO_BATCHES)\npp.show(runs9)")
     nb.md("""
+## Past 1F1B: zero bubble and interleaved
+
+Two schedules shrink the bubble itself (`--schedule zb-h1`, `--schedule interleaved --virtual_stages v`):
+
+| | ZB-H1 (Qi et al. 2024) | interleaved 1F1B (Megatron-LM) |
+|---|---|---|
+| idea | split each backward into B (gradients of the stage's inputs: the stage before waits for them) and W (gradients of its weights: nobody waits); run W later, in what was idle time | each rank holds v chunks (chunk c of rank r is model chunk c·p + r): a micro-batch goes round the ranks v times, and the start-up and drain take 1/v of the time |
+| bubble, equal F, B, W | (p − 1) / (3m + p − 1): about a third of 1F1B's | (p − 1) / (v·m + p − 1) |
+| activations held | at most p micro-batches (1F1B's peak) | more chunks in flight, each 1/v of a stage |
+| price | B and W each walk the graph (here W recomputes the way back to the weights) | v times as many messages; m a multiple of p |
+
+The cell runs the four schedules on the same model (`STAGES` × 2 layers: a stage 2 layers, an
+interleaved chunk one) with m = 2 × `STAGES`, your `pipeline_step` each time. In ZB-H1's timeline the
+green boxes are W's: find them in the cool-down, where 1F1B's stages idle. Stage 0 has no input
+gradient to send, so its B's are empty and its W's carry its whole backward.
+
+Here each pass of the small model lasts a few milliseconds, about what one message costs on local
+ranks: interleaving's v times as many messages (each chunk boundary is a hop on the critical path)
+can cost more than the bubble it saves, a real trade-off that Megatron-LM weighs too. With passes
+long against a message (a large model, or the course's bubble benchmark, which pads every pass to a
+known length) the bubbles follow the formulas.
+""")
+    nb.code("runs9zb = pp.run(STAGES, (2 * STAGES,), schedules=pp.ALL_SCHEDULES)\npp.show(runs9zb)")
+    nb.md("""
 ## Train the real model through your pipeline
 
 `run_glue --task 9` trains BERT with your stages and schedule (`--pipeline_stages`, default one

@@ -99,6 +99,7 @@ class TrainConfig:
     pipeline_stages: int | None = None  # None: one stage per rank; fewer: stages x data-parallel replicas
     micro_batches: int = 4
     schedule: str = "1f1b"
+    virtual_stages: int = 1  # --schedule interleaved: model chunks per rank (chunk c of rank r is model chunk c*p + r)
     torch_pipelining: bool = False  # torch.distributed.pipelining's schedules in place of the student's pipeline_step
     # Task 10: tensor parallelism (student_src/tensor_parallel.py; kit/parallel/tensor/)
     tp_size: int | None = None  # None: every rank in one TP group; fewer: TP groups x data-parallel replicas
@@ -216,7 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Task 9 (and 14): pipeline stages (default: one per rank); with fewer, the ranks are stages x "
                         "data-parallel replicas (4 ranks, 2 stages: 2 replicas)")
     g.add_argument("--micro_batches", type=int, help="Task 9: micro-batches per batch (default 4; must divide the global batch)")
-    g.add_argument("--schedule", choices=("afab", "1f1b"), help="Task 9: all forwards then all backwards (GPipe), or 1F1B (default)")
+    g.add_argument("--schedule", choices=("afab", "1f1b", "zb-h1", "interleaved"),
+                   help="Task 9: all forwards then all backwards (GPipe), 1F1B (default), zero-bubble ZB-H1 (backward "
+                        "split into input and weight gradients), or interleaved 1F1B (--virtual_stages chunks per rank)")
+    g.add_argument("--virtual_stages", type=int,
+                   help="Task 9, --schedule interleaved: model chunks per rank, 2 or more (chunk c of rank r is "
+                        "model chunk c*p + r)")
     g.add_argument("--torch_pipelining", action="store_true", default=None,
                    help="Task 9: torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B over your stages in place of "
                         "your pipeline_step (as Task 3's DDP is to 2b)")

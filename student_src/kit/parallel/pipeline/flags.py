@@ -6,6 +6,7 @@ from __future__ import annotations
 from student_src.kit import tasks
 from student_src.kit.errors import KitError
 from student_src.kit.parallel.mesh import ParallelDims, composes
+from student_src.kit.parallel.pipeline.memory import PIPELINE_SCHEDULES
 
 
 def validate(cfg) -> None:
@@ -15,12 +16,15 @@ def validate(cfg) -> None:
     if composes(task):  # its stages among the other axes: parallel/composed.py checks the grid
         return
     if task.sync != "pipeline":
-        if cfg.pipeline_stages is not None or cfg.micro_batches != 4 or cfg.schedule != "1f1b" or cfg.torch_pipelining:
-            raise KitError(f"--pipeline_stages/--micro_batches/--schedule/--torch_pipelining are for a pipeline: use them "
+        if (cfg.pipeline_stages is not None or cfg.micro_batches != 4 or cfg.schedule != "1f1b" or cfg.torch_pipelining
+                or cfg.virtual_stages != 1):
+            raise KitError(f"--pipeline_stages/--micro_batches/--schedule/--virtual_stages/--torch_pipelining are for a "
+                           f"pipeline: use them "
                            f"with --task {tasks.spoken(tasks.ids(lambda t: t.sync == 'pipeline'))}")
         return
-    if cfg.schedule not in ("afab", "1f1b"):
-        raise KitError(f"--schedule must be afab or 1f1b, got {cfg.schedule!r}")
+    if cfg.schedule not in PIPELINE_SCHEDULES:
+        raise KitError(f"--schedule must be one of {', '.join(PIPELINE_SCHEDULES)}, got {cfg.schedule!r}")
+    _check_interleaved(cfg)
     if cfg.micro_batches < 1:
         raise KitError("--micro_batches must be at least 1")
     if cfg.pipeline_stages is not None and cfg.pipeline_stages < 1:
@@ -40,6 +44,26 @@ def validate(cfg) -> None:
     if g % (cfg.micro_batches * replicas):
         raise KitError(f"{replicas} replica(s) x --micro_batches {cfg.micro_batches} do not divide the batch of {g}: "
                        "equal micro-batches keep the loss the batch's mean (pick a divisor)")
+
+
+def _check_interleaved(cfg) -> None:
+    """``--virtual_stages`` only with ``--schedule interleaved``, which needs 2 or more of them, 2 or more
+    stages, micro-batches in groups of the stages, and no traffic model yet (it follows one chunk per rank)."""
+    if cfg.schedule != "interleaved":
+        if cfg.virtual_stages != 1:
+            raise KitError("--virtual_stages is for --schedule interleaved (model chunks per rank)")
+        return
+    if cfg.virtual_stages < 2:
+        raise KitError(f"--schedule interleaved needs --virtual_stages 2 or more (got {cfg.virtual_stages}); "
+                       "one chunk per rank is --schedule 1f1b")
+    p = cfg.pipeline_stages or cfg.world_size
+    if p is not None and p < 2:
+        raise KitError("--schedule interleaved needs at least 2 stages (--world_size / --pipeline_stages)")
+    if p is not None and cfg.micro_batches % p:
+        raise KitError(f"--schedule interleaved takes micro-batches in groups of the {p} stages: --micro_batches "
+                       f"{cfg.micro_batches} is not a multiple of {p}")
+    if cfg.measure_traffic:
+        raise KitError("--measure_traffic's model follows one chunk per rank: measure with --schedule 1f1b or zb-h1")
 
 
 def data_ranks(cfg, world: int) -> int:

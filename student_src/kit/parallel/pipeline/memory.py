@@ -11,7 +11,7 @@ from student_src.kit.errors import KitError
 from student_src.kit.measure import memory_model
 
 #: the schedules ``pipeline_held`` knows (``student_src/pipeline.py``)
-PIPELINE_SCHEDULES = ("afab", "1f1b")
+PIPELINE_SCHEDULES = ("afab", "1f1b", "zb-h1", "interleaved")
 #: a task row's ``memory="pipeline"``: within its stage a rank shards nothing (``pipeline_rows``);
 #: ``memory_model.ALIASES`` gets it when this room registers
 ALIAS = ("pipeline", "ddp")
@@ -21,11 +21,16 @@ def pipeline_held(schedule: str, stage: int, stages: int, micro_batches: int) ->
     """Micro-batches whose activations (what autograd saves for backward) stage ``stage`` of
     ``stages`` holds at once, at its peak: AFAB runs the m forwards before any backward, so m;
     1F1B's warm-up runs ``min(p - stage - 1, m)`` forwards and the steady state one more before
-    each backward, so ``min(p - stage, m)``: at most p - stage, whatever m is."""
-    if schedule not in PIPELINE_SCHEDULES:
+    each backward, so ``min(p - stage, m)``: at most p - stage, whatever m is. ZB-H1 holds a micro-batch
+    from its forward to its weight gradient (W), deferred by ``stage`` micro-batches: ``min(p, m)`` on
+    every stage, 1F1B's peak (stage 0's). Interleaved holds chunks of 1/v of a stage: not counted here
+    (its run measures no activations)."""
+    if schedule not in PIPELINE_SCHEDULES or schedule == "interleaved":
         raise KitError(f"unknown schedule {schedule!r}; choose one of {', '.join(PIPELINE_SCHEDULES)}")
     if not 0 <= stage < stages or micro_batches < 1:
         raise KitError(f"stage {stage} of {stages} with {micro_batches} micro-batches: need 0 <= stage < stages, m >= 1")
+    if schedule == "zb-h1":
+        return min(stages, micro_batches)
     return micro_batches if schedule == "afab" else min(stages - stage, micro_batches)
 
 

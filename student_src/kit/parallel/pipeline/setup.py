@@ -12,8 +12,24 @@ from student_src.kit.measure.memory_model import model_layout
 from student_src.kit.parallel.mesh import ParallelDims, average_over
 from student_src.kit.parallel.pipeline import memory, provided as helpers, recompute_memory
 from student_src.kit.parallel.pipeline.activations import ActivationMeter
+from student_src.kit.parallel.pipeline.provided import num_layers
 from student_src.kit.parallel.pipeline.traffic import traffic_of
 from student_src.kit.parallel.registry import Lent
+
+
+def _stages(build, model, p: int, cfg: TrainConfig) -> list:
+    """What each of the p ranks trains, cut alike on every rank (who owns what, for evaluation): stage r
+    of ``build_stage``; with ``--schedule interleaved`` the ``nn.ModuleList`` of rank r's v chunks, chunk
+    c being model chunk c * p + r of p * v (``student_src/pipeline.py``'s ``interleaved_order``)."""
+    if cfg.schedule != "interleaved":
+        return [build(model, s, p) for s in range(p)]
+    from torch import nn
+
+    v = cfg.virtual_stages
+    if num_layers(model) < p * v:
+        raise KitError(f"--schedule interleaved cuts the model into {p} x {v} chunks of at least one layer; it has "
+                       f"{num_layers(model)}: fewer --virtual_stages or stages")
+    return [nn.ModuleList(build(model, c * p + r, p * v) for c in range(v)) for r in range(p)]
 
 
 def setup(cfg: TrainConfig, model, ctx, task, pipeline_step, lent: Lent) -> dict:
@@ -32,8 +48,7 @@ def setup(cfg: TrainConfig, model, ctx, task, pipeline_step, lent: Lent) -> dict
     mesh = dims.build(ctx.rank, ("pp", "dp") if replicas > 1 else ("pp",))
     stage_id, replica = mesh.coords["pp"], mesh.coords["dp"]
     average = average_over(task, mesh.group("dp"), "a pipeline with replicas") if replicas > 1 else None
-    build = student_api.function(task.id, "build_stage")
-    stages = [build(model, s, p) for s in range(p)]  # every rank cuts alike: who owns what, for evaluation
+    stages = _stages(student_api.function(task.id, "build_stage"), model, p, cfg)
     stage = stages[stage_id]
     owner = helpers.owners(model, stages)  # stage s of replica 0 is rank s
     ranks, group = mesh.mine("pp")
@@ -44,9 +59,12 @@ def setup(cfg: TrainConfig, model, ctx, task, pipeline_step, lent: Lent) -> dict
         runner = make_runner(stage, stage_id, p, cfg.micro_batches, cfg.schedule, ctx.device, group=group,
                              precision=lent.precision(), to_fp32=lent.to_fp32)  # --bf16: autocast inside torch's stage
     rows = per_worker_batch_size(cfg, 1)[0] // (replicas * cfg.micro_batches)  # one micro-batch (config: equal ones)
-    predict_peak = recompute_memory.run_predictor(cfg, model, stage, stage_id, p, rows)  # --recompute: its model
-    activations = None if runner is not None else ActivationMeter(cfg.schedule, stage_id, p, cfg.micro_batches,
-                                                                  predict=predict_peak)
+    # interleaved: the rank's chunks are a ModuleList, never called as one module (no forward hooks to count with)
+    counted = runner is None and cfg.schedule != "interleaved"
+    activations = None
+    if counted:
+        predict_peak = recompute_memory.run_predictor(cfg, model, stage, stage_id, p, rows)  # --recompute: its model
+        activations = ActivationMeter(cfg.schedule, stage_id, p, cfg.micro_batches, predict=predict_peak)
     step = helpers.make_train_step(pipeline_step, stage_id, p, cfg.micro_batches, cfg.schedule, ranks=ranks,
                                    group=group, replica=replica, replicas=replicas, average=average,
                                    runner=runner, activations=activations)

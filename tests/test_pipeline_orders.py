@@ -1,0 +1,107 @@
+"""Task 9's schedules as orders (issue 47): the solution's ZB-H1 and interleaved 1F1B orders, run in
+a simulation of p ranks with passes of fixed length (each rank runs its order; a pass starts when
+its rank is free and its inputs exist: F after the previous chunk's F, B after its own F and the
+next chunk's B, W after its B), give the bubbles their formulas say (``kit/demo/pipeline.py``'s
+``predicted_bubble``, which the bubble benchmark measures against), hold what ``pipeline_held``
+says, and equal the grader's own reference orders. Pure Python: no ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from autograder.checks import task9_zb
+from student_src import pipeline as solution
+from student_src.kit.demo.pipeline import predicted_bubble
+from student_src.kit.parallel.pipeline.memory import pipeline_held
+
+
+def simulate(orders, p: int, v: int, cost: dict) -> float:
+    """The step's span: ``orders[r]`` lists (kind, micro-batch, chunk) for rank r; chunk c of rank r is
+    model chunk c * p + r; ``cost[kind]`` the length of one pass of a whole stage (a chunk: 1/v)."""
+    last, done, clock, at = p * v - 1, {}, [0.0] * p, [0] * p
+    while any(at[r] < len(orders[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            if at[r] == len(orders[r]):
+                continue
+            kind, i, c = orders[r][at[r]]
+            g = c * p + r
+            needs = {"F": [("F", g - 1, i)] if g else [],
+                     "B": [("F", g, i)] + ([("B", g + 1, i)] if g < last else []),
+                     "W": [("B", g, i)]}[kind]
+            if all(n in done for n in needs):
+                clock[r] = max([clock[r]] + [done[n] for n in needs]) + cost[kind] / v
+                done[kind, g, i], at[r], moved = clock[r], at[r] + 1, True
+        assert moved, f"the orders deadlock: ranks wait at {[orders[r][at[r]] for r in range(p) if at[r] < len(orders[r])]}"
+    return max(clock)
+
+
+def _bubble(span: float, m: int) -> float:
+    return 1 - 3 * m / span  # every rank is busy 3 units per micro-batch (F, B, W or F and a 2-unit backward)
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 16), (3, 9)])
+def test_zb_h1_bubble_is_its_formula_a_third_of_1f1bs_at_1f1bs_peak_memory(p, m):
+    one = [[(k, i, 0) for k, i in solution.schedule_order("1f1b", s, p, m)] for s in range(p)]
+    zb = [[(k, i, 0) for k, i in solution.schedule_order("zb-h1", s, p, m)] for s in range(p)]
+    span_1f1b, span_zb = simulate(one, p, 1, {"F": 1, "B": 2}), simulate(zb, p, 1, {"F": 1, "B": 1, "W": 1})
+    assert _bubble(span_1f1b, m) == pytest.approx(predicted_bubble(p, m, "1f1b"))
+    assert _bubble(span_zb, m) == pytest.approx(predicted_bubble(p, m, "zb-h1"))
+    assert span_zb - 3 * m == pytest.approx((span_1f1b - 3 * m) / 3)  # the idle time: a third of 1F1B's
+    for s, order in enumerate(zb):  # held from F to W
+        held = peak = 0
+        for kind, _, _ in order:
+            held += {"F": 1, "B": 0, "W": -1}[kind]
+            peak = max(peak, held)
+        assert peak == pipeline_held("zb-h1", s, p, m) == min(p, m)
+        assert sorted(order) == sorted((k, i, 0) for k in "FBW" for i in range(m))
+
+
+@pytest.mark.parametrize("p, m, v", [(2, 4, 2), (4, 8, 2), (4, 16, 2), (2, 8, 3), (3, 6, 3)])
+def test_interleaved_bubble_is_p_minus_1_over_v_m_plus_p_minus_1(p, m, v):
+    orders = [solution.interleaved_order(r, p, m, v) for r in range(p)]
+    span = simulate(orders, p, v, {"F": 1, "B": 2})
+    assert _bubble(span, m) == pytest.approx(predicted_bubble(p, m, "interleaved", v))
+    for r, order in enumerate(orders):
+        assert sorted(order) == sorted((k, i, c) for k in "FB" for i in range(m) for c in range(v))
+        assert order == task9_zb.interleaved_order(r, p, m, v)
+
+
+def test_orders_equal_the_graders_and_bad_input_is_refused():
+    for p, m in [(2, 4), (4, 8), (5, 3), (3, 1)]:
+        for s in range(p):
+            assert solution.schedule_order("zb-h1", s, p, m) == task9_zb.zb_h1_order(s, p, m)
+    with pytest.raises(ValueError, match="not a multiple of p"):
+        solution.interleaved_order(0, 3, 4, 2)
+    with pytest.raises(ValueError, match="interleaved_order"):
+        solution.schedule_order("interleaved", 0, 2, 4)
+
+
+def test_the_timeline_tells_b_from_w():
+    """``TimedStage(split=True)`` (notebook 9, the bubble benchmark): a pass that reaches the stage's
+    input is a B, one that reaches only its weights a W; without ``split`` a whole backward is a B."""
+    import torch
+    from torch import nn
+
+    from student_src.kit.demo.pipeline import TimedStage
+
+    class Stage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, inputs, micro_batch):
+            return (torch.tanh(self.lin(inputs[0])),)
+
+    for split, kinds in ((True, ["F", "B", "W"]), (False, ["F", "B"])):
+        stage = TimedStage(Stage(), split=split)
+        x = torch.randn(2, 3, requires_grad=True)
+        (out,) = stage((x,), {})
+        grad = torch.ones_like(out)
+        if split:
+            solution.backward_input([out], [grad], (x,))
+            solution.backward_weight([out], [grad], stage.parameters())
+        else:
+            torch.autograd.backward([out], [grad])
+        events = stage.close()
+        assert [e[0] for e in events] == kinds and all(e[1] == 0 and e[3] >= e[2] for e in events)
