@@ -44,7 +44,7 @@ def test_the_whatif_prints_both_ways(capsys):
 
 
 def test_kit_fsdp_reduce_scatters_every_micro_step():
-    """Task 7's line (config.NO_ACCUMULATION): each backward before the finish reduce-scatters (one
+    """Task 7's line (levers.NO_ACCUMULATION): each backward before the finish reduce-scatters (one
     ``_after_backward`` per unit and micro-step), and the pieces add up in the shards' ``.grad``."""
     from student_src.fsdp import FSDP
 

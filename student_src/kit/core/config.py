@@ -17,6 +17,7 @@ from pathlib import Path
 
 from student_src.kit import tasks
 from student_src.kit.errors import KitError
+from student_src.kit.core.levers import ACCUMULATES, RECOMPUTES, validate_accumulation  # noqa: F401  (re-exported)
 
 #: the MoE model's flags (``TrainConfig`` fields), meaningful only for a ``*-moe`` model
 MOE_FLAGS = ("num_experts", "top_k", "capacity_factor", "aux_loss_coef")
@@ -394,49 +395,6 @@ def _validate_moe_model(cfg: TrainConfig) -> None:
                        f"{cfg.model_name_or_path} is not: use --model_name_or_path tiny-moe or minilm-moe")
     if not (1 <= cfg.top_k <= cfg.num_experts) or cfg.aux_loss_coef < 0:
         raise KitError(f"--top_k {cfg.top_k} must be 1..--num_experts {cfg.num_experts}; --aux_loss_coef at least 0")
-#: the ``sync`` kinds whose step the kit runs as K micro-steps then one sync (``kit/train/accumulation.py``);
-#: why each other kind refuses ``--gradient_accumulation_steps``, in one line
-ACCUMULATES = ("none", "function", "ddp", "bucketed", "sharded_optimizer")
-NO_ACCUMULATION = {
-    "fsdp": "its FSDP reduce-scatters every micro-step's gradients inside backward (it keeps shards, not whole "
-            "gradients: the ZeRO-2/3 trade, both ways in whatif --memory --gradient_accumulation_steps K), so "
-            "accumulation would save no traffic",
-    "pipeline": "a pipeline already accumulates over its micro-batches: use --micro_batches",
-}
-#: the ``sync`` kinds whose model ``--recompute`` rewrites before the task takes it (``train/trainer.py``): the
-#: accumulating ones, FSDP (a layer rerun in backward fires its gather hooks again: one more all_gather per
-#: recomputed layer, and its reduce-scatter comes out of the rerun's graph) and the pipeline (a stage holds the
-#: rewritten layers, so each micro-batch's forward keeps only the layers' inputs and its backward recomputes them)
-RECOMPUTES = ACCUMULATES + ("fsdp", "pipeline")
-
-
-def validate_accumulation(cfg: TrainConfig, task) -> None:
-    """``--gradient_accumulation_steps``: positive, on a task whose step the kit can accumulate."""
-    k = cfg.gradient_accumulation_steps
-    if k is None or k < 1:
-        raise KitError(f"--gradient_accumulation_steps must be at least 1, got {k}")
-    whole = tasks.spoken(tasks.ids(lambda t: t.sync in ACCUMULATES))
-    if k > 1 and task.sync not in ACCUMULATES:
-        why = NO_ACCUMULATION.get(task.sync, "its step is the kit's own, not yet cut into micro-steps")
-        raise KitError(f"--gradient_accumulation_steps is not available for Task {task.id}: {why}; use Task "
-                       f"{whole} or drop the flag")
-    if k > 1 and cfg.timeline:
-        raise KitError("--timeline records one train_step's phases: run it without --gradient_accumulation_steps")
-    if cfg.torch_recompute and not cfg.recompute:
-        raise KitError("--torch_recompute says who recomputes: give --recompute full or every:k too")
-    if not cfg.recompute:
-        return
-    mode = cfg.recompute
-    if not (mode in ("full", "selective") or (mode.startswith("every:") and mode[6:].isdigit() and int(mode[6:]) >= 1)):
-        raise KitError(f"--recompute {mode!r}: choose full, every:k (k >= 1, every k-th layer) or selective")
-    if task.sync not in RECOMPUTES:
-        raise KitError(f"--recompute rewrites the whole model's layers before the task wraps it: use it with Task "
-                       f"{tasks.spoken(tasks.ids(lambda t: t.sync in RECOMPUTES))}, not Task {task.id}")
-    if cfg.torch_recompute and mode == "selective":
-        raise KitError("--torch_recompute checkpoints whole layers (full, every:k); selective is your "
-                       "SelectiveSelfAttention only: drop --torch_recompute")
-
-
 def per_worker_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, str]:
     """The per-worker (micro-)batch size of one forward and a sentence saying where it comes from.
     With ``--gradient_accumulation_steps K`` one optimizer step sees K of them per worker."""
