@@ -105,7 +105,7 @@ where your `sync_composed_grads` runs a CP sum, then a DP average. What does the
           "step by step with dropout off. To measure what each axis sends against the kit's model, add "
           "`--measure_traffic` to a layout's flags: `metrics.json`'s `traffic.composed` then holds rank 0's bytes per "
           "axis and step, the model's and the counted, and `memory` every rank's bytes against the composed "
-          "prediction (`benchmarks/composition/per_axis.md` has them for five layouts).")
+          "prediction (the kit's repository measured them for five layouts: its benchmarks' composition folder).")
     nb.code(RUN_TWO)
     nb.md(RESULTS_INTRO + "\nBoth layouts train the same model on the same examples: with dropout off their losses "
           "equal Task 1's. What differs is what each rank holds and sends.")
