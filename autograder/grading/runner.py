@@ -23,6 +23,7 @@ from ..sandbox import deadlines, leftovers
 from ..sandbox.pool import PoolError, SandboxGroup, Settings
 from ..task_table import tasks as task_table
 from . import seeding
+from .judge_lane import JudgeLane
 from .submission import Submission, SubmissionError, kit_has, trusted_kit_copy
 
 #: tasks whose checks build a BERT (the task table's ``single_node_equivalence`` and ``checks_build_bert``):
@@ -44,10 +45,7 @@ class Pools:
         from ..sandbox.isolation import Sandbox
 
         self.settings = settings
-        try:  # the trusted kit alone, imported by the server once instead of by every rank
-            self.kit = trusted_kit_copy(workdir)
-        except (SubmissionError, OSError):  # no kit to preload: each rank imports its workspace's, as before
-            self.kit = None
+        self.kit = _trusted_kit(workdir)  # imported by the server once instead of by every rank
         self.sandbox = Sandbox(isolation, readable=[workdir], transformers=transformers,
                                kit=str(self.kit.parent) if self.kit else None,
                                start_timeout=settings.start_timeout).start(wait=False)
@@ -215,7 +213,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             guard = GraderFiles(_grader_roots() + [p for p in [pools.kit] if p] + [sub.workspace(src) for _, src in runnable])
         hit: dict[str, bool] = {}  # tasks where a test hit a deadline (an endless loop, a deadlock)
 
-        lane = JudgeLane(results)  # check i is judged here while check i+1's ranks run
+        lane = JudgeLane(results, judge)  # check i is judged there while check i+1's ranks run
         for c, src, skip in plan:
             pts = points_for(c)
             if skip is not None:
@@ -273,76 +271,6 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     return results
 
 
-class JudgeLane:
-    """Judges the checks in a thread of their own, in order, while the next check's ranks run.
-
-    A judge rebuilds what is right from the secrets (a reference BERT trained step by step, the
-    exact mean of every rank's gradients) in this process: on the whole solution that was more of
-    the wall time than the ranks' own work, and the ranks mostly wait on each other meanwhile. The
-    judges use one torch thread (tiny tensors; the ranks have the other cores), restored after.
-    Each result goes into ``results`` as soon as it and every result before it are known (the
-    file written during grading counts the tests graded so far, in order). A judge is the
-    grader's own code: an exception it raises is a grader error, raised again by ``finish()``."""
-
-    def __init__(self, results):
-        import queue
-        import torch
-        self._out = results
-        self._threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        self._slots: list = []   # [result, exception] per check, in the plan's order
-        self._added = 0          # how many of them are in ``results``
-        self._lock = threading.Lock()
-        self._todo: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._work, name="judges", daemon=True)
-        self._thread.start()
-
-    def done(self, result: TestResult) -> None:
-        """A result known without judging (a skip, a grader problem), in its place in the order."""
-        with self._lock:
-            self._slots.append([result, None])
-        self._flush()
-
-    def judge(self, c, outcome, secrets, pts, shown: str, started: float) -> None:
-        slot = [None, None]
-        with self._lock:
-            self._slots.append(slot)
-        self._todo.put((slot, c, outcome, secrets, pts, shown, started))
-
-    def _work(self) -> None:
-        while True:
-            item = self._todo.get()
-            if item is None:
-                return
-            slot, c, outcome, secrets, pts, shown, started = item
-            try:
-                verdict = judge(c, outcome, secrets)
-                slot[0] = TestResult.of(c, pts if verdict.passed else 0.0, pts, verdict.passed, verdict.message,
-                                        visibility_for(c), time.monotonic() - started, source=shown)
-            except BaseException as exc:  # a grader bug: raised again in the grading's thread
-                slot[1] = exc
-            self._flush()
-
-    def _flush(self) -> None:
-        with self._lock:
-            while self._added < len(self._slots) and self._slots[self._added][0] is not None:
-                self._out.add(self._slots[self._added][0])
-                self._added += 1
-
-    def finish(self, timeout: float | None = None) -> None:
-        """Wait for the last judge (``timeout``: a grading being stopped waits no longer), restore
-        torch's threads; a judge's exception is raised here. Idempotent."""
-        import torch
-        if self._thread is not None:
-            self._todo.put(None)
-            self._thread.join(timeout)
-            self._thread = None
-            torch.set_num_threads(self._threads)
-        for _, exc in self._slots:
-            if exc is not None:
-                raise exc
-
-
 def _output_excerpt(outcome, limit: int = 1500) -> str:
     parts = []
     for r, text in enumerate(outcome.outputs or []):
@@ -355,6 +283,14 @@ def _output_excerpt(outcome, limit: int = 1500) -> str:
         if len(parts) >= 2:
             break
     return ("\n" + "\n".join(parts)) if parts else ""
+
+
+def _trusted_kit(workdir):
+    """The trusted kit's copy for the server to import, or None (each rank imports its workspace's)."""
+    try:
+        return trusted_kit_copy(workdir)
+    except (SubmissionError, OSError):
+        return None
 
 
 def _import_quietly(name: str) -> None:

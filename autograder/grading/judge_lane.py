@@ -1,0 +1,80 @@
+"""The grader's judges, in a thread of their own beside the checks' ranks (``runner.grade``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ..points import visibility_for
+from ..results.report import TestResult
+
+
+class JudgeLane:
+    """Judges the checks in a thread of their own, in order, while the next check's ranks run.
+
+    A judge rebuilds what is right from the secrets (a reference BERT trained step by step, the
+    exact mean of every rank's gradients) in this process: on the whole solution that was more of
+    the wall time than the ranks' own work, and the ranks mostly wait on each other meanwhile. The
+    judges use one torch thread (tiny tensors; the ranks have the other cores), restored after.
+    Each result goes into ``results`` as soon as it and every result before it are known (the
+    file written during grading counts the tests graded so far, in order). A judge is the
+    grader's own code: an exception it raises is a grader error, raised again by ``finish()``."""
+
+    def __init__(self, results, judge):
+        import queue
+        import torch
+        self._out = results
+        self._judge = judge  # runner.judge: (check, outcome, secrets) -> Verdict
+        self._threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        self._slots: list = []   # [result, exception] per check, in the plan's order
+        self._added = 0          # how many of them are in ``results``
+        self._lock = threading.Lock()
+        self._todo: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="judges", daemon=True)
+        self._thread.start()
+
+    def done(self, result: TestResult) -> None:
+        """A result known without judging (a skip, a grader problem), in its place in the order."""
+        with self._lock:
+            self._slots.append([result, None])
+        self._flush()
+
+    def judge(self, c, outcome, secrets, pts, shown: str, started: float) -> None:
+        slot = [None, None]
+        with self._lock:
+            self._slots.append(slot)
+        self._todo.put((slot, c, outcome, secrets, pts, shown, started))
+
+    def _work(self) -> None:
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            slot, c, outcome, secrets, pts, shown, started = item
+            try:
+                verdict = self._judge(c, outcome, secrets)
+                slot[0] = TestResult.of(c, pts if verdict.passed else 0.0, pts, verdict.passed, verdict.message,
+                                        visibility_for(c), time.monotonic() - started, source=shown)
+            except BaseException as exc:  # a grader bug: raised again in the grading's thread
+                slot[1] = exc
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._lock:
+            while self._added < len(self._slots) and self._slots[self._added][0] is not None:
+                self._out.add(self._slots[self._added][0])
+                self._added += 1
+
+    def finish(self, timeout: float | None = None) -> None:
+        """Wait for the last judge (``timeout``: a grading being stopped waits no longer), restore
+        torch's threads; a judge's exception is raised here. Idempotent."""
+        import torch
+        if self._thread is not None:
+            self._todo.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+            torch.set_num_threads(self._threads)
+        for _, exc in self._slots:
+            if exc is not None:
+                raise exc
