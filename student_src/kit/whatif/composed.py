@@ -29,9 +29,14 @@ cluster (``shapes.py``). The planner (``plan.py``) evaluates many; each axis div
   all_reduce sends ``2 (n - 1) / n`` of the bytes, a reduce-scatter or all-gather half that.
 * **the step**: a micro-batch's forward on the busiest stage is its FLOPs (``2`` per parameter a token
   meets, ``4 s h`` per layer for attention, PaLM's count) ``/ (tp cp)`` at ``compute_efficiency`` of the
-  GPU's peak, plus the exposed TP (all of it: it sits on the critical path), CP (what the ring's blocks
-  take beyond the attention they overlap) and EP communication; backward twice the FLOPs (three times with
-  full recomputation). The schedule is ``parallel/pipeline/whatif.pipeline_iteration``'s, the other axes
+  GPU's peak, plus its memory-bound kernels (the norms, residual adds, rotary embeddings, the activation
+  function, the loss over the vocabulary: ``elementwise.py``) at the GPU's memory bandwidth, plus the
+  exposed TP (all of it: it sits on the critical path; Korthikanti et al. 2022 leave sequence
+  parallelism's all-gathers and reduce-scatters on it, and the Llama 3 paper names no TP overlap), CP
+  (block by block, what each of the ring's ``cp - 1`` transfers, at its link, lasts beyond the attention
+  of one block) and EP communication; backward twice the FLOPs (three times with
+  full recomputation; selective recomputation moves the norms' and the activation function's bytes
+  again). The schedule is ``parallel/pipeline/whatif.pipeline_iteration``'s, the other axes
   inside each stage: interleaving ``v`` virtual stages is ``m v`` chunks of ``1 / v`` of a stage, so the
   bubble is ``(pp - 1) / v`` of a micro-batch's work. Its time with the PP link free is compute + exposed
   in-stage communication + the bubble; the rest is PP's. DP's reduce-scatter overlaps the last
@@ -40,6 +45,10 @@ cluster (``shapes.py``). The planner (``plan.py``) evaluates many; each axis div
   per parameter it owns at the GPU's memory bandwidth.
 * **MFU**: the model's FLOPs (``6`` per parameter and token plus attention's ``12 L s h``, recomputation
   not counted) over the step time and the cluster's peak.
+* **causal masking**: attention is priced unmasked (PaLM's ``4 s h`` per layer forward) on every rank.
+  With CP this is a plain ring's pace: its last rank's blocks all lie at or below the diagonal, so it
+  computes every block (the first rank one), and the step waits for it; a zig-zag ring would balance
+  the ranks, as a masked kernel would halve attention at CP 1 too: neither is modelled.
 
 Rank order: the kit's one mesh's (``parallel/mesh.ORDER``, Llama 3's [TP, CP, PP, DP], innermost first):
 TP on the fastest link (its traffic is the largest and on the critical path), then CP, then PP, DP
@@ -66,6 +75,7 @@ from student_src.kit.parallel.mesh import ORDER as MESH_ORDER, ParallelDims
 from student_src.kit.parallel.pipeline.memory import pipeline_held
 from student_src.kit.parallel.pipeline.whatif import StageProfile, pipeline_iteration
 from student_src.kit.parallel.tensor.traffic import tp_calls
+from student_src.kit.whatif import elementwise
 from student_src.kit.whatif.link import GLOO_EFFICIENCY, LinkModel
 from student_src.kit.whatif.shapes import Cluster, ModelShape
 
@@ -297,7 +307,8 @@ def _ring_half_s(link: LinkModel, nbytes: float, n: int) -> float:
 
 def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
          compute_efficiency: float = COMPUTE_EFFICIENCY) -> dict:
-    """One step's seconds split into ``compute_s`` (of which ``optimizer_s``), ``exposed_comm_s`` (per axis in ``comm_s_by_axis``),
+    """One step's seconds split into ``compute_s`` (of which ``optimizer_s``, and ``memory_bound_s``: the
+    memory-bound kernels' and the optimizer's), ``exposed_comm_s`` (per axis in ``comm_s_by_axis``),
     ``bubble_s``, their sum ``total_s``, the bytes one rank sends per axis (``bytes_by_axis``) and ``mfu``."""
     L, links = layout, group_links(cluster, layout)
     rate = cluster.flops * compute_efficiency
@@ -305,12 +316,21 @@ def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
     m = work.global_batch // (L.dp * L.micro_batch)
     tokens = L.micro_batch * work.seq // L.cp
     a = work.act_bytes
-    # the busiest stage's forward per micro-batch
-    flops = max(forward_flops_per_token(shape, first, work.seq, L.pp == 1),
-                forward_flops_per_token(shape, last, work.seq, True))
+    # the busiest stage's forward and backward per micro-batch: its FLOPs at the efficiency, its memory-bound
+    # kernels at the memory's bandwidth (``elementwise.py``; TP and sequence parallelism cut their tokens)
+    fwd_el, bwd_el = elementwise.forward_elements(shape, work.seq), elementwise.backward_elements(shape, work.seq)
+    bwd_el += elementwise.recompute_elements(shape, L.recompute)
+    vocab_tp = L.tp if L.vocab_parallel else 1
+
+    def stage_s(n: int, head: bool) -> tuple:
+        matmul = tokens * forward_flops_per_token(shape, n, work.seq, head) / L.tp / rate
+        loss_f, loss_b = elementwise.loss_bytes(shape) if head else (0.0, 0.0)
+        mem_f = tokens * (n * fwd_el * a / L.tp + loss_f / vocab_tp) / cluster.hbm_bytes_per_s
+        mem_b = tokens * (n * bwd_el * a / L.tp + loss_b / vocab_tp) / cluster.hbm_bytes_per_s
+        return matmul + mem_f, 2 * matmul + mem_b + (matmul + mem_f if L.recompute == "full" else 0.0), mem_f + mem_b
+
+    f_c, b_c, mem_c = max(stage_s(first, L.pp == 1), stage_s(last, True), key=lambda t: t[0] + t[1])
     layers = max(first, last)
-    f_c = tokens * flops / L.tp / rate
-    b_c = 2 * f_c + (f_c if L.recompute == "full" else 0.0)
     if L.recompute == "selective" and not shape.flash:  # the scores rebuilt: attention's forward again
         b_c += tokens * layers * 4 * work.seq * shape.hidden / L.tp / rate
     # TP: the room's calls for one layer (4 all_reduces: 2 forward, 2 backward), 2 more with full recompute
@@ -328,8 +348,13 @@ def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
         link = links["cp"]
         t_f = blocks["forward"] / link.bytes_per_s + (L.cp - 1) * link.latency_s
         t_b = blocks["backward"] / link.bytes_per_s + (2 * L.cp - 1) * link.latency_s
-        cp_f = layers * max(0.0, t_f - attn_f)
-        cp_b = layers * (max(0.0, t_b - 2 * attn_f) + (max(0.0, t_f - attn_f) if L.recompute == "full" else 0.0))
+        # block by block: each of the cp - 1 transfers hides behind one block's attention (1 / cp of it) or
+        # shows what it lasts beyond it; every block full, as the plain ring's last rank computes them
+        steps, block_f = L.cp - 1, attn_f / L.cp
+        ring_f = steps * max(0.0, t_f / steps - block_f)
+        ring_b = steps * max(0.0, t_b / steps - 2 * block_f)
+        cp_f = layers * ring_f
+        cp_b = layers * (ring_b + (ring_f if L.recompute == "full" else 0.0))
         cp_bytes = m * layers * (blocks["forward"] + blocks["backward"])
     # EP: the all-to-alls of every MoE layer, on the critical path
     ep_f = ep_b = ep_bytes = 0.0
@@ -365,13 +390,14 @@ def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
     owned = (dense / (n if L.zero else 1)) + (expert_params / (n_e if L.zero else 1))
     optimizer = owned * OPTIMIZER_BYTES / cluster.hbm_bytes_per_s
     compute = m * (f_c + b_c) + optimizer
+    memory_bound = m * mem_c + optimizer
     in_stage = m * (tp_f + tp_b + cp_f + cp_b + ep_f + ep_b)
     bubble = schedule_free - m * (f + b)
     pp_s = schedule - schedule_free
     total = schedule + dp_exposed + optimizer
     busy_fraction = m * (f + b) / schedule_free if schedule_free else 1.0
     return {
-        "total_s": total, "compute_s": compute, "optimizer_s": optimizer, "exposed_comm_s": in_stage + pp_s + dp_exposed, "bubble_s": bubble,
+        "total_s": total, "compute_s": compute, "optimizer_s": optimizer, "memory_bound_s": memory_bound, "exposed_comm_s": in_stage + pp_s + dp_exposed, "bubble_s": bubble,
         "comm_s_by_axis": {"tp": m * (tp_f + tp_b), "cp": m * (cp_f + cp_b), "ep": m * (ep_f + ep_b), "pp": pp_s,
                            "dp": dp_exposed},
         "bytes_by_axis": {"tp": tp_bytes, "cp": cp_bytes, "ep": ep_bytes, "pp": pp_bytes, "dp": dp_bytes},
