@@ -126,6 +126,24 @@ def test_cp_crosses_the_network_when_tp_x_cp_exceeds_a_node_and_shows_each_block
     assert r["comm_s_by_axis"]["cp"] == pytest.approx(r["micro_batches"] * L70.layers * per_layer, rel=1e-9)
 
 
+def test_llama3s_all_gather_cp_is_exposed_whole():
+    """cp_attention="allgather" (the Llama 3 paper's CP): K and V all-gathered before attention and dK, dV
+    reduce-scattered after, on the critical path, however long the attention; the planner passes it on."""
+    from student_src.kit.parallel.context.traffic import sent
+
+    work, c = C.Workload(8192, 16), cluster("h100", nodes=2)
+    layout = C.Layout(dp=1, tp=8, cp=2, cp_attention="allgather")
+    r = C.step(L70, c, layout, work)
+    moved = sent(1, L70.kv_heads // 8, 8192, L70.head_dim, 2, "allgather", 2)
+    bw = c.inter_bytes_per_s * C.GLOO_EFFICIENCY
+    per_layer = (moved["forward"] + moved["backward"]) / bw + 2 * c.inter_latency_s
+    assert r["comm_s_by_axis"]["cp"] == pytest.approx(r["micro_batches"] * L70.layers * per_layer, rel=1e-9)
+    assert C.step(L70, c, C.Layout(dp=1, tp=8, cp=2), work)["comm_s_by_axis"]["cp"] < r["comm_s_by_axis"]["cp"]
+    assert "CP attention is one of ring, allgather" in C.check(L70, c, C.Layout(dp=1, tp=8, cp=2, cp_attention="x"), work)
+    with pytest.raises(KitError, match="--cp_attention is one of ring, allgather"):
+        plan(cp_attention="ulysses")
+
+
 def test_bytes_per_axis_follow_the_ring_formulas():
     c = cluster("h100", nodes=4)
     r = C.step(L70, c, C.Layout(dp=8, tp=2, pp=2), WORK)

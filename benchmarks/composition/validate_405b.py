@@ -9,6 +9,7 @@ layout ranks among the feasible meshes and its predicted MFU:
     python benchmarks/composition/validate_405b.py                  # writes llama405b.md and llama405b.json here
     python benchmarks/composition/validate_405b.py --compute_efficiency 0.6 --no_write   # a sensitivity look
     python benchmarks/composition/validate_405b.py --max_cp 1 --no_write --top 5         # CP held back, as the Playbook does at 8k
+    python benchmarks/composition/validate_405b.py --cp_attention allgather --no_write   # CP as Llama 3 ran it
 
 Passes when the published mesh is among the top three and its MFU within 10 points of 38-43%.
 """
@@ -42,11 +43,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--compute_efficiency", type=float, default=composed.COMPUTE_EFFICIENCY)
     p.add_argument("--max_cp", type=int, default=32, help="the largest CP degree tried (1: CP held back for long sequences)")
+    p.add_argument("--cp_attention", choices=composed.CP_ATTENTION, default="ring",
+                   help="CP as ring attention (the planner's default) or allgather, exposed (Llama 3's own CP)")
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--no_write", action="store_true", help="print only")
     args = p.parse_args(argv)
     result = plan("llama-3-405b", "h100", nodes=2048, seq_len=8192, global_batch_tokens="16M",
-                  compute_efficiency=args.compute_efficiency, max_cp=args.max_cp)
+                  compute_efficiency=args.compute_efficiency, max_cp=args.max_cp, cp_attention=args.cp_attention)
     layouts = result["layouts"]
     rank = next(i for i, r in enumerate(layouts, 1) if all(r["layout"][k] == v for k, v in PUBLISHED.items()))
     published = layouts[rank - 1]
@@ -57,7 +60,7 @@ def main(argv=None) -> int:
             "|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [f"Llama 3 405B, 8192 tokens, 2048 sequences (16M tokens) a step, 2048 x 8 H100 80 GB; "
              f"compute efficiency {args.compute_efficiency}, link efficiency {composed.GLOO_EFFICIENCY}, "
-             f"usable memory {composed.USABLE_MEMORY}, CP up to {args.max_cp}: {len(layouts)} feasible meshes of {result['tried']} layouts tried.",
+             f"usable memory {composed.USABLE_MEMORY}, CP up to {args.max_cp} ({args.cp_attention}): {len(layouts)} feasible meshes of {result['tried']} layouts tried.",
              "", head]
     lines += [row(i, r) for i, r in enumerate(layouts[: args.top], 1)]
     if rank > args.top:

@@ -21,7 +21,8 @@ cluster (``shapes.py``). The planner (``plan.py``) evaluates many; each axis div
 * **bytes per axis** one rank sends per step: TP 4 all_reduces of ``b (s / cp) h`` per layer and
   micro-batch (``parallel/tensor/traffic.tp_calls``; Megatron-SP's all_gather + reduce_scatter move the
   same on a ring), 2 more with full recomputation; CP ring attention's blocks
-  (``parallel/context/traffic.sent``, K and V of the key/value heads on this TP rank); EP the all-to-alls
+  (``parallel/context/traffic.sent``, K and V of the key/value heads on this TP rank; with
+  ``cp_attention="allgather"`` its all-gathers and reduce-scatters); EP the all-to-alls
   (``parallel/expert/traffic.uniform_layer_bytes``: a uniform router); PP a micro-batch's hidden states
   across each boundary and their gradient back (``/ tp``: each TP rank sends its sequence chunk); DP the
   gradients' reduce-scatter and the parameters' all-gather (ZeRO 1/2; an all_reduce for ZeRO-0; ZeRO-3
@@ -92,6 +93,7 @@ OPTIMIZER_BYTES = 28
 LOGIT_BYTES = 8
 ZERO_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
 RECOMPUTE = ("none", "selective", "full")
+CP_ATTENTION = ("ring", "allgather")
 #: rank order, innermost first: the kit's mesh's (``parallel/mesh.ORDER`` lists it outermost first)
 ORDER = tuple(reversed(MESH_ORDER))
 
@@ -103,7 +105,9 @@ class Layout:
     1: plain 1F1B) and ``recompute`` (none, selective: the norms' and activation functions' outputs
     rebuilt in backward, and the scores without flash attention; full: only each layer's input kept);
     ``vocab_parallel``: TP cuts the embeddings and the head too (Megatron's; the kit's Task 10 with
-    ``--vocab_parallel``), else every TP rank holds them whole."""
+    ``--vocab_parallel``), else every TP rank holds them whole; ``cp_attention``: CP as ring attention
+    (blocks overlapped with attention, Megatron's) or ``allgather`` (K and V gathered before attention, dK
+    and dV reduce-scattered after, exposed: the Llama 3 paper's CP, §3.3.2)."""
     dp: int = 1
     tp: int = 1
     pp: int = 1
@@ -114,6 +118,7 @@ class Layout:
     virtual: int = 1
     recompute: str = "none"
     vocab_parallel: bool = True
+    cp_attention: str = "ring"
 
     @property
     def gpus(self) -> int:
@@ -167,6 +172,8 @@ def check(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload) -
     if L.virtual > 1 and (L.pp == 1 or math.ceil(shape.layers / L.pp) % L.virtual
                           or (work.global_batch // (L.dp * L.micro_batch)) % L.pp):
         return "interleaving needs PP > 1, virtual stages dividing a stage's layers and micro-batches a multiple of PP"
+    if L.cp_attention not in CP_ATTENTION:
+        return f"CP attention is one of {', '.join(CP_ATTENTION)}, got {L.cp_attention!r}"
     if L.zero not in range(4) or L.recompute not in RECOMPUTE:
         return f"ZeRO is 0-3 and recompute one of {', '.join(RECOMPUTE)}"
     return ""
@@ -287,7 +294,7 @@ def memory(shape: ModelShape, layout: Layout, work: Workload) -> dict:
         per_layer = activation_elements(shape, L.recompute) / L.tp * tokens * work.act_bytes
         if not shape.flash and L.recompute == "none":
             per_layer += attention_bytes(L.micro_batch, max(1, shape.heads // L.tp), work.seq, shape.head_dim, L.cp,
-                                         "ring" if L.cp > 1 else "allgather", work.act_bytes)["saved"]
+                                         L.cp_attention if L.cp > 1 else "allgather", work.act_bytes)["saved"]
         acts = held * layers * per_layer
         if L.recompute == "full":  # one layer rebuilt whole at a time in backward
             acts += activation_elements(shape, "none") / L.tp * tokens * work.act_bytes
@@ -340,9 +347,17 @@ def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
     tp_f = layers * tp_one * len(tp_layer) / 2
     tp_b = tp_f * (2 if L.recompute == "full" else 1)
     tp_bytes = m * layers * (len(tp_layer) + (2 if L.recompute == "full" and tp_layer else 0)) * 2 * (L.tp - 1) / L.tp * act
-    # CP: ring attention's blocks, overlapped with the attention they feed
+    # CP: ring attention's blocks, overlapped with the attention they feed; or the all-gather's, exposed
     cp_f = cp_b = cp_bytes = 0.0
-    if L.cp > 1:
+    if L.cp > 1 and L.cp_attention == "allgather":
+        blocks = cp_sent(L.micro_batch, max(1, shape.kv_heads // L.tp), work.seq, shape.head_dim, L.cp, "allgather", a)
+        link = links["cp"]
+        gather_f = blocks["forward"] / link.bytes_per_s + (L.cp - 1) * link.latency_s
+        cp_f = layers * gather_f
+        cp_b = layers * (blocks["backward"] / link.bytes_per_s + (L.cp - 1) * link.latency_s
+                         + (gather_f if L.recompute == "full" else 0.0))
+        cp_bytes = m * layers * (blocks["forward"] + blocks["backward"])
+    elif L.cp > 1:
         blocks = cp_sent(L.micro_batch, max(1, shape.kv_heads // L.tp), work.seq, shape.head_dim, L.cp, "ring", a)
         attn_f = tokens * 4 * work.seq * shape.hidden / L.tp / rate
         link = links["cp"]
