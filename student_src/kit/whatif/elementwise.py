@@ -4,9 +4,10 @@ The composed model (``composed.py``) runs every FLOP at a fraction of peak; the 
 arithmetic per byte (the norms, the residual adds, rotary embeddings, the MLP's activation function, the
 softmax outside a flash kernel, the loss over the vocabulary) are limited by memory bandwidth instead, so
 their time is the bytes they read and write over the GPU's HBM bandwidth (the H100 SXM data sheet:
-3.35 TB/s; ``shapes.Cluster.hbm_bytes_per_s``). The roofline argument of the Ultra-Scale Playbook
-("memory-bound operations", its kernel-fusion section) and of Korthikanti et al. 2022 (§5: fusing the
-bias, dropout and residual kernels because they are memory-bound) is the source; the count below is one
+3.35 TB/s; ``shapes.Cluster.hbm_bytes_per_s``). The source is the roofline argument of the Ultra-Scale
+Playbook (its kernel-fusion section: elementwise operations are memory-bound) and of Narayanan et al. 2021
+(Megatron-LM's computation optimizations: fused bias + GeLU, bias + dropout + add and scale + mask +
+softmax kernels, because those element-wise operators are memory-bound); the count below is one
 read of every input and one write of every output per kernel, each kernel fused as far as its own
 elementwise work goes (a norm is one kernel, SwiGLU's ``silu(gate) * up`` one kernel), nothing fused
 across kernels.
