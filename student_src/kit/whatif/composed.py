@@ -32,8 +32,9 @@ cluster (``shapes.py``). The planner (``plan.py``) evaluates many; each axis div
   meets, ``4 s h`` per layer for attention, PaLM's count) ``/ (tp cp)`` at ``compute_efficiency`` of the
   GPU's peak, plus its memory-bound kernels (the norms, residual adds, rotary embeddings, the activation
   function, the loss over the vocabulary: ``elementwise.py``) at the GPU's memory bandwidth, plus the
-  exposed TP (all of it: it sits on the critical path; Korthikanti et al. 2022 leave sequence
-  parallelism's all-gathers and reduce-scatters on it, and the Llama 3 paper names no TP overlap), CP
+  exposed TP (all of it: it sits on the critical path; Korthikanti et al. 2022's sequence parallelism
+  swaps each all_reduce for an all-gather and a reduce-scatter of the same bytes and describes no overlap
+  of them with the matmuls, and the Llama 3 paper names none), CP
   (block by block, what each of the ring's ``cp - 1`` transfers, at its link, lasts beyond the attention
   of one block) and EP communication; backward twice the FLOPs (three times with
   full recomputation; selective recomputation moves the norms' and the activation function's bytes
