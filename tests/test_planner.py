@@ -312,6 +312,15 @@ def test_the_emulated_validation_compares_rank_order_and_the_pick():
     shape, work = model_shape("tiny"), C.Workload(ve.SEQ, ve.GLOBAL_BATCH, "fp32")
     where = cluster("h100", nodes=2, gpus_per_node=4)
     assert len(ve.LAYOUTS) >= 5 and all(C.check(shape, where, ve.layout_of(*m), work) == "" for m in ve.LAYOUTS)
+    # and its measure half asks run_glue --task 14 for that very grid
+    from student_src.kit.core.config import parse_config
+    from student_src.kit.parallel.composed import dims_of
+
+    for m in ve.LAYOUTS:
+        cfg = parse_config(["--task", "14", "--world_size", "8", "--spawn", "--model_name_or_path", "tiny",
+                            "--global_batch_size", str(ve.GLOBAL_BATCH), *ve.layout_flags(*m)])
+        d = dims_of(cfg, 8)
+        assert (d.dp, d.tp, d.pp, d.cp) == m and cfg.micro_batches == ve.MICRO_BATCHES
 
 
 def test_a_kit_models_states_agree_with_the_rooms_exact_models():
