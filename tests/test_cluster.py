@@ -125,6 +125,44 @@ def test_two_rank_gloo_allreduce_across_namespaces(clean, tmp_path, capsys):
     assert net.list_namespaces(PREFIX) == []          # a temporary cluster is removed
 
 
+RANKS_CODE = """
+import datetime, json, os, sys
+import torch, torch.distributed as dist
+a = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+rank, world = int(a["--local_rank"]), int(a["--world_size"])
+dist.init_process_group("gloo", init_method=f"tcp://{a['--master_ip']}:{a['--master_port']}", rank=rank,
+                        world_size=world, timeout=datetime.timedelta(seconds=60))
+t = torch.tensor([float(rank)])
+dist.all_reduce(t)
+print(json.dumps({"rank": rank, "world": world, "node": os.environ["DPK_NODE"], "local": os.environ["DPK_LOCAL_RANK"],
+                  "sum": t.item()}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@needs_root
+def test_several_ranks_a_node_are_numbered_node_by_node(clean, capsys):
+    """--ranks_per_node 2 on 2 nodes: ranks 0, 1 in node0 and 2, 3 in node1 (the mesh's innermost axis stays
+    inside a node), one gloo group of 4 across both; a lost node with several ranks is refused in one line."""
+    res = cluster.run([sys.executable, "-c", RANKS_CODE], nodes=2, timeout=300, prefix=PREFIX, ranks_per_node=2)
+    printed = capsys.readouterr().out
+    assert res["returncodes"] == [0, 0, 0, 0], printed
+    seen = {}
+    for line in printed.splitlines():
+        tag, _, rest = line.partition(" ")
+        if rest.startswith("{"):
+            seen[tag] = json.loads(rest)
+    assert {tag: (r["rank"], r["node"], r["local"]) for tag, r in seen.items()} == {
+        "[node0.0]": (0, "0", "0"), "[node0.1]": (1, "0", "1"), "[node1.0]": (2, "1", "0"), "[node1.1]": (3, "1", "1")}
+    assert all(r["world"] == 4 and r["sum"] == 6.0 for r in seen.values())
+    assert len(res["traffic"]) == 2 and net.list_namespaces(PREFIX) == []
+    with pytest.raises(KitError, match="--kill-node loses one rank per node"):
+        cluster.run([sys.executable, "-c", "pass"], nodes=2, prefix=PREFIX, ranks_per_node=2, kill_node=1, at_step=1)
+    with pytest.raises(KitError, match="--ranks_per_node must be a positive integer"):
+        cluster.run([sys.executable, "-c", "pass"], nodes=2, prefix=PREFIX, ranks_per_node=0)
+    assert net.list_namespaces(PREFIX) == []
+
+
 @needs_root
 def test_shaping_limits_throughput(clean):
     cluster.up(2, rate="20mbit", prefix=PREFIX)

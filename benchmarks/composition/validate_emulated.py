@@ -13,8 +13,8 @@ Three verbs, so each half can run as soon as what it needs exists:
   the rate is already what the code reaches), the memory speed ``whatif/host.measure_host`` measures (the
   optimizer), loopback inside a node, the shaped link between the nodes.
 * ``measure`` trains each layout with ``run_glue --task 14`` (the composed training runs of issue 45 item 2)
-  and records the trainer's mean time per iteration. It needs Task 14 in the task table and a launcher that
-  puts 4 ranks on each emulated node; it refuses with one line until both exist.
+  on 2 emulated nodes of 4 ranks each (``cluster run --ranks_per_node 4``, root) and records the trainer's
+  mean time per iteration: on a quiet machine only (the ranks share its cores).
 * ``compare``: Spearman's rank correlation of predicted against measured step times (>= 0.8 passes) and
   whether the planner's pick (the fastest predicted) is within 10% of the measured best; writes a markdown
   table beside the JSON files.
@@ -87,14 +87,64 @@ def predict(args) -> dict:
     return {"cluster": vars(where), "seq": SEQ, "global_batch": GLOBAL_BATCH, "rows": rows}
 
 
+def layout_flags(dp: int, tp: int, pp: int, cp: int) -> list[str]:
+    """``run_glue --task 14``'s flags for a layout (DP is what the world leaves); CP as ring attention, the
+    composed model's CP."""
+    flags = []
+    if tp > 1:
+        flags += ["--tp_size", str(tp)]
+    if pp > 1:
+        flags += ["--pipeline_stages", str(pp), "--micro_batches", str(MICRO_BATCHES)]
+    if cp > 1:
+        flags += ["--cp_size", str(cp), "--cp_attention", "ring"]
+    return flags
+
+
 def measure(args) -> dict:
+    """Each layout trained on 2 emulated nodes x 4 ranks (``cluster run --ranks_per_node 4``: ranks 0-3 in node 0,
+    the mesh's TP innermost inside a node), the link between the nodes shaped to ``--rate``; the trainer's mean
+    seconds per iteration (its first iteration left out, as ``metrics.json``'s timing does)."""
+    import shutil
+    import tempfile
+
     from student_src.kit import tasks
 
     if "14" not in tasks.ids(lambda t: t.trains):  # run_glue's --task choices
         raise KitError("blocked: run_glue --task 14 (the composed training runs, issue 45 item 2) is not on this "
                        "checkout; nothing measured")
-    raise KitError("blocked: the emulated cluster runs one rank per node (student_src/kit/cluster/emulated.py); "
-                   "2 nodes x 4 ranks needs a launcher for local ranks inside each node")
+    chosen = [tuple(int(x) for x in m.split(",")) for m in args.only] if args.only else LAYOUTS
+    unknown = [m for m in chosen if m not in LAYOUTS]
+    if unknown:
+        raise KitError(f"--only {','.join(map(str, unknown[0]))}: not one of the layouts (dp,tp,pp,cp): "
+                       + " ".join(",".join(map(str, m)) for m in LAYOUTS))
+    tmp = Path(tempfile.mkdtemp(prefix="validate-emulated-"))
+    try:
+        sys.path.insert(0, str(ROOT / "data_scripts"))
+        from make_synthetic_rte import generate
+
+        generate(tmp / "RTE", seed=7, n_train=512, n_dev=64, n_test=32)
+        rows = [_measure_one(mesh, tmp / "RTE", tmp / "_".join(map(str, mesh)), args) for mesh in chosen]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"rate": args.rate, "seq": SEQ, "global_batch": GLOBAL_BATCH, "steps": args.steps, "rows": rows}
+
+
+def _measure_one(mesh: tuple, data: Path, out: Path, args) -> dict:
+    from student_src.kit.cluster import emulated
+
+    command = [sys.executable, "-m", "student_src.run_glue", "--task", "14", "--model_name_or_path", "tiny",
+               "--data_dir", str(data), "--max_seq_length", str(SEQ), "--global_batch_size", str(GLOBAL_BATCH),
+               "--max_steps", str(args.steps), "--do_train", "--dropout", "0", "--num_threads", "1",
+               "--no_progress", "--output_dir", str(out), *layout_flags(*mesh)]
+    result = emulated.run(command, nodes=2, ranks_per_node=4, rate=args.rate, timeout=args.timeout)
+    label = layout_of(*mesh).label()
+    if any(code != 0 for code in result["returncodes"]):
+        raise KitError(f"{label}: run_glue failed on the emulated cluster (return codes {result['returncodes']}); "
+                       "its output is above")
+    timing = json.loads((out / "metrics.json").read_text())["timing"]
+    print(f"{label:<32} {timing['mean_s']:.4f} s (std {timing['std_s']:.4f})", flush=True)
+    return {"mesh": list(mesh), "label": label, "measured_s": timing["mean_s"], "std_s": timing["std_s"],
+            "iterations": timing["iterations"], "traffic": result["traffic"]}
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -140,6 +190,10 @@ def main(argv=None) -> int:
     pr.add_argument("--inter_bw", default="1gbit", help="the shaped link between nodes (default %(default)s)")
     pr.add_argument("--out", default=str(HERE / "emulated_predicted.json"))
     me = sub.add_parser("measure")
+    me.add_argument("--rate", default="1gbit", help="the shaped link between the 2 nodes (default %(default)s)")
+    me.add_argument("--steps", type=int, default=8, help="training steps a layout (default %(default)s)")
+    me.add_argument("--only", action="append", help="measure only this layout, dp,tp,pp,cp (repeatable; default: all)")
+    me.add_argument("--timeout", type=float, default=900, help="seconds a layout may take (default %(default)s)")
     me.add_argument("--out", default=str(HERE / "emulated_measured.json"))
     co = sub.add_parser("compare")
     co.add_argument("predicted")
@@ -161,7 +215,7 @@ def main(argv=None) -> int:
         return 2
     Path(args.out).write_text(json.dumps(result, indent=1))
     for r in result.get("rows", []):
-        print(f"{r['label']:<32} {r['predicted_s']:.4f} s")
+        print(f"{r['label']:<32} {r.get('predicted_s', r.get('measured_s')):.4f} s")
     print(f"wrote {args.out}")
     return 0
 

@@ -3,6 +3,7 @@
     sudo python -m student_src.kit.cluster up --nodes 4 --rate 1gbit --delay 0.2ms
     sudo python -m student_src.kit.cluster status
     sudo python -m student_src.kit.cluster run -- python -m student_src.run_glue --task 2b ...
+    sudo python -m student_src.kit.cluster run --nodes 2 --ranks_per_node 4 -- python -m student_src.run_glue --task 14 ...
     sudo python -m student_src.kit.cluster down
     sudo python -m student_src.kit.cluster isolate -- python -m student_src.run_glue --spawn ...
 
@@ -15,6 +16,13 @@ would on a real node), and ends every rank if one fails, on Ctrl-C, or at ``--ti
 If no cluster is up, ``run`` brings one up for the run and takes it down afterwards.
 ``isolate`` runs one command (e.g. 4 ``--spawn`` ranks) with a private loopback, so a loopback
 traffic measurement counts only that run's bytes.
+
+Several ranks a node, as a real node has several GPUs: ``run --ranks_per_node K`` starts K processes in
+each node, node i's ranks ``i K .. i K + K - 1`` (``--world_size N K``), so the kit's mesh, which puts its
+innermost axis on neighbouring ranks, keeps that axis inside a node. Ranks of one node reach each other
+through the node's own address, which the kernel routes over the namespace's loopback: only what crosses
+nodes goes over the shaped ``eth0`` (and its byte counters), as NVLink traffic never reaches a real
+node's NIC. ``DPK_LOCAL_RANK`` tells a rank its place in its node.
 
 A lost node, on purpose: ``run --kill-node I --at-step S -- python run_glue.py ... --save_every N
 --resume auto`` makes node I's rank SIGKILL itself right after step S (``faults.py``), once; the
@@ -159,8 +167,10 @@ def _check_fault(command: list[str], kill_node: Optional[int], at_step: Optional
 def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
         rate: Optional[str] = None, delay: Optional[str] = None, append_args: bool = True,
         traffic_json: Optional[str] = None, prefix: str = net.DEFAULT_PREFIX,
-        kill_node: Optional[int] = None, at_step: Optional[int] = None, restarts: Optional[int] = None) -> dict:
-    """Run ``command`` as rank i in node i; return {"returncodes", "traffic", "seconds", "attempts"}.
+        kill_node: Optional[int] = None, at_step: Optional[int] = None, restarts: Optional[int] = None,
+        ranks_per_node: int = 1) -> dict:
+    """Run ``command`` as rank i in node i (``ranks_per_node`` K: ranks i K .. i K + K - 1 in node i);
+    return {"returncodes" (one per rank), "traffic" (one per node), "seconds", "attempts"}.
 
     Uses the cluster that is up (``nodes`` may be fewer than its size), or brings up a temporary
     one of ``nodes`` nodes (with ``rate``/``delay``) and removes it afterwards. ``kill_node`` and
@@ -176,6 +186,11 @@ def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
     restarts = (1 if kill_node is not None else 0) if restarts is None else restarts
     if restarts < 0:
         raise KitError(f"--restarts must be 0 or more, got {restarts}")
+    if not isinstance(ranks_per_node, int) or ranks_per_node < 1:
+        raise KitError(f"--ranks_per_node must be a positive integer, got {ranks_per_node!r}")
+    if kill_node is not None and ranks_per_node > 1:
+        raise KitError("--kill-node loses one rank per node; with --ranks_per_node > 1 run it with one rank a node")
+    k = ranks_per_node
     spec = net.load_spec(prefix)
     temporary = spec is None
     if temporary:
@@ -186,7 +201,8 @@ def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
     lock = threading.Lock()
-    result = {"nodes": n, "command": command, "returncodes": [None] * n, "traffic": [], "attempts": []}
+    result = {"nodes": n, "ranks_per_node": k, "command": command, "returncodes": [None] * (n * k), "traffic": [],
+              "attempts": []}
     old_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     markers = tempfile.mkdtemp(prefix="dpk-faults-")
     try:
@@ -206,12 +222,13 @@ def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
             started = time.monotonic()
             procs[:] = []
             port = free_port_in(spec.node_ns(0))
-            for i in range(n):
+            for rank in range(n * k):
+                i = rank // k
                 extra = ["--master_ip", spec.address(0), "--master_port", str(port),
-                         "--world_size", str(n), "--local_rank", str(i)] if append_args else []
+                         "--world_size", str(n * k), "--local_rank", str(rank)] if append_args else []
                 # gloo binds to the address its hostname resolves to (127.0.0.1 here, as on many
                 # machines): point it at the node's eth0, as students do with GLOO_SOCKET_IFNAME.
-                env = dict(os.environ, DPK_NODE=str(i), DPK_NODE_IP=spec.address(i),
+                env = dict(os.environ, DPK_NODE=str(i), DPK_NODE_IP=spec.address(i), DPK_LOCAL_RANK=str(rank % k),
                            GLOO_SOCKET_IFNAME="eth0", TP_SOCKET_IFNAME="eth0",
                            PYTHONUNBUFFERED="1")
                 env.update(_fault_env(kill_node, at_step, markers))
@@ -219,7 +236,8 @@ def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      bufsize=1, env=env, start_new_session=True)
                 procs.append(p)
-                th = threading.Thread(target=_pump, args=(p, f"[node{i}]", lock), daemon=True)
+                tag = f"[node{i}]" if k == 1 else f"[node{i}.{rank % k}]"
+                th = threading.Thread(target=_pump, args=(p, tag, lock), daemon=True)
                 th.start()
                 pumps.append(th)
             failed = None
@@ -227,7 +245,8 @@ def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
                 codes = [p.poll() for p in procs]
                 bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
                 if bad:
-                    failed = f"rank {bad[0]} (node{bad[0]}) exited with code {codes[bad[0]]}; stopping the others"
+                    failed = (f"rank {bad[0]} (node{bad[0] // k}) exited with code {codes[bad[0]]}; "
+                              "stopping the others")
                     break
                 if all(c == 0 for c in codes):
                     break
@@ -260,7 +279,7 @@ def run(command: list[str], nodes: Optional[int] = None, timeout: float = 1800,
         _kill_all(procs)
         for th in pumps:
             th.join(5)
-        result["returncodes"] = [p.returncode for p in procs] + [None] * (n - len(procs))
+        result["returncodes"] = [p.returncode for p in procs] + [None] * (n * k - len(procs))
         if temporary:
             net.destroy(prefix)
         shutil.rmtree(markers, ignore_errors=True)
@@ -323,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="show the nodes and their byte counters")
     r = sub.add_parser("run", help="run a command as rank i in node i: run [opts] -- CMD ...")
     r.add_argument("--nodes", type=int, help="how many ranks/nodes (default: all nodes that are up, or 4)")
+    r.add_argument("--ranks_per_node", type=int, default=1,
+                   help="ranks in each node (default %(default)s): node i runs ranks i K .. i K + K - 1")
     r.add_argument("--timeout", type=float, default=1800, help="seconds before all ranks are stopped")
     r.add_argument("--rate", help="for a temporary cluster (when none is up)")
     r.add_argument("--delay", help="for a temporary cluster (when none is up)")
@@ -362,7 +383,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
             res = run(cmd, args.nodes, args.timeout, args.rate, args.delay, not args.no_append,
-                      args.traffic_json, args.prefix, args.kill_node, args.at_step, args.restarts)
+                      args.traffic_json, args.prefix, args.kill_node, args.at_step, args.restarts,
+                      args.ranks_per_node)
             print(traffic_table(res))
             if len(res["attempts"]) > 1:
                 print("attempts: " + ", ".join(f"{a['seconds']:.1f} s" + (" (failed)" if a["failed"] else "")

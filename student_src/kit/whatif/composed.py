@@ -21,7 +21,8 @@ cluster (``shapes.py``). The planner (``plan.py``) evaluates many; each axis div
 * **bytes per axis** one rank sends per step: TP 4 all_reduces of ``b (s / cp) h`` per layer and
   micro-batch (``parallel/tensor/traffic.tp_calls``; Megatron-SP's all_gather + reduce_scatter move the
   same on a ring), 2 more with full recomputation; CP ring attention's blocks
-  (``parallel/context/traffic.sent``, K and V of the key/value heads on this TP rank); EP the all-to-alls
+  (``parallel/context/traffic.sent``, K and V of the key/value heads on this TP rank; with
+  ``cp_attention="allgather"`` its all-gathers and reduce-scatters); EP the all-to-alls
   (``parallel/expert/traffic.uniform_layer_bytes``: a uniform router); PP a micro-batch's hidden states
   across each boundary and their gradient back (``/ tp``: each TP rank sends its sequence chunk); DP the
   gradients' reduce-scatter and the parameters' all-gather (ZeRO 1/2; an all_reduce for ZeRO-0; ZeRO-3
@@ -29,9 +30,15 @@ cluster (``shapes.py``). The planner (``plan.py``) evaluates many; each axis div
   all_reduce sends ``2 (n - 1) / n`` of the bytes, a reduce-scatter or all-gather half that.
 * **the step**: a micro-batch's forward on the busiest stage is its FLOPs (``2`` per parameter a token
   meets, ``4 s h`` per layer for attention, PaLM's count) ``/ (tp cp)`` at ``compute_efficiency`` of the
-  GPU's peak, plus the exposed TP (all of it: it sits on the critical path), CP (what the ring's blocks
-  take beyond the attention they overlap) and EP communication; backward twice the FLOPs (three times with
-  full recomputation). The schedule is ``parallel/pipeline/whatif.pipeline_iteration``'s, the other axes
+  GPU's peak, plus its memory-bound kernels (the norms, residual adds, rotary embeddings, the activation
+  function, the loss over the vocabulary: ``elementwise.py``) at the GPU's memory bandwidth, plus the
+  exposed TP (all of it: it sits on the critical path; Korthikanti et al. 2022's sequence parallelism
+  swaps each all_reduce for an all-gather and a reduce-scatter of the same bytes and describes no overlap
+  of them with the matmuls, and the Llama 3 paper names none), CP
+  (block by block, what each of the ring's ``cp - 1`` transfers, at its link, lasts beyond the attention
+  of one block) and EP communication; backward twice the FLOPs (three times with
+  full recomputation; selective recomputation moves the norms' and the activation function's bytes
+  again). The schedule is ``parallel/pipeline/whatif.pipeline_iteration``'s, the other axes
   inside each stage: interleaving ``v`` virtual stages is ``m v`` chunks of ``1 / v`` of a stage, so the
   bubble is ``(pp - 1) / v`` of a micro-batch's work. Its time with the PP link free is compute + exposed
   in-stage communication + the bubble; the rest is PP's. DP's reduce-scatter overlaps the last
@@ -40,6 +47,10 @@ cluster (``shapes.py``). The planner (``plan.py``) evaluates many; each axis div
   per parameter it owns at the GPU's memory bandwidth.
 * **MFU**: the model's FLOPs (``6`` per parameter and token plus attention's ``12 L s h``, recomputation
   not counted) over the step time and the cluster's peak.
+* **causal masking**: attention is priced unmasked (PaLM's ``4 s h`` per layer forward) on every rank.
+  With CP this is a plain ring's pace: its last rank's blocks all lie at or below the diagonal, so it
+  computes every block (the first rank one), and the step waits for it; a zig-zag ring would balance
+  the ranks, as a masked kernel would halve attention at CP 1 too: neither is modelled.
 
 Rank order: the kit's one mesh's (``parallel/mesh.ORDER``, Llama 3's [TP, CP, PP, DP], innermost first):
 TP on the fastest link (its traffic is the largest and on the critical path), then CP, then PP, DP
@@ -66,6 +77,7 @@ from student_src.kit.parallel.mesh import ORDER as MESH_ORDER, ParallelDims
 from student_src.kit.parallel.pipeline.memory import pipeline_held
 from student_src.kit.parallel.pipeline.whatif import StageProfile, pipeline_iteration
 from student_src.kit.parallel.tensor.traffic import tp_calls
+from student_src.kit.whatif import elementwise
 from student_src.kit.whatif.link import GLOO_EFFICIENCY, LinkModel
 from student_src.kit.whatif.shapes import Cluster, ModelShape
 
@@ -82,6 +94,7 @@ OPTIMIZER_BYTES = 28
 LOGIT_BYTES = 8
 ZERO_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
 RECOMPUTE = ("none", "selective", "full")
+CP_ATTENTION = ("ring", "allgather")
 #: rank order, innermost first: the kit's mesh's (``parallel/mesh.ORDER`` lists it outermost first)
 ORDER = tuple(reversed(MESH_ORDER))
 
@@ -93,7 +106,9 @@ class Layout:
     1: plain 1F1B) and ``recompute`` (none, selective: the norms' and activation functions' outputs
     rebuilt in backward, and the scores without flash attention; full: only each layer's input kept);
     ``vocab_parallel``: TP cuts the embeddings and the head too (Megatron's; the kit's Task 10 with
-    ``--vocab_parallel``), else every TP rank holds them whole."""
+    ``--vocab_parallel``), else every TP rank holds them whole; ``cp_attention``: CP as ring attention
+    (blocks overlapped with attention, Megatron's) or ``allgather`` (K and V gathered before attention, dK
+    and dV reduce-scattered after, exposed: the Llama 3 paper's CP, §3.3.2)."""
     dp: int = 1
     tp: int = 1
     pp: int = 1
@@ -104,6 +119,7 @@ class Layout:
     virtual: int = 1
     recompute: str = "none"
     vocab_parallel: bool = True
+    cp_attention: str = "ring"
 
     @property
     def gpus(self) -> int:
@@ -157,6 +173,8 @@ def check(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload) -
     if L.virtual > 1 and (L.pp == 1 or math.ceil(shape.layers / L.pp) % L.virtual
                           or (work.global_batch // (L.dp * L.micro_batch)) % L.pp):
         return "interleaving needs PP > 1, virtual stages dividing a stage's layers and micro-batches a multiple of PP"
+    if L.cp_attention not in CP_ATTENTION:
+        return f"CP attention is one of {', '.join(CP_ATTENTION)}, got {L.cp_attention!r}"
     if L.zero not in range(4) or L.recompute not in RECOMPUTE:
         return f"ZeRO is 0-3 and recompute one of {', '.join(RECOMPUTE)}"
     return ""
@@ -277,7 +295,7 @@ def memory(shape: ModelShape, layout: Layout, work: Workload) -> dict:
         per_layer = activation_elements(shape, L.recompute) / L.tp * tokens * work.act_bytes
         if not shape.flash and L.recompute == "none":
             per_layer += attention_bytes(L.micro_batch, max(1, shape.heads // L.tp), work.seq, shape.head_dim, L.cp,
-                                         "ring" if L.cp > 1 else "allgather", work.act_bytes)["saved"]
+                                         L.cp_attention if L.cp > 1 else "allgather", work.act_bytes)["saved"]
         acts = held * layers * per_layer
         if L.recompute == "full":  # one layer rebuilt whole at a time in backward
             acts += activation_elements(shape, "none") / L.tp * tokens * work.act_bytes
@@ -297,7 +315,8 @@ def _ring_half_s(link: LinkModel, nbytes: float, n: int) -> float:
 
 def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
          compute_efficiency: float = COMPUTE_EFFICIENCY) -> dict:
-    """One step's seconds split into ``compute_s`` (of which ``optimizer_s``), ``exposed_comm_s`` (per axis in ``comm_s_by_axis``),
+    """One step's seconds split into ``compute_s`` (of which ``optimizer_s``, and ``memory_bound_s``: the
+    memory-bound kernels' and the optimizer's), ``exposed_comm_s`` (per axis in ``comm_s_by_axis``),
     ``bubble_s``, their sum ``total_s``, the bytes one rank sends per axis (``bytes_by_axis``) and ``mfu``."""
     L, links = layout, group_links(cluster, layout)
     rate = cluster.flops * compute_efficiency
@@ -305,12 +324,21 @@ def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
     m = work.global_batch // (L.dp * L.micro_batch)
     tokens = L.micro_batch * work.seq // L.cp
     a = work.act_bytes
-    # the busiest stage's forward per micro-batch
-    flops = max(forward_flops_per_token(shape, first, work.seq, L.pp == 1),
-                forward_flops_per_token(shape, last, work.seq, True))
+    # the busiest stage's forward and backward per micro-batch: its FLOPs at the efficiency, its memory-bound
+    # kernels at the memory's bandwidth (``elementwise.py``; TP and sequence parallelism cut their tokens)
+    fwd_el, bwd_el = elementwise.forward_elements(shape, work.seq), elementwise.backward_elements(shape, work.seq)
+    bwd_el += elementwise.recompute_elements(shape, L.recompute)
+    vocab_tp = L.tp if L.vocab_parallel else 1
+
+    def stage_s(n: int, head: bool) -> tuple:
+        matmul = tokens * forward_flops_per_token(shape, n, work.seq, head) / L.tp / rate
+        loss_f, loss_b = elementwise.loss_bytes(shape) if head else (0.0, 0.0)
+        mem_f = tokens * (n * fwd_el * a / L.tp + loss_f / vocab_tp) / cluster.hbm_bytes_per_s
+        mem_b = tokens * (n * bwd_el * a / L.tp + loss_b / vocab_tp) / cluster.hbm_bytes_per_s
+        return matmul + mem_f, 2 * matmul + mem_b + (matmul + mem_f if L.recompute == "full" else 0.0), mem_f + mem_b
+
+    f_c, b_c, mem_c = max(stage_s(first, L.pp == 1), stage_s(last, True), key=lambda t: t[0] + t[1])
     layers = max(first, last)
-    f_c = tokens * flops / L.tp / rate
-    b_c = 2 * f_c + (f_c if L.recompute == "full" else 0.0)
     if L.recompute == "selective" and not shape.flash:  # the scores rebuilt: attention's forward again
         b_c += tokens * layers * 4 * work.seq * shape.hidden / L.tp / rate
     # TP: the room's calls for one layer (4 all_reduces: 2 forward, 2 backward), 2 more with full recompute
@@ -320,16 +348,29 @@ def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
     tp_f = layers * tp_one * len(tp_layer) / 2
     tp_b = tp_f * (2 if L.recompute == "full" else 1)
     tp_bytes = m * layers * (len(tp_layer) + (2 if L.recompute == "full" and tp_layer else 0)) * 2 * (L.tp - 1) / L.tp * act
-    # CP: ring attention's blocks, overlapped with the attention they feed
+    # CP: ring attention's blocks, overlapped with the attention they feed; or the all-gather's, exposed
     cp_f = cp_b = cp_bytes = 0.0
-    if L.cp > 1:
+    if L.cp > 1 and L.cp_attention == "allgather":
+        blocks = cp_sent(L.micro_batch, max(1, shape.kv_heads // L.tp), work.seq, shape.head_dim, L.cp, "allgather", a)
+        link = links["cp"]
+        gather_f = blocks["forward"] / link.bytes_per_s + (L.cp - 1) * link.latency_s
+        cp_f = layers * gather_f
+        cp_b = layers * (blocks["backward"] / link.bytes_per_s + (L.cp - 1) * link.latency_s
+                         + (gather_f if L.recompute == "full" else 0.0))
+        cp_bytes = m * layers * (blocks["forward"] + blocks["backward"])
+    elif L.cp > 1:
         blocks = cp_sent(L.micro_batch, max(1, shape.kv_heads // L.tp), work.seq, shape.head_dim, L.cp, "ring", a)
         attn_f = tokens * 4 * work.seq * shape.hidden / L.tp / rate
         link = links["cp"]
         t_f = blocks["forward"] / link.bytes_per_s + (L.cp - 1) * link.latency_s
         t_b = blocks["backward"] / link.bytes_per_s + (2 * L.cp - 1) * link.latency_s
-        cp_f = layers * max(0.0, t_f - attn_f)
-        cp_b = layers * (max(0.0, t_b - 2 * attn_f) + (max(0.0, t_f - attn_f) if L.recompute == "full" else 0.0))
+        # block by block: each of the cp - 1 transfers hides behind one block's attention (1 / cp of it) or
+        # shows what it lasts beyond it; every block full, as the plain ring's last rank computes them
+        steps, block_f = L.cp - 1, attn_f / L.cp
+        ring_f = steps * max(0.0, t_f / steps - block_f)
+        ring_b = steps * max(0.0, t_b / steps - 2 * block_f)
+        cp_f = layers * ring_f
+        cp_b = layers * (ring_b + (ring_f if L.recompute == "full" else 0.0))
         cp_bytes = m * layers * (blocks["forward"] + blocks["backward"])
     # EP: the all-to-alls of every MoE layer, on the critical path
     ep_f = ep_b = ep_bytes = 0.0
@@ -365,13 +406,14 @@ def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
     owned = (dense / (n if L.zero else 1)) + (expert_params / (n_e if L.zero else 1))
     optimizer = owned * OPTIMIZER_BYTES / cluster.hbm_bytes_per_s
     compute = m * (f_c + b_c) + optimizer
+    memory_bound = m * mem_c + optimizer
     in_stage = m * (tp_f + tp_b + cp_f + cp_b + ep_f + ep_b)
     bubble = schedule_free - m * (f + b)
     pp_s = schedule - schedule_free
     total = schedule + dp_exposed + optimizer
     busy_fraction = m * (f + b) / schedule_free if schedule_free else 1.0
     return {
-        "total_s": total, "compute_s": compute, "optimizer_s": optimizer, "exposed_comm_s": in_stage + pp_s + dp_exposed, "bubble_s": bubble,
+        "total_s": total, "compute_s": compute, "optimizer_s": optimizer, "memory_bound_s": memory_bound, "exposed_comm_s": in_stage + pp_s + dp_exposed, "bubble_s": bubble,
         "comm_s_by_axis": {"tp": m * (tp_f + tp_b), "cp": m * (cp_f + cp_b), "ep": m * (ep_f + ep_b), "pp": pp_s,
                            "dp": dp_exposed},
         "bytes_by_axis": {"tp": tp_bytes, "cp": cp_bytes, "ep": ep_bytes, "pp": pp_bytes, "dp": dp_bytes},

@@ -136,14 +136,15 @@ def plan(model: str = DEFAULTS["model"], cluster: str = DEFAULTS["cluster"], nod
          seq_len: int = DEFAULTS["seq_len"], global_batch: Optional[int] = None,
          global_batch_tokens=None, precision: str = "mixed",
          compute_efficiency: float = composed.COMPUTE_EFFICIENCY, usable: float = composed.USABLE_MEMORY,
-         max_cp: int = MAX_CP, **cluster_fields) -> dict:
+         max_cp: int = MAX_CP, cp_attention: str = "ring", **cluster_fields) -> dict:
     """Every feasible mesh, fastest first (its best settings), and the pick with its reason.
 
     ``model``: a name or config path (``shapes.model_shape``); ``cluster``: a preset (``shapes.CLUSTERS``)
     with ``nodes`` and any ``Cluster`` field in ``cluster_fields`` (``gpus_per_node``, ``memory_bytes``,
     ``intra_bytes_per_s``, ``inter_bytes_per_s``, ``flops``, ...); the global batch in sequences
     (``global_batch``) or tokens (``global_batch_tokens``, a multiple of ``seq_len``; default 64 sequences);
-    ``max_cp``: the largest CP degree tried (1: none, the Playbook's "CP for long sequences" as a rule).
+    ``max_cp``: the largest CP degree tried (1: none, the Playbook's "CP for long sequences" as a rule);
+    ``cp_attention``: how CP runs (``composed.Layout``: ring, overlapped, or allgather, exposed).
     Returns ``{"model", "cluster", "workload", "layouts", "pick", "why", "tried", "infeasible"}``."""
     shape = model_shape(model)
     where = make_cluster(cluster, nodes, **cluster_fields)
@@ -161,6 +162,8 @@ def plan(model: str = DEFAULTS["model"], cluster: str = DEFAULTS["cluster"], nod
         raise KitError(f"the global batch must be a positive number of sequences, got {global_batch!r}")
     if not isinstance(max_cp, int) or max_cp < 1:
         raise KitError(f"--max_cp must be a positive integer, got {max_cp!r}")
+    if cp_attention not in composed.CP_ATTENTION:
+        raise KitError(f"--cp_attention is one of {', '.join(composed.CP_ATTENTION)}, got {cp_attention!r}")
     if not 0 < compute_efficiency <= 1 or not 0 < usable <= 1:
         raise KitError(f"the compute efficiency and the usable memory are fractions in (0, 1], got "
                        f"{compute_efficiency} and {usable}")
@@ -168,7 +171,8 @@ def plan(model: str = DEFAULTS["model"], cluster: str = DEFAULTS["cluster"], nod
     by_mesh, tried, smallest = {}, 0, None
     for mesh in meshes(shape, where, work, max_cp):
         for mb, v, recompute in variants(shape, work, *mesh):
-            for r in zero_stages(lambda zero: composed.evaluate(shape, where, Layout(*mesh, zero, mb, v, recompute),
+            for r in zero_stages(lambda zero: composed.evaluate(shape, where, Layout(*mesh, zero, mb, v, recompute,
+                                                                                   cp_attention=cp_attention),
                                                                 work, compute_efficiency, usable)):
                 tried += 1
                 if r["feasible"]:
@@ -187,7 +191,8 @@ def plan(model: str = DEFAULTS["model"], cluster: str = DEFAULTS["cluster"], nod
     pick = simplest_of_fastest(ranked)
     return {"model": {"name": shape.name, "params": shape.params}, "cluster": vars(where) | {"gpus": where.gpus},
             "workload": {"seq_len": seq_len, "global_batch": global_batch, "tokens": work.tokens, "precision": precision,
-                         "compute_efficiency": compute_efficiency, "usable_memory": usable},
+                         "compute_efficiency": compute_efficiency, "usable_memory": usable,
+                         "cp_attention": cp_attention},
             "layouts": ranked, "pick": pick, "why": _sentence(shape, where, work, pick, len(ranked)),
             "tried": tried, "infeasible": tried - sum(len(rows) for rows in by_mesh.values())}
 
@@ -238,6 +243,8 @@ def main(argv=None) -> int:
     p.add_argument("--usable_memory", type=float, default=composed.USABLE_MEMORY,
                    help="fraction of a GPU's memory training may use (default %(default)s)")
     p.add_argument("--max_cp", type=int, default=MAX_CP, help="the largest CP degree tried (default %(default)s; 1: no CP)")
+    p.add_argument("--cp_attention", choices=composed.CP_ATTENTION, default="ring",
+                   help="CP as ring attention, overlapped (default), or allgather, exposed (Llama 3's)")
     p.add_argument("--top", type=int, default=DEFAULTS["top"], help="meshes to list (default %(default)s)")
     p.add_argument("--json", help="write the whole plan (every feasible mesh) to this JSON file")
     args = p.parse_args(argv)
@@ -250,7 +257,8 @@ def main(argv=None) -> int:
         if args.top < 1:
             raise KitError(f"--top must be at least 1, got {args.top}")
         result = plan(args.model, args.cluster, args.nodes, args.seq_len, args.global_batch, args.global_batch_tokens,
-                      args.precision, args.compute_efficiency, args.usable_memory, args.max_cp, **fields)
+                      args.precision, args.compute_efficiency, args.usable_memory, args.max_cp, args.cp_attention,
+                      **fields)
     except KitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

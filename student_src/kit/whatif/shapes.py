@@ -34,7 +34,9 @@ class ModelShape:
     attention on the CPU keeps them. ``lm_head``: the loss is over the vocabulary (a language model's
     logits, ``vocab`` wide); the kit's classifiers predict 2 labels. ``other_params``: what the formulas
     leave out (biases, position and token-type embeddings, a pooler, a classifier), held whole with the
-    embeddings: a kit model's shape counts them from the live model, so its total is exact."""
+    embeddings: a kit model's shape counts them from the live model, so its total is exact. ``rotary``:
+    rotary position embeddings applied to Q and K in every layer (Llama's; BERT adds learned positions
+    once), a memory-bound kernel ``elementwise.py`` prices."""
     name: str
     layers: int
     hidden: int
@@ -49,6 +51,7 @@ class ModelShape:
     flash: bool = True
     lm_head: bool = True
     other_params: int = 0
+    rotary: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -104,9 +107,9 @@ class ModelShape:
 #: from Devlin et al. 2019 (24 layers, 1024 wide, 16 heads, 30522 word pieces, tied MLM head)
 NAMED_MODELS = {
     "bert-large": ModelShape("bert-large", 24, 1024, 16, 16, 4096, 30522, gated=False, tied=True),
-    "llama-3-8b": ModelShape("llama-3-8b", 32, 4096, 32, 8, 14336, 128256),
-    "llama-3-70b": ModelShape("llama-3-70b", 80, 8192, 64, 8, 28672, 128256),
-    "llama-3-405b": ModelShape("llama-3-405b", 126, 16384, 128, 8, 53248, 128256),
+    "llama-3-8b": ModelShape("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, rotary=True),
+    "llama-3-70b": ModelShape("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, rotary=True),
+    "llama-3-405b": ModelShape("llama-3-405b", 126, 16384, 128, 8, 53248, 128256, rotary=True),
 }
 
 
@@ -129,7 +132,8 @@ def from_config(config: dict, name: str = "config") -> ModelShape:
                        gated=act in ("silu", "swiglu", "geglu"),
                        tied=bool(config.get("tie_word_embeddings", config.get("model_type") == "bert")),
                        experts=experts, top_k=int(config.get("num_experts_per_tok") or 1) if experts else 1,
-                       flash=bool(config.get("flash", True)))
+                       flash=bool(config.get("flash", True)),
+                       rotary="rope_theta" in config or "rope_scaling" in config)
     if min(layers, hidden, heads, vocab, ffn, shape.kv_heads) < 1 or hidden % heads or heads % shape.kv_heads:
         raise KitError(f"{name}: sizes must be positive, hidden_size a multiple of the heads and the heads of "
                        f"the key/value heads; got {shape}")
