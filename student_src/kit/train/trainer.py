@@ -278,6 +278,9 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, precision: Precisi
     train_step = setup.train_step or student_api.train_step()
     if k > 1:  # the student's accumulation_step (Task 13) in place of train_step: one sync per optimizer step
         train_step = accumulation.make_step(student_api.named("accumulation_step"), k)
+    counted = getattr((setup.memory or {}).get("activations"), "wrap", None)
+    if counted is not None:  # Task 7: its first step's activations counted (train/fsdp_activations.py)
+        train_step = counted(train_step)
     step_args = precision.step_args(setup.model, setup.optimizer, scheduler, setup.sync_gradients)
     return Run(cfg=cfg, ctx=ctx, model=setup.model, base_model=model,
                train_step=recorder.wrap(train_step) if recorder else train_step,
