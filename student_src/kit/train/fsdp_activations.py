@@ -37,7 +37,11 @@ class FsdpActivationMeter:
         self.result: dict | None = None
 
     def wrap(self, step):
-        """``step`` (a ``train_step``-shaped callable) counted on its first call, as it is afterwards."""
+        """``step`` (a ``train_step``-shaped callable) counted on its first call, as it is afterwards; as it is
+        for a wrapper without the hooks' names the skeleton gives (``_pack``, ``_unpack``, ``gathered``)."""
+        if not all(hasattr(self.wrapper, name) for name in ("_pack", "_unpack", "gathered")):
+            return step
+
         def counted(model, batch, *args, **kwargs):
             if self.result is not None:
                 return step(model, batch, *args, **kwargs)
