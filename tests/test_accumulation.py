@@ -1,6 +1,7 @@
 """Task 13's gradient accumulation through run_glue: ``--gradient_accumulation_steps K`` at a per-worker
 batch b equals a run at a K x larger batch (fp32, dropout 0) step by step, on one process and on
-ranks; the traffic meter counts one sync per optimizer step; the tasks that cannot skip refuse."""
+ranks; the traffic meter counts one sync per optimizer step; Task 7, which cannot skip a micro-step's
+reduce-scatter, accumulates in its shards and says so; the pipeline refuses."""
 
 import pytest
 
@@ -38,7 +39,6 @@ def test_batch_flags_keep_their_meaning():
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--task", "7", "--gradient_accumulation_steps", "2"], "reduce-scatters every micro-step"),
     (["--task", "9", "--gradient_accumulation_steps", "2"], "--micro_batches"),
     (["--gradient_accumulation_steps", "0"], "at least 1"),
     (["--recompute", "every:0"], "every:k"),
@@ -49,6 +49,31 @@ def test_batch_flags_keep_their_meaning():
 def test_refusals_say_what_to_do(flags, words):
     with pytest.raises(KitError, match=words.replace("-", "\\-")):
         parse_config(flags)
+
+
+def test_task7_says_it_reduce_scatters_every_micro_step():
+    from student_src.kit import tasks
+    from student_src.kit.core.levers import micro_step_line
+
+    parse_config(["--task", "7", "--gradient_accumulation_steps", "2"])  # accepted now
+    assert "reduce-scatters every micro-step" in micro_step_line(tasks.get("7"), 2)
+    assert micro_step_line(tasks.get("7"), 1) is None and micro_step_line(tasks.get("3"), 2) is None
+
+
+def test_task7_accumulated_equals_task1_and_meters_k_reduce_scatters(small_rte, tmp_path):
+    """FSDP cannot skip a micro-step's sync: each backward reduce-scatters into the shards, where the K pieces add
+    up; the losses equal Task 1's at the K x larger batch, and the meter's bytes per optimizer step equal the
+    traffic model's K micro-steps of gathers and reduce-scatters plus one all_reduce of the replicated gradients
+    (about twice a plain step's at K = 2, where the other tasks send about the same)."""
+    single = train_tiny(small_rte, tmp_path / "one", "1", steps=2)
+    acc = train_tiny(small_rte, tmp_path / "acc", "7", "--gradient_accumulation_steps", "2", "--measure_traffic",
+                     world_size=2, steps=2)
+    _close(acc["losses"], single["losses"])
+    plain = train_tiny(small_rte, tmp_path / "plain", "7", "--per_device_train_batch_size", "4",
+                       "--measure_traffic", world_size=2, steps=2)
+    a, p = acc["traffic"], plain["traffic"]
+    assert 0.97 < a["ratio"] < 1.03 and 0.97 < p["ratio"] < 1.03, (a, p)  # measured = modelled, both runs
+    assert 1.8 < a["measured_bytes_per_iter"] / p["measured_bytes_per_iter"] < 2.05, (a, p)
 
 
 def test_task1_accumulated_equals_a_larger_batch(small_rte, tmp_path):

@@ -44,7 +44,7 @@ def test_the_whatif_prints_both_ways(capsys):
 
 
 def test_kit_fsdp_reduce_scatters_every_micro_step():
-    """Task 7's line (levers.NO_ACCUMULATION): each backward before the finish reduce-scatters (one
+    """Task 7's line (levers.SYNCS_EVERY_MICRO_STEP): each backward before the finish reduce-scatters (one
     ``_after_backward`` per unit and micro-step), and the pieces add up in the shards' ``.grad``."""
     from student_src.fsdp import FSDP
 
@@ -65,3 +65,18 @@ def test_kit_fsdp_reduce_scatters_every_micro_step():
     wrapped.finish_gradient_synchronization()
     for got, want in zip(wrapped.parameters(), reference.parameters()):
         torch.testing.assert_close(got.grad.reshape(-1)[:want.numel()], want.grad.reshape(-1))
+
+
+def test_fsdp_calls_repeat_gathers_and_reduce_scatters_per_micro_step():
+    """traffic_model.fsdp_calls(..., micro_steps=K): what the kit's Task 7 sends per optimizer step with
+    --gradient_accumulation_steps K: each micro-step gathers (twice where backward reads the weight) and
+    reduce-scatters every sharded tensor; the replicated gradients' all_reduce and the norm's come once."""
+    from student_src.kit.measure import traffic_model as tm
+
+    one = tm.fsdp_calls([(4000, True), (400, False)], [48], clip=True)
+    three = tm.fsdp_calls([(4000, True), (400, False)], [48], clip=True, micro_steps=3)
+    assert three == one[:5] * 3 + [("all_reduce", 48), ("all_reduce", 8)]
+    n = 4
+    per_micro = tm.step_traffic("7", n, [], logging=None, calls=one[:5]).total_payload
+    assert tm.step_traffic("7", n, [], logging=None, calls=three).total_payload == (
+        3 * per_micro + tm.step_traffic("7", n, [], logging=None, calls=one[5:]).total_payload)

@@ -41,6 +41,29 @@ if rows:
     display(Image(plots.to_png(fig)))
 '''
 
+#: --recompute on Task 7 (FSDP) and Task 9 (pipeline), each with and without: the first step's activations
+#: counted by the kit (metrics' memory.activations) against recompute_memory.py's prediction, on the busiest rank
+RANKS = '''
+from IPython.display import Markdown, display
+table = []
+# dropout on: the rerun must draw the same masks, and sdpa attention then keeps what the prediction counts
+for task, extra in (("7", ["--dropout", "0.1"]), ("9", ["--dropout", "0.1", "--schedule", "1f1b"])):
+    peaks = {}
+    for mode in ("none", RANKS_MODE):
+        flags = extra + ([] if mode == "none" else ["--recompute", mode])
+        m = kit.run_task(task, steps=1, name=f"task{task}_recompute_{mode.replace(':', '')}", extra=flags, world_size=2)
+        acts = ((m or {}).get("memory") or {}).get("activations")
+        if acts:  # every rank's first step: the busiest one's peak, measured and predicted
+            peaks[mode] = (max(r["peak_bytes"] for r in acts["per_rank"]), max(r["predicted_bytes"] for r in acts["per_rank"]))
+    if len(peaks) == 2:
+        (m0, p0), (m1, p1) = peaks["none"], peaks[RANKS_MODE]
+        table.append(f"| {task} | {m0 / 1e6:.2f} / {p0 / 1e6:.2f} | {m1 / 1e6:.2f} / {p1 / 1e6:.2f} | "
+                     f"{(m0 - m1) / 1e6:.2f} / {(p0 - p1) / 1e6:.2f} |")
+if table:
+    display(Markdown(f"### --recompute {RANKS_MODE} on 2 ranks: activation peak of the busiest rank, MB measured / predicted\\n\\n"
+                     "| task | without | with | saved |\\n|---|---|---|---|\\n" + "\\n".join(table)))
+'''
+
 
 def build() -> NB:
     pts = task_points(["13"])
@@ -62,7 +85,8 @@ has one trap: dropout must draw the *same* masks when the block runs again.
                'ROWS = 2 if QUICK else 8        # rows per batch\n'
                'LAYERS = 2 if QUICK else 12     # encoder layers (BERT-base: 12)\n'
                'MODES = ["none", "full", "every:2", "selective"]\n'
-               'ACCUMULATION = 4                # micro-batches per optimizer step')
+               'ACCUMULATION = 4                # micro-batches per optimizer step\n'
+               'RANKS_MODE = "full"             # --recompute on Tasks 7 and 9 (full, every:k, selective)')
     check_cells(nb, "13", "Recomputing one BERT layer must give the layer's own output and gradients; the hidden "
                 "checks add dropout, the bytes kept, every:k and selective, and the accumulation rule.")
     nb.md("""
@@ -88,6 +112,18 @@ laptop's CPU). Time each mode yourself on a quiet machine: FLOPs are what recomp
 seconds depend on how busy the machine is.
 """)
     nb.code(MEASURE)
+    nb.md("""
+## Recomputation on ranks: Tasks 7 and 9
+
+`--recompute` rewrites the model before a task wraps it, so FSDP (Task 7) and the pipeline (Task 9)
+recompute with your `apply_recompute` too. The kit counts each rank's activations over the first step
+with the same saved-tensor hooks (for FSDP through its own `_pack`: gathered weights are not
+activations) and predicts them with `student_src/kit/parallel/pipeline/recompute_memory.py` (FSDP: one
+stage holding the whole model). With recomputation the peak is not just what the forward keeps: the
+layer rerun in backward holds its activations again. Which rank is busiest in a 1F1B pipeline, and why
+does full recomputation save less there than the forward's bytes suggest?
+""")
+    nb.code(RANKS)
     nb.md("""
 ## Accumulation on ranks
 

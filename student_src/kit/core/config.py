@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "this x world_size x --gradient_accumulation_steps")
     g.add_argument("--gradient_accumulation_steps", type=int,
                    help="Hugging Face's: forwards and backwards of K micro-batches per optimizer step, gradients summed "
-                        "(each loss / K) and synced once, on the last (Task 13's accumulation_step; default 1). Both "
+                        "(each loss / K) and synced once, on the last (Task 13's accumulation_step; default 1; Task 7's FSDP "
+                        "reduce-scatters every micro-step into its shards; Task 9: use --micro_batches). Both "
                         "batch flags keep their meaning: --global_batch_size is still what one optimizer step sees, "
                         "--per_device_train_batch_size still what one forward sees")
     g.add_argument("--per_device_eval_batch_size", "--per_gpu_eval_batch_size", type=int)

@@ -8,20 +8,32 @@ from __future__ import annotations
 from student_src.kit import tasks
 from student_src.kit.errors import KitError
 
-#: the ``sync`` kinds whose step the kit runs as K micro-steps then one sync (``kit/train/accumulation.py``);
+#: the ``sync`` kinds whose step the kit runs as K micro-steps then one optimizer step (``kit/train/accumulation.py``);
 #: why each other kind refuses ``--gradient_accumulation_steps``, in one line
-ACCUMULATES = ("none", "function", "ddp", "bucketed", "sharded_optimizer")
+ACCUMULATES = ("none", "function", "ddp", "bucketed", "sharded_optimizer", "fsdp")
 NO_ACCUMULATION = {
-    "fsdp": "its FSDP reduce-scatters every micro-step's gradients inside backward (it keeps shards, not whole "
-            "gradients: the ZeRO-2/3 trade, both ways in whatif --memory --gradient_accumulation_steps K), so "
-            "accumulation would save no traffic",
     "pipeline": "a pipeline already accumulates over its micro-batches: use --micro_batches",
 }
+#: the accumulating kinds that cannot skip a micro-step's sync, and the one line the run prints to say what it does
+#: instead (the trade both ways: ``measure/accumulation_model.py``, ``whatif --memory --gradient_accumulation_steps K``)
+SYNCS_EVERY_MICRO_STEP = {
+    "fsdp": "FSDP reduce-scatters every micro-step's gradients inside backward and the shards accumulate them (K x "
+            "one reduce-scatter's bytes per optimizer step, gradients held as 1/N shards: ZeRO-3's side of the trade; "
+            "whatif --memory --gradient_accumulation_steps K shows both)",
+}
+
+
+def micro_step_line(task, k: int) -> str | None:
+    """The one line a run with ``k`` micro-steps of ``task`` prints when its sync cannot wait for the last one."""
+    why = SYNCS_EVERY_MICRO_STEP.get(task.sync) if k > 1 else None
+    return f"--gradient_accumulation_steps {k}: Task {task.id}'s {why}" if why else None
+
+
 #: the ``sync`` kinds whose model ``--recompute`` rewrites before the task takes it (``train/trainer.py``): the
-#: accumulating ones, FSDP (a layer rerun in backward fires its gather hooks again: one more all_gather per
+#: accumulating ones (FSDP among them: a layer rerun in backward fires its gather hooks again, one more all_gather per
 #: recomputed layer, and its reduce-scatter comes out of the rerun's graph) and the pipeline (a stage holds the
 #: rewritten layers, so each micro-batch's forward keeps only the layers' inputs and its backward recomputes them)
-RECOMPUTES = ACCUMULATES + ("fsdp", "pipeline")
+RECOMPUTES = ACCUMULATES + ("pipeline",)
 
 
 def validate_accumulation(cfg, task) -> None:

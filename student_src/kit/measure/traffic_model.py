@@ -232,16 +232,21 @@ class WireModel:
         return {"sent": sent, "recv": recv, "total": sent + recv}
 
 
-def fsdp_calls(sharded: list[tuple[int, bool]], replicated_nbytes: list[int], clip: bool = True) -> list[tuple[str, int]]:
+def fsdp_calls(sharded: list[tuple[int, bool]], replicated_nbytes: list[int], clip: bool = True,
+               micro_steps: int = 1) -> list[tuple[str, int]]:
     """The collectives of one FSDP step (``student_src/fsdp.py``), as ``(op, nbytes)``.
 
     ``sharded``: per sharded parameter, its padded flat bytes (in the dtype it travels in) and
     whether backward reads it again (a Linear's weight: re-gathered; biases and embeddings: not);
     ``replicated_nbytes``: one flat all_reduce per dtype of the replicated gradients; ``clip``: the
-    global norm's all_reduce of one float64."""
+    global norm's all_reduce of one float64. ``micro_steps``: K of ``--gradient_accumulation_steps``:
+    each micro-step's forward and backward gather and reduce-scatter again (FSDP cannot skip a
+    micro-step's sync: its shards accumulate), while the replicated gradients add up locally and
+    are all_reduced once, with the norm, after the last."""
     calls = []
-    for nbytes, regathered in sharded:
-        calls += [("all_gather_single", nbytes)] * (2 if regathered else 1) + [("reduce_scatter_single", nbytes)]
+    for _ in range(micro_steps):
+        for nbytes, regathered in sharded:
+            calls += [("all_gather_single", nbytes)] * (2 if regathered else 1) + [("reduce_scatter_single", nbytes)]
     calls += [("all_reduce", s) for s in replicated_nbytes if s]
     if clip:
         calls.append(("all_reduce", 8))

@@ -19,12 +19,13 @@ the world size is known (``resume/preflight.py``), else on load.
 from __future__ import annotations
 
 import dataclasses
-import os
+from typing import Callable
 
 from student_src.kit import tasks
 from student_src.kit.errors import KitError
 from student_src.kit.parallel.composed import MARK, dims_of
 from student_src.kit.parallel.mesh import COMPOSED
+from student_src.kit.resume.layout import SavedLayout
 from student_src.kit.resume.parts import CheckpointPart, rank_prefixed_part
 
 #: kit.json's key for the grid a composed checkpoint was saved on
@@ -47,13 +48,15 @@ def _noun(lay: dict) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class GridLayout:
-    """``resume/layout.SavedLayout``'s duties for a grid: every degree and the DP axis's kind, not one size."""
+class GridLayout(SavedLayout):
+    """``resume/layout.SavedLayout`` for a grid: every degree and the DP axis's kind, not one size (its
+    ``identity``, ``check`` and ``check_before_start``; its own ``of`` and ``refusal``)."""
     key: str = KEY
-
-    @staticmethod
-    def applies(cfg) -> bool:
-        return is_composed(cfg)
+    size: str = "grid"                # not one size: ``of`` records every degree
+    flag: str = " ".join(FLAGS.values())
+    applies: Callable = is_composed
+    noun: Callable = _noun
+    saved: str = "each rank saved its own part of the grid"
 
     def of(self, cfg, world_size: int | None) -> dict | None:
         if not self.applies(cfg) or not world_size:
@@ -64,23 +67,12 @@ class GridLayout:
             return None  # the degrees' own refusal comes first (composed.validate)
         return {**{a: dims.degree(a) for a in ("dp", "pp", "cp", "tp", "ep")}, "dp_shard": cfg.dp_shard}
 
-    def identity(self, run) -> dict:
-        mine = self.of(run.cfg, run.ctx.world_size)
-        return {self.key: mine} if mine is not None else {}
-
-    def check(self, path, meta: dict, cfg, world_size: int | None) -> None:
-        mine, saved = self.of(cfg, world_size), meta.get(self.key)
-        if mine is None or saved is None or saved == mine:
-            return
+    def refusal(self, path, saved: dict, mine: dict) -> str:
         world = saved["dp"] * saved["pp"] * saved["cp"] * saved["tp"]
         flags = " ".join(f"{FLAGS[a]} {saved[a]}" for a in FLAGS if saved[a] > 1)
-        raise KitError(f"{path} was saved on {_noun(saved)}, {world} ranks; this run is {_noun(mine)}: each rank "
-                       f"saved its own part of the grid, so resume with {flags} --dp_shard {saved['dp_shard']} "
-                       f"--world_size {world}, or start fresh".replace("  ", " "))
-
-    def check_before_start(self, path, meta: dict, cfg) -> None:
-        world = cfg.world_size or (int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None)
-        self.check(path, meta, cfg, world)
+        return (f"{path} was saved on {self.noun(saved)}, {world} ranks; this run is {self.noun(mine)}: {self.saved}, "
+                f"so resume with {flags} --dp_shard {saved['dp_shard']} --world_size {world}, or start fresh"
+                ).replace("  ", " ")
 
 
 LAYOUT = GridLayout()

@@ -4,7 +4,8 @@ Task 9's pipeline (each stage its part) and Task 10's tensor parallelism (each T
 both save a rank's own tensors, so a checkpoint is only good for the same split of the world: as
 many stages (or TP ranks) and as many replicas. ``SavedLayout`` is that rule once: what
 ``kit.json`` records, and the one-line refusal of another layout, before any rank starts where the
-world size is known (``preflight.py``), else on load (``checkpoint.py``).
+world size is known (``preflight.py``), else on load (``checkpoint.py``). A layout of several sizes
+(Task 14's grid, ``parallel/composed_checkpoint.GridLayout``) is a subclass: its own ``of`` and ``refusal``.
 """
 
 from __future__ import annotations
@@ -46,9 +47,13 @@ class SavedLayout:
         mine, saved = self.of(cfg, world_size), meta.get(self.key)
         if mine is None or saved is None or saved == mine:
             return
+        raise KitError(self.refusal(path, saved, mine))
+
+    def refusal(self, path, saved: dict, mine: dict) -> str:
+        """The line ``check`` raises: the layout ``saved`` in kit.json against this run's, ``mine``, and how to resume."""
         ranks = saved[self.size] * saved["replicas"]
-        raise KitError(f"{path} was saved by {self.noun(saved)} ({ranks} ranks); this run is {self.noun(mine)}: "
-                       f"{self.saved}, so resume with {self.flag} {saved[self.size]} --world_size {ranks}, or start fresh")
+        return (f"{path} was saved by {self.noun(saved)} ({ranks} ranks); this run is {self.noun(mine)}: "
+                f"{self.saved}, so resume with {self.flag} {saved[self.size]} --world_size {ranks}, or start fresh")
 
     def check_before_start(self, path, meta: dict, cfg) -> None:
         """``check`` before any rank starts, where the world size is known (``--world_size``, torchrun)."""

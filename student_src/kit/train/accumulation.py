@@ -6,8 +6,12 @@ The loader still yields one forward's batch (``--per_device_train_batch_size``'s
 sync once after the last, one optimizer step. A step of the run, its loss, its time and the traffic
 meter's bytes per step are then an *optimizer* step's (``--global_batch_size`` examples).
 
-Which tasks accumulate, and why the others refuse, is ``core/config.py``'s ``ACCUMULATES``; a
-wrapper that syncs inside backward is told to skip through its ``no_sync`` (``no_sync_of``).
+Which tasks accumulate, and why the others refuse, is ``core/levers.py``'s ``ACCUMULATES``; a
+wrapper that syncs inside backward is told to skip through its ``no_sync`` (``no_sync_of``). One
+without ``no_sync`` syncs inside every micro-step's backward: Task 7's FSDP reduce-scatters each
+micro-step's gradients into its shards, where they add up (the run says so in one line,
+``levers.SYNCS_EVERY_MICRO_STEP``), and its sync (the last reduce-scatter, the replicated
+gradients' all_reduce, the clip) runs once, after the last micro-step, as every task's does.
 """
 
 from __future__ import annotations

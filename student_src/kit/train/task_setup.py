@@ -45,6 +45,7 @@ from student_src.kit.core.config import TrainConfig, per_worker_batch_size
 from student_src.kit.errors import KitError
 from student_src.kit.parallel.mesh import averaging_function
 from student_src.kit.train.fsdp2 import wrap_fsdp2
+from student_src.kit.train.fsdp_activations import FsdpActivationMeter
 from student_src.kit.train.optim import make_optimizer, parameter_groups
 from student_src.kit.train.precision import Precision, to_fp32
 
@@ -113,7 +114,9 @@ def setup_task(cfg: TrainConfig, model, ctx) -> TaskSetup:
             wrapped = wrap_fsdp2(model)
             return TaskSetup(wrapped, None, None, make_optimizer(model, cfg))
         wrapped = fn(model)  # the model's own slots now hold this rank's shards (fp32 masters)
-        return TaskSetup(wrapped, _fsdp_sync(cfg.max_grad_norm), None, make_optimizer(model, cfg))
+        activations = FsdpActivationMeter(wrapped, cfg.recompute, cfg.gradient_accumulation_steps or 1)
+        return TaskSetup(wrapped, _fsdp_sync(cfg.max_grad_norm), None, make_optimizer(model, cfg),
+                         memory={"activations": activations})
     room = parallel.get(task.sync)  # a parallelism with a room of its own (Tasks 9, 10): its setup
     if room is not None:
         lent = parallel.Lent(make_optimizer, parameter_groups, lambda: Precision.of(cfg, ctx.device), to_fp32)

@@ -30,6 +30,7 @@ from student_src.kit.compression import wire_dtype
 from student_src.kit.core import metrics as kmetrics
 from student_src.kit.core import progress
 from student_src.kit.core.config import TrainConfig, per_worker_batch_size
+from student_src.kit.core.levers import micro_step_line
 from student_src.kit.core.data import get_processor, load_glue_dataset
 from student_src.kit.core.metrics import write_metrics  # noqa: F401  (trainer.write_metrics: where runs write their results)
 from student_src.kit.core.models import count_parameters, load_model, load_tokenizer
@@ -269,12 +270,17 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, precision: Precisi
     log(f"Task {task.id} ({task.title}): {cfg.model_name_or_path}, {len(train_ds)} training examples, "
         f"{how}, {steps_per_epoch} steps/epoch, {total_steps} steps on {ctx.world_size} rank(s) [{ctx.device}, "
         f"{torch.get_num_threads()} thread(s) per rank, {ctx.ranks_on_host} rank(s) on this host]")
+    if micro_step_line(task, k):  # Task 7 cannot skip a micro-step's reduce-scatter: it says so
+        log(micro_step_line(task, k))
     scheduler = make_scheduler(setup.optimizer, cfg, total_steps)
     meter = _traffic_meter(cfg, ctx)
     recorder = recorder_for(cfg, ctx, setup.model, model, setup.optimizer)  # --timeline N
     train_step = setup.train_step or student_api.train_step()
     if k > 1:  # the student's accumulation_step (Task 13) in place of train_step: one sync per optimizer step
         train_step = accumulation.make_step(student_api.named("accumulation_step"), k)
+    counted = getattr((setup.memory or {}).get("activations"), "wrap", None)
+    if counted is not None:  # Task 7: its first step's activations counted (train/fsdp_activations.py)
+        train_step = counted(train_step)
     step_args = precision.step_args(setup.model, setup.optimizer, scheduler, setup.sync_gradients)
     return Run(cfg=cfg, ctx=ctx, model=setup.model, base_model=model,
                train_step=recorder.wrap(train_step) if recorder else train_step,
@@ -408,7 +414,8 @@ def _communication(run: Run) -> dict:
 def _fsdp_calls(run: Run) -> list:
     """What an ``"fsdp"`` task's step sends (``traffic_model.fsdp_calls``), from the wrapper's own
     layout: its sharded parameters (a Linear's weight is read again by backward, and re-gathered)
-    and its replicated ones, one flat all_reduce per dtype."""
+    and its replicated ones, one flat all_reduce per dtype; with ``--gradient_accumulation_steps K``
+    the gathers and reduce-scatters K times (every micro-step), the all_reduces once."""
     wrapper = run.model
     sharded = [(sp.padded_numel * sp.shard.element_size(), isinstance(sp.module, torch.nn.Linear) and sp.name == "weight")
                for sp in getattr(wrapper, "sharded", [])]
@@ -416,7 +423,7 @@ def _fsdp_calls(run: Run) -> list:
     for p in getattr(wrapper, "replicated", []):
         per_dtype[p.dtype] = per_dtype.get(p.dtype, 0) + p.numel() * p.element_size()
     clip = bool(run.cfg.max_grad_norm and run.cfg.max_grad_norm > 0)
-    return fsdp_calls(sharded, list(per_dtype.values()), clip=clip)
+    return fsdp_calls(sharded, list(per_dtype.values()), clip=clip, micro_steps=run.batch["gradient_accumulation_steps"])
 
 
 # --------------------------------------------------------------------------- entry points

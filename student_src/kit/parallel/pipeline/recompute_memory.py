@@ -21,6 +21,15 @@ layer: for 1F1B's first stage, p checkpoints per layer and one layer whole, not 
 On the last stage the head's bytes are gone before its last layer reruns, which is why the head is
 a part of its own. What ``ActivationMeter`` (``activations.py``) counts in the run, per storage, is
 this sum exactly (``tests/test_pipeline_recompute.py``).
+
+The attention terms are eager attention's (``measure/recompute.py``): the softmax output, the dropout
+mask and the dropped probabilities, ``(2e + m) bas^2`` per layer. The kit's models load with ``sdpa``,
+which keeps the same tensors whenever it runs torch's math path: on the CPU with dropout on, the runs
+the tests and notebooks measure, where the sum is exact. Without dropout the CPU's fused kernel keeps
+the log-sum-exp (``e bas``) in place of the ``e bas^2`` probabilities, so the prediction is high by that
+difference (7.4% for tiny at 4 x 32 tokens, more at longer sequences); on a GPU the fused kernels keep
+no ``s x s`` tensor with dropout on either (not measured here). Load the model with
+``attn_implementation="eager"`` to compare it term by term there.
 """
 
 from __future__ import annotations
