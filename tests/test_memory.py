@@ -245,6 +245,11 @@ def test_interleaved_peak_walks_the_order_chunk_by_chunk():
     # (3 of chunk 0, 2 of chunk 1), but 4 of chunk 0 and 1 of chunk 1 after B(0,1) F(3,0): more bytes when
     # chunk 0 is the larger
     assert pipeline_memory.order_peak(interleaved_order(0, 2, 4, 2), [10, 1]) == {"held": 5, "peak_bytes": 41}
+    # the first rank, chunks of 1/v of a stage, m >= p: (1 + (p - 1) / (v p)) p stages' micro-batches, the figure
+    # (Korthikanti et al. 2022) the composed what-if model (kit/whatif/composed.py) charges interleaving with
+    for p, v, m in ((2, 2, 4), (4, 2, 8), (4, 4, 8), (3, 3, 9), (8, 2, 16)):
+        walked = pipeline_memory.order_peak(interleaved_order(0, p, m, v), [1 / v] * v)["peak_bytes"]
+        assert walked == pytest.approx((1 + (p - 1) / (v * p)) * p)
     for schedule in ("afab", "1f1b", "zb-h1"):
         for s in range(4):
             order = [(k, i, 0) for k, i in schedule_order(schedule, s, 4, 8)]
