@@ -98,9 +98,10 @@ replica's pipeline, and your Task 2b ``allreduce_average`` averages each stage's
 its replicas. With ``--dropout 0`` its losses equal Task 1's step by step. ``--save_every N`` /
 ``--resume`` checkpoint each stage's own part (same stages and replicas to resume);
 ``--measure_traffic`` compares the bytes on the wire with what your sends should move (per
-boundary and step: m micro-batches' activations forward, their gradients back); metrics.json's
-``memory.activations`` counts the activations each stage held at its peak against m (AFAB) or
-p - stage (1F1B) micro-batches.
+boundary and step: m micro-batches' activations forward, their gradients back; interleaved: every
+one of the v p - 1 chunk boundaries); metrics.json's ``memory.activations`` counts the activations
+each stage held at its peak against m (AFAB) or p - stage (1F1B) micro-batches (interleaved: what
+walking your ``interleaved_order`` holds, chunk by chunk).
 
 Cases the checks test
 ---------------------

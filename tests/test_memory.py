@@ -228,6 +228,59 @@ def test_pipeline_held_micro_batches():
     assert [(r["rank"], r["stage"], r["states"]) for r in rows] == [(0, 0, 16 * 15), (1, 1, 16 * 5), (2, 0, 240), (3, 1, 80)]
 
 
+def test_interleaved_peak_walks_the_order_chunk_by_chunk():
+    """Interleaved 1F1B holds (micro-batch, chunk) pairs: walking the solution's order with equal chunks, rank s
+    of p = 4, v = 2 holds (v - 1) p + 2 (p - s - 1) + 1 chunks (11, 9, 7, 5: rank 0 about (1 + (p - 1) / (v p)) p
+    stages' micro-batches, Megatron's figure); with unequal chunks the bytes peak where the count does not; the
+    other schedules' orders walk to pipeline_held; a pass freeing what never ran is refused."""
+    from student_src.pipeline import interleaved_order, schedule_order
+
+    for m in (8, 16):
+        held = [pipeline_memory.order_peak(interleaved_order(s, 4, m, 2), [1, 1])["held"] for s in range(4)]
+        assert held == [11, 9, 7, 5]
+    # rank 0 of p = 4, v = 2, m = 8: 10 warm-up forwards (6 of chunk 0, 4 of chunk 1), F(6, 0): 11 held; then
+    # B(0, 1) F(7, 0): 8 of chunk 0 and 3 of chunk 1, 27 bytes with chunk 0 three times chunk 1's (11 held: 25)
+    assert pipeline_memory.order_peak(interleaved_order(0, 4, 8, 2), [3, 1])["peak_bytes"] == 8 * 3 + 3 * 1
+    # p = 2, v = 2, m = 4, rank 0: F(0,0) F(1,0) F(0,1) F(1,1) F(2,0) B(0,1) F(3,0) ...: 5 chunks held at most
+    # (3 of chunk 0, 2 of chunk 1), but 4 of chunk 0 and 1 of chunk 1 after B(0,1) F(3,0): more bytes when
+    # chunk 0 is the larger
+    assert pipeline_memory.order_peak(interleaved_order(0, 2, 4, 2), [10, 1]) == {"held": 5, "peak_bytes": 41}
+    # the first rank, chunks of 1/v of a stage, m >= p: (1 + (p - 1) / (v p)) p stages' micro-batches, the figure
+    # (Korthikanti et al. 2022) the composed what-if model (kit/whatif/composed.py) charges interleaving with
+    for p, v, m in ((2, 2, 4), (4, 2, 8), (4, 4, 8), (3, 3, 9), (8, 2, 16)):
+        walked = pipeline_memory.order_peak(interleaved_order(0, p, m, v), [1 / v] * v)["peak_bytes"]
+        assert walked == pytest.approx((1 + (p - 1) / (v * p)) * p)
+    for schedule in ("afab", "1f1b", "zb-h1"):
+        for s in range(4):
+            order = [(k, i, 0) for k, i in schedule_order(schedule, s, 4, 8)]
+            assert pipeline_memory.order_peak(order, [1])["held"] == pipeline_memory.pipeline_held(schedule, s, 4, 8)
+    with pytest.raises(KitError, match="before its forward ran"):
+        pipeline_memory.order_peak([("F", 0, 0), ("B", 1, 0)], [1])
+    with pytest.raises(KitError, match="order_peak"):
+        pipeline_memory.pipeline_held("interleaved", 0, 2, 4)
+
+
+def test_an_interleaved_pipeline_run_counts_each_ranks_chunks_as_its_order_predicts(small_rte, tmp_path):
+    """Task 9, interleaved 1F1B on 2 ranks x 2 chunks (MiniLM: 4 chunks need 4 layers), 4 micro-batches:
+    each rank's activations at the peak of the first step (saved-tensor hooks on each chunk) within 5% of
+    walking its order with each chunk's own bytes per micro-batch (rank 0 holds 5 chunks at most, rank 1
+    3); nothing left after the step."""
+    from student_src.kit.core.config import parse_config
+    from student_src.kit.train.start import run
+
+    out = tmp_path / "out"
+    run(parse_config(["--task", "9", "--world_size", "2", "--spawn", "--num_threads", "1", "--model_name_or_path",
+                      "minilm", "--data_dir", str(small_rte), "--max_seq_length", "32", "--global_batch_size", "16",
+                      "--micro_batches", "4", "--schedule", "interleaved", "--virtual_stages", "2", "--max_steps", "1",
+                      "--no_progress", "--output_dir", str(out), "--do_train"]))
+    acts = json.loads((out / "metrics.json").read_text())["memory"]["activations"]
+    assert acts["schedule"] == "interleaved" and [r["held"] for r in acts["per_rank"]] == [5, 3], acts
+    assert all(r["per_micro_batch_bytes"] > 0 and r["left_bytes"] == 0 for r in acts["per_rank"]), acts
+    # more than a whole stage's worth of micro-batches held x what the largest chunk saves would be no test
+    assert all(r["predicted_bytes"] < r["held"] * r["per_micro_batch_bytes"] for r in acts["per_rank"]), acts
+    assert acts["max_rel_error"] < 0.05, acts
+
+
 @pytest.mark.parametrize("schedule", ["afab", "1f1b", "zb-h1"])
 def test_a_pipeline_run_counts_each_stages_activations_as_predicted(small_rte, tmp_path, schedule):
     """Task 9 on 2 ranks, 4 micro-batches: each stage's parameters, gradients and AdamW state within

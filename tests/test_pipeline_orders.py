@@ -105,3 +105,26 @@ def test_the_timeline_tells_b_from_w():
             torch.autograd.backward([out], [grad])
         events = stage.close()
         assert [e[0] for e in events] == kinds and all(e[1] == 0 and e[3] >= e[2] for e in events)
+
+
+def test_the_latency_model_gives_the_formula_without_delay_and_charges_interleaved_twice():
+    """``benchmarks/pipeline/latency_model.py`` (the bubble README's account of interleaved's gap): with no wait
+    per received pass each order gives its formula; a wait lifts interleaved v = 2 about twice as far as 1F1B
+    (twice the received passes per micro-batch), and three times longer pads cut the lift about three times."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "pipeline" / "latency_model.py"
+    spec = importlib.util.spec_from_file_location("latency_model", path)
+    lm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lm)
+
+    def lift(schedule, m, v, pad, delay):
+        b = lm.modelled_bubble(lm.orders_of(schedule, 4, m, v), 4, v, pad, delay)
+        return b - predicted_bubble(4, m, schedule, v)
+
+    for schedule, v in (("1f1b", 1), ("interleaved", 2)):
+        assert lift(schedule, 8, v, 20.0, 0.0) == pytest.approx(0.0, abs=1e-12)
+    one, two = lift("1f1b", 16, 1, 20.0, 1.0), lift("interleaved", 16, 2, 20.0, 1.0)
+    assert 0 < one and 1.5 * one < two < 2.5 * one
+    assert 2.5 < two / lift("interleaved", 16, 2, 60.0, 1.0) < 3.5

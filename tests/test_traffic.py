@@ -364,6 +364,33 @@ def test_pipeline_calls_per_boundary_and_with_replicas():
     assert step.total_payload == t.total_payload + 2 * model.LOGGING_COLLECTIVE[1]  # 2 ranks' all_gather for the log
 
 
+def test_interleaved_pipeline_calls_cross_every_chunk_boundary():
+    """Interleaved 1F1B (v chunks per rank, chunk c of rank r = model chunk c * p + r): a micro-batch crosses
+    v * p - 1 chunk boundaries forward and as many back, 2 (v p - 1) transfers over the pipeline; the ranks'
+    bytes per step, counted by hand for p = 2, v = 2 and p = 4, v = 2."""
+    hidden, mask, m = 4 * 32 * 384 * 4, 4 * 32 * 8, 4
+    assert pipeline_traffic.chunk_boundaries([0, 1], 2) == [(0, 1), (1, 0), (0, 1)]
+    assert pipeline_traffic.chunk_boundaries([4, 5, 6], 1) == [(4, 5), (5, 6)]  # one chunk: the stages' boundaries
+    t = model.ranked_calls_traffic(pipeline_traffic.pipeline_calls(2, 1, m, [hidden, mask], [hidden], [[100], [30]],
+                                                                   clip=False, virtual_stages=2), 2)
+    loss = model.broadcast_traffic(4, 2, root=1)
+    # rank 0 sends chunks 0 -> 1 and 2 -> 3 forward, chunk 2's input gradient back to chunk 1 (rank 1);
+    # rank 1 sends chunk 1 -> 2 forward, chunk 1's and chunk 3's input gradients back
+    assert t.sent[0] == 2 * m * (hidden + mask) + m * hidden + loss.sent[0]
+    assert t.sent[1] == m * (hidden + mask) + 2 * m * hidden + loss.sent[1]
+    assert t.msgs_sent[0] == 2 * 2 * m + m and t.msgs_sent[1] == 2 * m + 2 * m + loss.msgs_sent[1]
+    for p, v in ((2, 2), (4, 2), (3, 3)):
+        calls = pipeline_traffic.pipeline_calls(p, 1, m, [hidden, mask], [hidden], [[1]] * p, clip=False,
+                                                virtual_stages=v)
+        sends = [c for c in calls if c[0] == "send"]
+        assert len(sends) == m * (v * p - 1) * 3  # per micro-batch 2 (v p - 1) transfers, forward ones 2 tensors
+        assert sum(c[1] for c in sends) == m * (v * p - 1) * (2 * hidden + mask)
+        # rank p - 1 feeds rank 0 forward (the mask travels forward only) v - 1 times per micro-batch
+        assert sum(c[2] == (p - 1, 0) and c[1] == mask for c in sends) == m * (v - 1)
+    one = pipeline_traffic.pipeline_calls(2, 1, m, [hidden, mask], [hidden], [[100], [30]])
+    assert one == pipeline_traffic.pipeline_calls(2, 1, m, [hidden, mask], [hidden], [[100], [30]], virtual_stages=1)
+
+
 @pytest.mark.skipif(not (sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() == 0
                          and shutil.which("ip")), reason="cluster isolate needs root, Linux and ip")
 @pytest.mark.parametrize("world,stages", [(2, 2), (4, 2)])
@@ -386,3 +413,29 @@ def test_pipeline_measure_traffic_matches_the_model(small_rte, tmp_path, world, 
     rows, seq, hidden = 16 // (world // stages) // 4, 32, 64
     assert traffic["pipeline"] == {"boundaries": 1, "payload_per_boundary_per_step": {
         "forward": 4 * (rows * seq * hidden * 4 + rows * seq * 8), "backward": 4 * rows * seq * hidden * 4}}
+
+
+@pytest.mark.skipif(not (sys.platform == "linux" and hasattr(os, "geteuid") and os.geteuid() == 0
+                         and shutil.which("ip")), reason="cluster isolate needs root, Linux and ip")
+def test_interleaved_pipeline_measure_traffic_matches_the_model(small_rte, tmp_path):
+    """Task 9, interleaved 1F1B on 2 ranks x 2 chunks (MiniLM: the tiny model has 2 layers, 4 chunks need 4),
+    --measure_traffic on a private loopback: the bytes measured within 2% of the model, which has every
+    micro-batch cross the 3 chunk boundaries both ways (rank 1 -> rank 0 forward too)."""
+    out = tmp_path / "out"
+    steps, m, rows, seq, hidden = 1, 4, 4, 32, 384  # MiniLM on 2 busy cores: 1.5-3 minutes, more under load
+    proc = subprocess.run([sys.executable, "-m", "student_src.kit.cluster", "isolate", "--timeout", "600", "--",
+                           sys.executable, "-m", "student_src.run_glue", "--task", "9", "--world_size", "2",
+                           "--micro_batches", str(m), "--schedule", "interleaved", "--virtual_stages", "2", "--spawn",
+                           "--model_name_or_path", "minilm", "--data_dir", str(small_rte), "--max_seq_length", str(seq),
+                           "--global_batch_size", "16", "--max_steps", str(steps), "--do_train", "--num_threads", "1",
+                           "--no_progress", "--measure_traffic", "--output_dir", str(out)],
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
+                          text=True, timeout=640)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    traffic = json.loads((out / "metrics.json").read_text())["traffic"]
+    assert 0.98 <= traffic["measured_bytes"] / traffic["expected_bytes"] <= 1.02, traffic
+    act, mask = rows * seq * hidden * 4, rows * seq * 8
+    assert traffic["pipeline"] == {"boundaries": 3, "payload_per_boundary_per_step": {
+        "forward": m * (act + mask), "backward": m * act}}
+    # the activations are most of it: a model of one boundary (1F1B's) would be a third of the measured bytes
+    assert traffic["expected_payload_bytes"] >= steps * 3 * (m * (act + mask) + m * act)

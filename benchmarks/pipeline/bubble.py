@@ -18,7 +18,13 @@ rank leaves the core to the others); the table notes the F, B and W times measur
 The sleeps sit where autograd runs them: B's on the path to the stage's input, W's on the path to its
 weight, F's in the forward; a 1F1B backward runs both.
 
-    .venv/bin/python benchmarks/pipeline/bubble.py --stages 4 --m 8 16 --pad_ms 20 \
+U is long against a message: every pass receives its input with ``dist.recv`` posted when the pass is
+due, and gloo sends the data only once the receiver is ready, so each pass waits a round trip between
+two ranks (``recv_latency.py``: 0.3 ms at load 7 on the 2-core machine) that the formulas leave out.
+Interleaved runs v times as many passes, each 1/v as long: at U = 20 its 10 ms chunk passes made it
++5.6 points over its formula where 1F1B was +2.5; at U = 60 a message is about 1% of a chunk's forward.
+
+    .venv/bin/python benchmarks/pipeline/bubble.py --stages 4 --m 8 16 --pad_ms 60 \
         --schedules 1f1b zb-h1 interleaved --virtual_stages 2 --out benchmarks/pipeline/results/bubble_zb_p4.json
 
 Write the figures to ``--out`` (JSON) and print a markdown table.
@@ -158,6 +164,9 @@ def main(argv=None) -> int:
                          "pass_ms": per_step[-1]["pass_ms"],
                          "step_s": statistics.median(r["step_s"] for r in per_step),
                          "peak_held": per_step[0]["peak_held"]})
+    pads = (f"F, B and W sleep {args.pad_ms:g} ms per stage (a chunk of v: 1/v of it)" if args.pad_ms else
+            f"{args.blocks} x Linear({args.width}) + tanh per stage")
+    print(f"p = {args.stages} ranks, {pads}, median of {args.repeats} steps, load {os.getloadavg()[0]:.1f}\n")
     print("| schedule | p | v | m | step (ms) | F / B / W (ms) | bubble measured | predicted | difference (points) "
           "| held per stage |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -22,7 +22,8 @@ student module              what the kit calls                                wh
 ``resume.py`` (8)           ``capture_training_state``, ``restore_training_state``  checkpoints
 ``pipeline.py`` (9)         ``build_stage(model, rank, p)``, ``pipeline_step``  ``setup_task``, the
                             (``parallel/pipeline/provided.make_train_step`` around it)  Task 9 notebook
-                            interleaved: chunks ``build_stage(m, c*p+r, p*v)``
+                            interleaved: chunks ``build_stage(m, c*p+r, p*v)``,
+                            ``interleaved_order`` (its activation meter)
 ``recompute.py`` (13)       ``accumulation_step(model, micro_batches, ...)``,  the loop
                             ``apply_recompute(model, mode)``                  (``train/accumulation.py``,
                                                                               ``train/recompute.py``)

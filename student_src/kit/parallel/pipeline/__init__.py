@@ -5,10 +5,11 @@ depth into stages, micro-batches through them (``student_src/pipeline.py`` is th
                        evaluation's gathering of the stages (what ``pipeline.py`` imports); the clip and the
                        groups are the mesh's (``parallel/mesh.py``)
   torch_pipelining.py  ``--torch_pipelining``: torch's own schedule over the same stages
-  memory.py            memory terms: a stage's states, activations held per schedule (``pipeline_held``)
+  memory.py            memory terms: a stage's states, activations held per schedule (``pipeline_held``;
+                       interleaved: its order walked chunk by chunk, ``order_peak``)
   activations.py       the activations a stage holds, measured in the run
   recompute_memory.py  a stage's activation peak with --recompute (Task 13): held micro-batches + the rebuilt block
-  traffic.py           traffic terms: the sends across each boundary, the replicas' all_reduces
+  traffic.py           traffic terms: the sends across each (chunk) boundary, the replicas' all_reduces
   checkpoint.py        each stage saves its own part; resumes only on its layout
   whatif.py            a pipeline against pure data parallelism, for a model and a link
   setup.py             how the task trains (``train/task_setup.py`` calls it through the registry)

@@ -48,7 +48,7 @@ def validate(cfg) -> None:
 
 def _check_interleaved(cfg) -> None:
     """``--virtual_stages`` only with ``--schedule interleaved``, which needs 2 or more of them, 2 or more
-    stages, micro-batches in groups of the stages, and no traffic model yet (it follows one chunk per rank)."""
+    stages, and micro-batches in groups of the stages."""
     if cfg.schedule != "interleaved":
         if cfg.virtual_stages != 1:
             raise KitError("--virtual_stages is for --schedule interleaved (model chunks per rank)")
@@ -62,8 +62,6 @@ def _check_interleaved(cfg) -> None:
     if p is not None and cfg.micro_batches % p:
         raise KitError(f"--schedule interleaved takes micro-batches in groups of the {p} stages: --micro_batches "
                        f"{cfg.micro_batches} is not a multiple of {p}")
-    if cfg.measure_traffic:
-        raise KitError("--measure_traffic's model follows one chunk per rank: measure with --schedule 1f1b or zb-h1")
 
 
 def data_ranks(cfg, world: int) -> int:

@@ -59,18 +59,23 @@ def setup(cfg: TrainConfig, model, ctx, task, pipeline_step, lent: Lent) -> dict
         runner = make_runner(stage, stage_id, p, cfg.micro_batches, cfg.schedule, ctx.device, group=group,
                              precision=lent.precision(), to_fp32=lent.to_fp32)  # --bf16: autocast inside torch's stage
     rows = per_worker_batch_size(cfg, 1)[0] // (replicas * cfg.micro_batches)  # one micro-batch (config: equal ones)
-    # interleaved: the rank's chunks are a ModuleList, never called as one module (no forward hooks to count with)
-    counted = runner is None and cfg.schedule != "interleaved"
+    # interleaved: counted chunk by chunk, the peak predicted by walking the order the student's pipeline_step
+    # runs (interleaved_order); recompute_memory's model knows one stage per rank, not chunks
+    interleaved = cfg.schedule == "interleaved"
+    counted = runner is None and not (interleaved and cfg.recompute)
     activations = None
     if counted:
-        predict_peak = recompute_memory.run_predictor(cfg, model, stage, stage_id, p, rows)  # --recompute: its model
-        activations = ActivationMeter(cfg.schedule, stage_id, p, cfg.micro_batches, predict=predict_peak)
+        predict_peak = None if interleaved else recompute_memory.run_predictor(cfg, model, stage, stage_id, p, rows)
+        order = (student_api.function(task.id, "interleaved_order")(stage_id, p, cfg.micro_batches, cfg.virtual_stages)
+                 if interleaved else None)
+        activations = ActivationMeter(cfg.schedule, stage_id, p, cfg.micro_batches, predict=predict_peak, order=order)
     step = helpers.make_train_step(pipeline_step, stage_id, p, cfg.micro_batches, cfg.schedule, ranks=ranks,
                                    group=group, replica=replica, replicas=replicas, average=average,
                                    runner=runner, activations=activations)
     predict = partial(memory.predicted, [model_layout(s) for s in stages], [r % p for r in range(ctx.world_size)])
     traffic = traffic_of(stages, replicas, cfg.micro_batches, rows, cfg.max_seq_length,
-                         clip=bool(cfg.max_grad_norm and cfg.max_grad_norm > 0))
+                         clip=bool(cfg.max_grad_norm and cfg.max_grad_norm > 0),
+                         virtual_stages=cfg.virtual_stages if cfg.schedule == "interleaved" else 1)
     return {"model": stage, "sync_gradients": None, "optimizer": lent.make_optimizer(stage, cfg), "train_step": step,
             "before_eval": lambda: helpers.assemble(model, owner), "traffic": traffic,
             "memory": {"predict": predict, "activations": activations},
