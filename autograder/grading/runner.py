@@ -29,6 +29,32 @@ from .submission import Submission, SubmissionError, kit_has
 #: the sandbox's server imports transformers once for them, before it forks any rank
 NEEDS_TRANSFORMERS = set(task_table.ids(lambda t: t.single_node_equivalence or t.checks_build_bert))
 TODO_HINT = "a TODO in student_src still raises NotImplementedError"
+#: seconds the end of a grading waits for a helper thread still running (the transformers import, the
+#: deadline calibration; the judges get ``JudgeLane.finish``'s own wait)
+HELPER_JOIN_S = 60.0
+#: the helper threads that gradings in this process started and that run torch (see ``unfinished_helpers``)
+_HELPERS: list[threading.Thread] = []
+
+
+def unfinished_helpers() -> list[str]:
+    """The names of the helper threads that gradings in this process started and that still run.
+
+    The judges, the deadline calibration and the background import of transformers run torch in
+    daemon threads. The interpreter's shutdown kills a daemon thread that is inside a torch op (it
+    cannot take the GIL back): the C++ unwinding that ends it goes through a ``noexcept`` frame and
+    the process aborts with "terminate called without an active exception" (exit status 134) after
+    the results were written. So ``grade`` joins them before it returns; one still running past the
+    waits (a starved machine) is named here, and the CLI then ends with ``os._exit`` (``cli.end``)."""
+    _HELPERS[:] = [t for t in _HELPERS if t.is_alive()]
+    return [t.name for t in _HELPERS]
+
+
+def _helper(target, name: str, *args) -> threading.Thread:
+    """Start a daemon helper thread that ``unfinished_helpers`` keeps track of."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    _HELPERS.append(thread)
+    thread.start()
+    return thread
 
 
 @dataclass
@@ -158,7 +184,8 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     workdir = warm.workdir() if warm else leftovers.make_temp_dir("autograder-")
     if isolation.level == "user":
         os.chmod(workdir, 0o755)  # ranks run as nobody and must read their workspace
-    pools = lane = None
+    pools = lane = speed = importer = None
+    stopped = False  # a stop signal (cli.Interrupted) is on its way out: wait for no helper
     checks: list = []
     try:
         # The sandbox's server imports torch (seconds) while this process plans the grading, and
@@ -167,13 +194,14 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         # cell skip it (a public check that built a BERT would still pass: each rank would import it).
         needs_bert = not public_only and (tasks is None or bool(tasks & NEEDS_TRANSFORMERS))
         if needs_bert:
-            threading.Thread(target=_import_quietly, args=("transformers.models.bert.modeling_bert",),
-                             daemon=True).start()
+            importer = _helper(_import_quietly, "import-transformers", "transformers.models.bert.modeling_bert")
         pools = warm.pools_for(settings, isolation, needs_bert) if warm else Pools(settings, workdir, isolation,
                                                                                   transformers=needs_bert)
         started_before = pools.started
         costs = deadlines.load_costs()
         speed = deadlines.Speed(costs["calibration_cpu_s"])  # timed while the sandbox starts
+        if speed.thread is not None:
+            _HELPERS.append(speed.thread)
         checks = select_checks(tasks, public_only)
         sub = Submission(submission_path, workdir)
         results.header = sub.describe()
@@ -250,12 +278,21 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             results.add(TestResult.of(c, 0.0, points_for(c), False, results.header, visibility_for(c)))
     except Exception:  # a grader bug; a stop signal (cli.Interrupted, a BaseException) passes through
         results.grader_errors.append(traceback.format_exc())
+    except BaseException:
+        stopped = True
+        raise
     finally:
         if lane is not None:
             try:
                 lane.finish(timeout=30)
             except Exception:  # already reported by the grading's own finish()
                 pass
+        # No torch thread may outlive the grading (``unfinished_helpers``). After a stop signal the CLI
+        # ends with os._exit, which kills them harmlessly: the calibration is only told to stop.
+        if speed is not None:
+            speed.close(0.0 if stopped else HELPER_JOIN_S)
+        if importer is not None and not stopped:
+            importer.join(HELPER_JOIN_S)
         if pools is not None and warm is None:
             pools.close()
         changed = guard.changed() if guard is not None else []  # before the workspaces go
@@ -274,23 +311,23 @@ class JudgeLane:
     A judge rebuilds what is right from the secrets (a reference BERT trained step by step, the
     exact mean of every rank's gradients) in this process: on the whole solution that was more of
     the wall time than the ranks' own work, and the ranks mostly wait on each other meanwhile. The
-    judges use one torch thread (tiny tensors; the ranks have the other cores), restored after.
-    Each result goes into ``results`` as soon as it and every result before it are known (the
-    file written during grading counts the tests graded so far, in order). A judge is the
-    grader's own code: an exception it raises is a grader error, raised again by ``finish()``."""
+    judges use one torch thread (tiny tensors; the ranks have the other cores): set in the judges'
+    own thread, where it is scoped (torch's intra-op count is per thread once a thread has used
+    it), and torch's default for threads that start later is put back when the lane ends; the
+    caller's thread count is never touched. Each result goes into ``results`` as soon as it and
+    every result before it are known (the file written during grading counts the tests graded so
+    far, in order). A judge is the grader's own code: an exception it raises is a grader error,
+    raised again by ``finish()``. ``finish()`` joins the thread: see ``unfinished_helpers``."""
 
     def __init__(self, results):
         import queue
-        import torch
         self._out = results
-        self._threads = torch.get_num_threads()
-        torch.set_num_threads(1)
         self._slots: list = []   # [result, exception] per check, in the plan's order
         self._added = 0          # how many of them are in ``results``
         self._lock = threading.Lock()
         self._todo: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._work, name="judges", daemon=True)
-        self._thread.start()
+        self._finished = False
+        self._thread = _helper(self._work, "judges")
 
     def done(self, result: TestResult) -> None:
         """A result known without judging (a skip, a grader problem), in its place in the order."""
@@ -305,6 +342,15 @@ class JudgeLane:
         self._todo.put((slot, c, outcome, secrets, pts, shown, started))
 
     def _work(self) -> None:
+        import torch
+        default = torch.get_num_threads()  # a new thread starts at torch's default: put it back after
+        torch.set_num_threads(1)
+        try:
+            self._judge_all()
+        finally:
+            torch.set_num_threads(default)
+
+    def _judge_all(self) -> None:
         while True:
             item = self._todo.get()
             if item is None:
@@ -325,14 +371,12 @@ class JudgeLane:
                 self._added += 1
 
     def finish(self, timeout: float | None = None) -> None:
-        """Wait for the last judge (``timeout``: a grading being stopped waits no longer), restore
-        torch's threads; a judge's exception is raised here. Idempotent."""
-        import torch
-        if self._thread is not None:
+        """Wait for the last judge (``timeout``: a grading being stopped waits no longer; a call
+        after one that timed out waits again); a judge's exception is raised here. Idempotent."""
+        if not self._finished:
             self._todo.put(None)
-            self._thread.join(timeout)
-            self._thread = None
-            torch.set_num_threads(self._threads)
+            self._finished = True
+        self._thread.join(timeout)
         for _, exc in self._slots:
             if exc is not None:
                 raise exc

@@ -9,7 +9,7 @@ an active exception" after the test body passed. The kit's own launcher drains s
 it checks that the solution's ``BucketedDDP`` leaves nothing behind by itself.
 
     python benchmarks/task5/abort_stress.py --runs 200              # counts aborts; JSON to stdout
-    python benchmarks/task5/abort_stress.py --runs 200 --out FILE   # also writes the JSON there
+    python benchmarks/task5/abort_stress.py --runs 200 --out FILE   # also writes the JSON there, after every run
 
 One run = one ``mp.spawn`` of 2 ranks (plain torch, gloo on 127.0.0.1, a free port each run):
 construct ``BucketedDDP`` on a toy model with a tied weight, a frozen layer and an unused layer
@@ -146,13 +146,23 @@ def one_run(steps: int) -> str:
     return "passed"
 
 
-def stress(runs: int, steps: int) -> dict:
-    """``runs`` spawns one after another in this process (as a test file's tests run), counted."""
+def stress(runs: int, steps: int, out: Path | None = None) -> dict:
+    """``runs`` spawns one after another in this process (as a test file's tests run), counted.
+    ``out``: rewritten after every run (``"finished": false`` until the last), so a stream stopped
+    early (a session's end) still leaves its counts."""
     import torch
 
     counts = {"runs": 0, "passed": 0, "aborts": 0, "failed": 0, "hung": 0}
     examples: list[str] = []
     t0 = time.monotonic()
+
+    def result(finished: bool) -> dict:
+        return {**counts, "finished": finished, "steps": steps, "seconds": round(time.monotonic() - t0, 1),
+                "torch": torch.__version__, "python": sys.version.split()[0], "load_average": os.getloadavg(),
+                "examples": examples[:10],
+                "command": f"python benchmarks/task5/abort_stress.py --runs {runs} --steps {steps}",
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
     for i in range(runs):
         outcome = one_run(steps)
         counts["runs"] += 1
@@ -162,27 +172,30 @@ def stress(runs: int, steps: int) -> dict:
         if key != "passed":
             examples.append(f"run {i}: {outcome}")
         if (i + 1) % 10 == 0:
-            print(f"{i + 1}/{runs}: {counts}", file=sys.stderr, flush=True)
-    return {**counts, "steps": steps, "seconds": round(time.monotonic() - t0, 1), "torch": torch.__version__,
-            "python": sys.version.split()[0], "examples": examples[:10],
-            "command": f"python benchmarks/task5/abort_stress.py --runs {runs} --steps {steps}",
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            print(f"{i + 1}/{runs}: {counts} load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+        if out is not None:
+            _write(out, result(finished=i + 1 == runs))
+    return result(finished=True)
+
+
+def _write(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(path)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=200, help="how many 2-rank spawns (default 200)")
     ap.add_argument("--steps", type=int, default=3, help="training steps per bucket cap (default 3)")
-    ap.add_argument("--out", type=Path, help="also write the JSON result here")
+    ap.add_argument("--out", type=Path, help="also write the JSON result here (after every run: a stream "
+                                              "stopped early leaves its counts, with \"finished\": false)")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.steps < 1:
         ap.error("--runs and --steps must be at least 1")
-    result = stress(args.runs, args.steps)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    result = stress(args.runs, args.steps, args.out)
+    print(json.dumps(result, indent=1))
     return 0 if result["passed"] == result["runs"] else 1
 
 
