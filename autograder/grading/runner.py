@@ -193,8 +193,6 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         # The public checks cut toy layers only, so the students' `make test` and a notebook's check
         # cell skip it (a public check that built a BERT would still pass: each rank would import it).
         needs_bert = not public_only and (tasks is None or bool(tasks & NEEDS_TRANSFORMERS))
-        if needs_bert:
-            importer = _helper(_import_quietly, "import-transformers", "transformers.models.bert.modeling_bert")
         pools = warm.pools_for(settings, isolation, needs_bert) if warm else Pools(settings, workdir, isolation,
                                                                                   transformers=needs_bert)
         started_before = pools.started
@@ -222,6 +220,11 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             plan.append((c, src, None))
 
         runnable = [(c, s) for c, s, skip in plan if skip is None]
+        if needs_bert and any(c.task in NEEDS_TRANSFORMERS for c, _ in runnable):
+            # this process's judges will build a BERT: import transformers in the background (only
+            # now: a grading with nothing to judge would wait for it at its end, see unfinished_helpers;
+            # the import needs the GIL that the planning above held anyway)
+            importer = _helper(_import_quietly, "import-transformers", "transformers.models.bert.modeling_bert")
         for c, src in runnable:  # every workspace exists before a rank looks for it
             sub.workspace(src)
         # what the ranks of each workspace run, for the secrets (the same files, the same secrets)
