@@ -448,7 +448,7 @@ def end(code: int) -> int:
     except Exception:
         pass
     atexit._run_exitfuncs()
-    os._exit(code)
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)  # sys.exit's meaning of None / other
 
 
 def main(argv=None) -> int:
