@@ -23,7 +23,7 @@ from ..sandbox import deadlines, leftovers
 from ..sandbox.pool import PoolError, SandboxGroup, Settings
 from ..task_table import tasks as task_table
 from . import seeding
-from .submission import Submission, SubmissionError, kit_has
+from .submission import Submission, SubmissionError, kit_has, trusted_kit_copy
 
 #: tasks whose checks build a BERT (the task table's ``single_node_equivalence`` and ``checks_build_bert``):
 #: the sandbox's server imports transformers once for them, before it forks any rank
@@ -70,7 +70,12 @@ class Pools:
         from ..sandbox.isolation import Sandbox
 
         self.settings = settings
+        try:  # the trusted kit alone, imported by the server once instead of by every rank
+            self.kit = trusted_kit_copy(workdir)
+        except (SubmissionError, OSError):  # no kit to preload: each rank imports its workspace's, as before
+            self.kit = None
         self.sandbox = Sandbox(isolation, readable=[workdir], transformers=transformers,
+                               kit=str(self.kit.parent) if self.kit else None,
                                start_timeout=settings.start_timeout).start(wait=False)
         self.started = 0
 
@@ -238,7 +243,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         if isolation.level == "user":
             _readable_by_all(workdir)
         if isolation.level == "process":
-            guard = GraderFiles(_grader_roots() + [sub.workspace(src) for _, src in runnable])
+            guard = GraderFiles(_grader_roots() + [p for p in [pools.kit] if p] + [sub.workspace(src) for _, src in runnable])
         hit: dict[str, bool] = {}  # tasks where a test hit a deadline (an endless loop, a deadlock)
 
         lane = JudgeLane(results)  # check i is judged here while check i+1's ranks run

@@ -219,10 +219,60 @@ class Submission:
         dst.mkdir(parents=True)
         if source is not None:
             _copy_student_files(source.path, dst)
-        shutil.copy2(trusted / "__init__.py", dst / "__init__.py")
-        shutil.copytree(trusted / "kit", dst / "kit", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        kit = trusted_kit_copy(self.workdir)
+        shutil.copy2(kit / "__init__.py", dst / "__init__.py")
+        shutil.copytree(kit / "kit", dst / "kit")
+        shutil.copytree(kit / "__pycache__", dst / "__pycache__")
         self._workspaces[label] = ws
         return ws
+
+
+#: the folder, below a grading's folder, that holds the trusted kit alone (``trusted_kit_copy``)
+TRUSTED_KIT_DIR = "trusted-kit"
+
+
+def trusted_kit_copy(root) -> Path:
+    """``<root>/trusted-kit/student_src``: the grader's ``student_src/__init__.py`` and ``kit/``, byte-compiled,
+    and nothing else (no student module, no solution). Made once per folder. The sandbox's server imports
+    the kit from here before it forks any rank (``sandbox/_preload.py``), and each workspace's kit is a copy
+    of it."""
+    dst = Path(root) / TRUSTED_KIT_DIR / "student_src"
+    if (dst / "kit").is_dir():
+        return dst
+    trusted = trusted_student_src()
+    tmp = Path(root) / f".{TRUSTED_KIT_DIR}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "student_src").mkdir(parents=True)
+    shutil.copy2(trusted / "__init__.py", tmp / "student_src" / "__init__.py")
+    shutil.copytree(trusted / "kit", tmp / "student_src" / "kit", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    byte_compile([tmp / "student_src" / "__init__.py", *sorted((tmp / "student_src" / "kit").rglob("*.py"))])
+    try:
+        os.rename(tmp, dst.parent)  # whole or not at all
+    except OSError:  # made meanwhile by another grading sharing the folder
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dst
+
+
+def byte_compile(files) -> None:
+    """Write each trusted file's bytecode beside it, as an import would (``__pycache__``).
+
+    Nothing a rank runs may write into its workspace (read-only sandboxes; ``PYTHONDONTWRITEBYTECODE``
+    where it is set), so without this a process that imports the kit from such a copy compiles every
+    module it imports again (the server once per grading, and each rank for a kit module imported late).
+    Compiling runs none of the code; it is done for the grader's own files only (the student's modules
+    are small, and the grader does not feed a submission to its compiler). A ``.pyc`` stays valid while
+    its source's size and modification time are those it was compiled from, which ``copy2`` keeps."""
+    import py_compile
+    import sys
+    if sys.implementation.cache_tag is None:  # an interpreter without bytecode files
+        return
+    for f in files:
+        f = Path(f)
+        try:
+            py_compile.compile(str(f), cfile=str(f.parent / "__pycache__" / f"{f.stem}.{sys.implementation.cache_tag}.pyc"),
+                               doraise=True)
+        except (py_compile.PyCompileError, OSError):  # the rank compiles it itself, as before
+            pass
 
 
 def _copy_student_files(src: Path, dst: Path) -> None:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from ..task_table import ENV as TASK_TABLE_ENV, table_path
 from . import leftovers
+from .worker import PRELOAD_KIT_ENV
 from .bwrap import (GRADER_PACKAGE, SCRATCH_BYTES, _bwrap_works, _interpreter_aliases, _minimal,  # noqa: F401
                     _readonly_roots, bwrap_argv, bwrap_path, hidden_student_src)
 
@@ -151,10 +152,11 @@ class Sandbox:
     """One sandbox (one zygote) per grading run; ranks for each check are forked inside it."""
 
     def __init__(self, isolation: Isolation, readable: list[str], transformers: bool = True,
-                 start_timeout: float = 180.0):
+                 start_timeout: float = 180.0, kit: str | None = None):
         self.isolation = isolation
         self.readable = [str(p) for p in readable]
         self.transformers = transformers
+        self.kit = kit  # a folder holding the trusted student_src/kit alone: the server imports it (_preload.py)
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
@@ -197,6 +199,8 @@ class Sandbox:
                     "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "TORCH_CPP_LOG_LEVEL": env.get("TORCH_CPP_LOG_LEVEL", "FATAL"),
                     "PYTHONPATH": str(GRADER_PACKAGE.parent), TASK_TABLE_ENV: str(table_path())})
+        if self.kit:
+            env[PRELOAD_KIT_ENV] = self.kit
         level = self.isolation.level
         if level == "bwrap":
             self.scratch = "/tmp/sandbox"

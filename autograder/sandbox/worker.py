@@ -29,6 +29,19 @@ from ..registry import CheckFailure
 
 STUDENT_PACKAGE = "student_src"
 KIT_PACKAGE = "student_src.kit"
+#: the environment variable naming the folder whose ``student_src/kit`` (the grader's trusted kit, alone)
+#: the sandbox's server imports before it forks any rank (``_preload.py``)
+PRELOAD_KIT_ENV = "AUTOGRADER_PRELOAD_KIT"
+
+
+def preloaded_kit_root() -> str | None:
+    """``<folder>/student_src/kit/`` where the server imported the trusted kit from, or None."""
+    kit = sys.modules.get(KIT_PACKAGE)
+    folder = os.environ.get(PRELOAD_KIT_ENV)
+    if kit is None or not folder:
+        return None
+    root = os.path.realpath(os.path.join(folder, STUDENT_PACKAGE, "kit"))
+    return root + os.sep if os.path.realpath(list(kit.__path__)[0]) == root else None
 
 
 class WorkspaceOnlyFinder:
@@ -39,8 +52,9 @@ class WorkspaceOnlyFinder:
     pointing at the instructor's tree with its solutions, or a kit installed in site-packages.
     """
 
-    def __init__(self, workspace: str):
+    def __init__(self, workspace: str, kit_root: str | None = None):
         self.root = os.path.join(workspace, STUDENT_PACKAGE)
+        self.kit_root = kit_root  # the preloaded trusted kit's folder: its modules load from there too
 
     def find_spec(self, name, path=None, target=None):
         if name != STUDENT_PACKAGE and not name.startswith(STUDENT_PACKAGE + "."):
@@ -51,17 +65,20 @@ class WorkspaceOnlyFinder:
         spec = PathFinder.find_spec(name, where)
         origin = (spec.origin or "") if spec is not None else ""
         locations = list(spec.submodule_search_locations or []) if spec is not None else []
+        allowed = [os.path.realpath(self.root)]
+        if self.kit_root and name.startswith(KIT_PACKAGE + "."):
+            allowed.append(self.kit_root)
         inside = [p for p in ([origin] if origin not in ("", "namespace") else []) + locations
-                  if os.path.realpath(p).startswith(os.path.realpath(self.root))]
+                  if any(os.path.realpath(p).startswith(a) for a in allowed)]
         if spec is None or not inside:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return spec
 
 
-def install_workspace_finder(workspace: str | None) -> None:
+def install_workspace_finder(workspace: str | None, kit_root: str | None = None) -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, WorkspaceOnlyFinder)]
     if workspace:
-        sys.meta_path.insert(0, WorkspaceOnlyFinder(workspace))
+        sys.meta_path.insert(0, WorkspaceOnlyFinder(workspace, kit_root))
 
 
 class StudentImportError(Exception):
@@ -226,16 +243,27 @@ class Rank:
 
     # --- isolation helpers -------------------------------------------------------------
     def enter_workspace(self, workspace: str | None) -> None:
-        install_workspace_finder(workspace)
+        """Import ``student_src`` from ``workspace`` from now on. The trusted kit the server imported
+        (``_preload.py``: the same files as the workspace's copy) is kept, so that no rank imports and
+        runs its ~70 modules again; the package itself and everything else under it are dropped."""
+        kit_root = preloaded_kit_root() if workspace else None
+        kept = {}
         for name in list(sys.modules):
             if name == STUDENT_PACKAGE or name.startswith(STUDENT_PACKAGE + "."):
-                del sys.modules[name]
+                mod = sys.modules.pop(name)
+                if kit_root and (name == KIT_PACKAGE or name.startswith(KIT_PACKAGE + ".")):
+                    kept[name] = mod
+        install_workspace_finder(workspace, kit_root)
         if self.workspace and self.workspace in sys.path:
             sys.path.remove(self.workspace)
         if workspace:
             sys.path.insert(0, workspace)
         self.workspace = workspace
         importlib.invalidate_caches()
+        if kept:
+            sys.modules.update(kept)
+            package = importlib.import_module(STUDENT_PACKAGE)  # the workspace's (the trusted __init__.py)
+            package.kit = kept[KIT_PACKAGE]
 
     # --- jobs ------------------------------------------------------------------------------
     def run_job(self, msg: dict) -> dict:
