@@ -11,7 +11,6 @@ import contextlib
 import importlib
 import os
 import tempfile
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from ..sandbox import deadlines, leftovers
 from ..sandbox.pool import PoolError, SandboxGroup, Settings
 from ..task_table import tasks as task_table
 from . import seeding
+from .helper_threads import HELPER_JOIN_S, _HELPERS, _helper, unfinished_helpers  # noqa: F401 (cli, tests)
 from .judge_lane import JudgeLane
 from .submission import Submission, SubmissionError, kit_has, trusted_kit_copy
 
@@ -161,7 +161,8 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     workdir = warm.workdir() if warm else leftovers.make_temp_dir("autograder-")
     if isolation.level == "user":
         os.chmod(workdir, 0o755)  # ranks run as nobody and must read their workspace
-    pools = lane = None
+    pools = lane = speed = importer = None
+    stopped = False  # a stop signal (cli.Interrupted) is on its way out: wait for no helper
     checks: list = []
     try:
         # The sandbox's server imports torch (seconds) while this process plans the grading, and
@@ -169,14 +170,13 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         # The public checks cut toy layers only, so the students' `make test` and a notebook's check
         # cell skip it (a public check that built a BERT would still pass: each rank would import it).
         needs_bert = not public_only and (tasks is None or bool(tasks & NEEDS_TRANSFORMERS))
-        if needs_bert:
-            threading.Thread(target=_import_quietly, args=("transformers.models.bert.modeling_bert",),
-                             daemon=True).start()
         pools = warm.pools_for(settings, isolation, needs_bert) if warm else Pools(settings, workdir, isolation,
                                                                                   transformers=needs_bert)
         started_before = pools.started
         costs = deadlines.load_costs()
         speed = deadlines.Speed(costs["calibration_cpu_s"])  # timed while the sandbox starts
+        if speed.thread is not None:
+            _HELPERS.append(speed.thread)
         checks = select_checks(tasks, public_only)
         sub = Submission(submission_path, workdir)
         results.header = sub.describe()
@@ -197,6 +197,11 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             plan.append((c, src, None))
 
         runnable = [(c, s) for c, s, skip in plan if skip is None]
+        if needs_bert and any(c.task in NEEDS_TRANSFORMERS for c, _ in runnable):
+            # this process's judges will build a BERT: import transformers in the background (only
+            # now: a grading with nothing to judge would wait for it at its end, see unfinished_helpers;
+            # the import needs the GIL that the planning above held anyway)
+            importer = _helper(_import_quietly, "import-transformers", "transformers.models.bert.modeling_bert")
         for c, src in runnable:  # every workspace exists before a rank looks for it
             sub.workspace(src)
         # what the ranks of each workspace run, for the secrets (the same files, the same secrets)
@@ -253,12 +258,21 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
             results.add(TestResult.of(c, 0.0, points_for(c), False, results.header, visibility_for(c)))
     except Exception:  # a grader bug; a stop signal (cli.Interrupted, a BaseException) passes through
         results.grader_errors.append(traceback.format_exc())
+    except BaseException:
+        stopped = True
+        raise
     finally:
         if lane is not None:
             try:
                 lane.finish(timeout=30)
             except Exception:  # already reported by the grading's own finish()
                 pass
+        # No torch thread may outlive the grading (``unfinished_helpers``). After a stop signal the CLI
+        # ends with os._exit, which kills them harmlessly: the calibration is only told to stop.
+        if speed is not None:
+            speed.close(0.0 if stopped else HELPER_JOIN_S)
+        if importer is not None and not stopped:
+            importer.join(HELPER_JOIN_S)
         if pools is not None and warm is None:
             pools.close()
         changed = guard.changed() if guard is not None else []  # before the workspaces go

@@ -57,10 +57,15 @@ def load_costs(path: Path = COSTS_FILE) -> dict:
         return {"calibration_cpu_s": 0.0, "checks": {}}
 
 
-def calibration_cpu(repeat: int = 5) -> float:
+class CalibrationStopped(Exception):
+    """``calibration_cpu`` was told to stop before it finished (the grading ended first)."""
+
+
+def calibration_cpu(repeat: int = 5, stop: threading.Event | None = None) -> float:
     """CPU seconds (this thread's) of a fixed small torch workload, the least of ``repeat`` runs
     after a warm-up: the kind of work a check does (small tensors, autograd, Python), so its
-    ratio between two machines says how much slower one runs a check."""
+    ratio between two machines says how much slower one runs a check. ``stop``: once set, raise
+    ``CalibrationStopped`` at the next iteration (``Speed.close``)."""
     import torch
 
     def once() -> float:
@@ -69,6 +74,8 @@ def calibration_cpu(repeat: int = 5) -> float:
         x = torch.randn(8, 32, generator=g)
         t0 = time.thread_time()
         for _ in range(150):
+            if stop is not None and stop.is_set():
+                raise CalibrationStopped
             h = x
             for w in weights:
                 h = torch.tanh(h @ w)
@@ -83,26 +90,48 @@ def calibration_cpu(repeat: int = 5) -> float:
 
 class Speed:
     """This machine's speed against the one the costs were recorded on, measured in a background
-    thread while the sandbox starts (``value()`` waits for it)."""
+    thread while the sandbox starts (``value()`` waits for it).
+
+    The grading that made it must ``close()`` it before the process exits: a grading with nothing
+    to run (no student code found) never asks ``value()``, and a thread still inside a torch op
+    when the interpreter shuts down is killed there, which aborts the whole process ("terminate
+    called without an active exception", exit status 134) after the results were written."""
 
     def __init__(self, recorded: float):
         self.recorded = recorded
         self._value = 1.0
         self._thread = None
+        self._stop = threading.Event()
         if recorded > 0:
             self._thread = threading.Thread(target=self._measure, name="deadline-calibration", daemon=True)
             self._thread.start()
 
     def _measure(self) -> None:
         try:
-            self._value = max(1.0, calibration_cpu() / self.recorded)
-        except Exception:  # no torch here: the recorded machine's deadlines
+            self._value = max(1.0, calibration_cpu(stop=self._stop) / self.recorded)
+        except Exception:  # no torch here, or stopped: the recorded machine's deadlines
             self._value = 1.0
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The measuring thread (None: nothing to measure, or joined by ``close``)."""
+        return self._thread
 
     def value(self, wait: float = 60.0) -> float:
         if self._thread is not None:
             self._thread.join(wait)
         return self._value
+
+    def close(self, wait: float = 60.0) -> bool:
+        """Stop the measurement (it ends at its next small step) and join its thread; False if
+        it is still running after ``wait`` seconds (a torch op stuck on a starved machine)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(wait)
+            if self._thread.is_alive():
+                return False
+            self._thread = None
+        return True
 
 
 def limits_for(check, settings, costs: dict, speed: float = 1.0, after_hit: bool = False) -> Limits:
