@@ -21,7 +21,6 @@ entry, every process the grader started is killed, and it exits with 128 + the s
 from __future__ import annotations
 
 import argparse
-import atexit
 import faulthandler
 import json
 import os
@@ -430,25 +429,7 @@ def cmd_sandbox(args) -> int:
     return 1 if text.startswith("cannot use") else 0
 
 
-def end(code: int) -> int:
-    """The exit status to leave with, through the interpreter's shutdown as usual; but where a
-    grading left a helper thread running torch (``runner.unfinished_helpers``: a machine so starved
-    that the waits ran out), that shutdown would kill it mid-op and abort the process ("terminate
-    called without an active exception", status 134) after the results were written: then run the
-    exit handlers (they kill the sandboxes and remove the temp folders) and ``os._exit(code)``."""
-    runner = sys.modules.get("autograder.grading.runner")
-    running = runner.unfinished_helpers() if runner is not None else []
-    if not running:
-        return code
-    _say(2, f"note: the grader's {', '.join(running)} thread(s) still ran at exit; ending with os._exit "
-            f"(an interpreter shutdown would abort the process inside torch)\n")
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except Exception:
-        pass
-    atexit._run_exitfuncs()
-    os._exit(code if isinstance(code, int) else 0 if code is None else 1)  # sys.exit's meaning of None / other
+from .grading.helper_threads import end  # noqa: E402,F401 (cli.end: the exit that no grader thread can abort)
 
 
 def main(argv=None) -> int:

@@ -87,7 +87,7 @@ def test_the_judges_lane_scopes_its_one_torch_thread_and_is_joined():
                                judge_fn=lambda payloads, secrets: seen.append(torch.get_num_threads()))
         outcome = SimpleNamespace(problem=None, reports=[{"status": "ok", "payload": None}], outputs=[], message="")
         results = Results()
-        lane = runner.JudgeLane(results)
+        lane = runner.JudgeLane(results, runner.judge)
         assert torch.get_num_threads() == 2, "creating the lane changed the caller's thread count"
         lane.judge(check, outcome, [0], 1.0, "", time.monotonic())
         lane.finish()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import sys
 import threading
 
 #: seconds the end of a grading waits for a helper thread still running (the transformers import, the
@@ -30,3 +33,23 @@ def _helper(target, name: str, *args) -> threading.Thread:
     _HELPERS.append(thread)
     thread.start()
     return thread
+
+
+def end(code: int) -> int:
+    """The exit status to leave with, through the interpreter's shutdown as usual; but where a
+    grading left a helper thread running torch (``unfinished_helpers``: a machine so starved
+    that the waits ran out), that shutdown would kill it mid-op and abort the process ("terminate
+    called without an active exception", status 134) after the results were written: then run the
+    exit handlers (they kill the sandboxes and remove the temp folders) and ``os._exit(code)``."""
+    running = unfinished_helpers()
+    if not running:
+        return code
+    sys.stderr.write(f"note: the grader's {', '.join(running)} thread(s) still ran at exit; ending with os._exit "
+                     f"(an interpreter shutdown would abort the process inside torch)\n")
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
+    atexit._run_exitfuncs()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)  # sys.exit's meaning of None / other

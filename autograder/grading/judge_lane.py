@@ -24,10 +24,10 @@ class JudgeLane:
     far, in order). A judge is the grader's own code: an exception it raises is a grader error,
     raised again by ``finish()``. ``finish()`` joins the thread: see ``unfinished_helpers``."""
 
-    def __init__(self, results, judge=None):
+    def __init__(self, results, judge):
         import queue
         self._out = results
-        self._judge = judge  # runner.judge (the default): (check, outcome, secrets) -> Verdict
+        self._judge = judge  # runner.judge: (check, outcome, secrets) -> Verdict
         self._slots: list = []   # [result, exception] per check, in the plan's order
         self._added = 0          # how many of them are in ``results``
         self._lock = threading.Lock()
@@ -63,9 +63,6 @@ class JudgeLane:
                 return
             slot, c, outcome, secrets, pts, shown, started = item
             try:
-                if self._judge is None:
-                    from .runner import judge as runner_judge
-                    self._judge = runner_judge
                 verdict = self._judge(c, outcome, secrets)
                 slot[0] = TestResult.of(c, pts if verdict.passed else 0.0, pts, verdict.passed, verdict.message,
                                         visibility_for(c), time.monotonic() - started, source=shown)
