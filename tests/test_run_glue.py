@@ -251,7 +251,7 @@ def test_help_lists_every_flag_the_readme_names():
     named -= {"--nnodes", "--node_rank", "--nproc_per_node", "--master_addr", "--standalone", "--max_restarts", "--nodes", "--rate",
               "--metrics", "--plot", "--rates", "--latency", "--compression",
               "--memory", "--model", "--params", "--precision", "--world_sizes", "--json", "--pipeline",
-              "--kill", "--at"}  # torchrun's, cluster's (--kill-node, --at-step), whatif's
+              "--kill", "--at", "--ranks_per_node"}  # torchrun's, cluster's (--kill-node, --at-step, --ranks_per_node), whatif's
     proc = subprocess.run([sys.executable, "-m", "student_src.run_glue", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
