@@ -79,6 +79,7 @@ class Check:
     promise: tuple[str, ...] = ()     # phrases of the student's docstring this check relies on
     order: int = 0
     module: str = ""
+    builds_bert: bool = False         # its ranks build a transformers BERT (the sandbox imports it first)
 
     def judge(self, fn: Callable) -> "Check":
         """Decorator: register the parent-side judge of this check."""
@@ -92,7 +93,8 @@ _counter = [0]
 
 def define_check(id: str, *, task: str, title: str, world_size: int = 1, needs=(), points: float = 1.0,
           timeout: float | None = None, public: bool | None = None,
-          hang_hint: str | None = None, promise: str | tuple[str, ...] | None = None):
+          hang_hint: str | None = None, promise: str | tuple[str, ...] | None = None,
+          builds_bert: bool = False):
     """Decorator that registers ``fn(ctx)`` as the rank-side half of check ``id``.
 
     ``hang_hint``: what to tell the student when the check deadlocks or times out (why such
@@ -104,6 +106,10 @@ def define_check(id: str, *, task: str, title: str, world_size: int = 1, needs=(
     ``tests/test_docstring_promises.py`` finds each phrase in the released docstrings of the
     check's task (the module docstring and those of the task table's functions) and fails for a
     check without one. Optional here only so that a check module being written still imports.
+
+    ``builds_bert``: the check's ranks build a transformers BERT (layer or model). The sandbox's
+    server then imports transformers once before it forks them, also for the public checks alone
+    (a rank importing it itself spends seconds of CPU against the check's deadline).
     """
     if isinstance(needs, str):
         needs = (needs,)
@@ -116,7 +122,7 @@ def define_check(id: str, *, task: str, title: str, world_size: int = 1, needs=(
         c = Check(id=id, task=task, title=title, run=fn, world_size=world_size, needs=tuple(needs),
                   points=points, public=module.startswith("autograder.public") if public is None else public,
                   timeout=timeout, hang_hint=hang_hint, promise=tuple(promise or ()), order=_counter[0],
-                  module=module)
+                  module=module, builds_bert=builds_bert)
         if id in _REGISTRY and _REGISTRY[id].module != module:
             raise ValueError(f"check id {id!r} is defined twice ({_REGISTRY[id].module} and {module})")
         _REGISTRY[id] = c

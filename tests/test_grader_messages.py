@@ -367,3 +367,55 @@ def test_a_cp_sync_that_averages_is_told_to_sum_not_to_average():
     payloads[0]["losses"][0] += 1.0  # the forward differs: the forward's hint, not the sync's
     with pytest.raises(CheckFailure, match="at step 1 .*global position ids"):
         bert._judge_cp(payloads, secrets, "CP 2", 2)
+
+
+def test_a_rank_that_dumps_its_stack_late_is_still_located(tmp_path):
+    """A starved rank writes its SIGUSR1 stack dump late (the fresh-clone CI once read "rank 1 was waiting at an
+    unknown place" after a fixed 0.4 s): the group waits for every rank's new dump, up to its limit."""
+    import os
+    import subprocess
+    import textwrap
+    import time
+    import types
+
+    from autograder.sandbox.capture import Capture, dump_count
+    from autograder.sandbox.pool import SandboxGroup
+
+    script = tmp_path / "student_src" / "late.py"
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent("""
+        import faulthandler, signal, sys, time
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=False)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # the signal waits, as on a starved rank
+        print("ready", flush=True)
+        def waiting_here():
+            time.sleep(1.2)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+            time.sleep(30)
+        waiting_here()
+    """))
+    read, write = os.pipe()
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=write, stderr=write)
+    os.close(write)
+    try:
+        cap = Capture(read)
+        deadline = time.monotonic() + 30
+        while "ready" not in cap.raw_tail() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        group = types.SimpleNamespace(pids=[proc.pid], captures=[cap])
+        where = SandboxGroup._dump_stacks(group, [0])
+        assert dump_count(cap.raw_tail()) == 1
+        assert where[0] and where[0].startswith("student_src/late.py:") and "waiting_here" in where[0], where
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_sandbox_imports_transformers_for_a_public_check_that_builds_a_bert():
+    """Task 13's public check builds a BertLayer in its rank: the public grading (the students' make test) must
+    preload transformers, or the rank's own import (seconds of CPU) meets the 3 s deadline (fresh-clone CI)."""
+    from autograder.grading.runner import needs_transformers, select_checks
+
+    assert needs_transformers(select_checks({"13"}, public_only=True), public_only=True)
+    assert not needs_transformers(select_checks({"0", "1", "2a", "2b", "3"}, public_only=True), public_only=True)
+    assert needs_transformers(select_checks({"2b"}, public_only=False), public_only=False)

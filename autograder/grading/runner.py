@@ -117,6 +117,13 @@ def sandboxes_kept_warm():
         warm.close()
 
 
+def needs_transformers(checks, public_only: bool) -> bool:
+    """Whether the sandbox's server imports transformers before it forks the ranks of ``checks``: a
+    check of a task whose checks build a BERT (all of them in a full grading), or a public one that
+    says it builds one (``define_check(builds_bert=True)``)."""
+    return any(c.builds_bert or (not public_only and c.task in NEEDS_TRANSFORMERS) for c in checks)
+
+
 def select_checks(tasks: set[str] | None, public_only: bool) -> list[registry.Check]:
     # the public checks need only autograder.public (the release has no other; a hidden check module
     # that imports a public one of a task the course left out must not stop a student's check)
@@ -165,11 +172,13 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
     stopped = False  # a stop signal (cli.Interrupted) is on its way out: wait for no helper
     checks: list = []
     try:
+        checks = select_checks(tasks, public_only)
         # The sandbox's server imports torch (seconds) while this process plans the grading, and
         # (where the loss-equivalence judges will need it) imports transformers in the background.
-        # The public checks cut toy layers only, so the students' `make test` and a notebook's check
-        # cell skip it (a public check that built a BERT would still pass: each rank would import it).
-        needs_bert = not public_only and (tasks is None or bool(tasks & NEEDS_TRANSFORMERS))
+        # Most public checks cut toy layers, so the students' `make test` and a notebook's check cell
+        # skip it unless a public check builds a BERT in its ranks (``builds_bert``): a rank that
+        # imported transformers itself would pay seconds of CPU against a deadline of 3.
+        needs_bert = needs_transformers(checks, public_only)
         pools = warm.pools_for(settings, isolation, needs_bert) if warm else Pools(settings, workdir, isolation,
                                                                                   transformers=needs_bert)
         started_before = pools.started
@@ -177,7 +186,6 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         speed = deadlines.Speed(costs["calibration_cpu_s"])  # timed while the sandbox starts
         if speed.thread is not None:
             _HELPERS.append(speed.thread)
-        checks = select_checks(tasks, public_only)
         sub = Submission(submission_path, workdir)
         results.header = sub.describe()
         plan = []  # (check, source, skip_message)

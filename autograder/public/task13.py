@@ -153,7 +153,7 @@ def judge_same(got: dict, want: dict, hint: str) -> None:
             raise CheckFailure(f"{what} differs from the layer's own by {diff:.2e} (tolerance {TOL * scale:.1e}): {hint}")
 
 
-@define_check("13.public_layer_recompute", task=TASK, needs=NEEDS, points=1,
+@define_check("13.public_layer_recompute", task=TASK, needs=NEEDS, points=1, builds_bert=True,
               title="RecomputeFunction around one BERT layer gives the layer's output and gradients (no dropout)",
               promise=("the output and the gradients of its input and parameters equal the layer's own",))
 def public_layer_recompute(ctx):

@@ -102,6 +102,14 @@ def _p2p(frames) -> str:
 P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "wait")
 
 
+_HEADER_RE = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$|^Stack \(most recent call first\):$", re.M)
+
+
+def dump_count(text: str) -> int:
+    """How many faulthandler dumps ``text`` holds (the current thread's header counts one per dump)."""
+    return sum(1 for m in _HEADER_RE.finditer(text) if not m.group(0).startswith("Thread "))
+
+
 def _frames(text: str) -> list:
     dumps = list(re.finditer(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):\n((?:  File .*\n?)*)", text))
     return _FRAME_RE.findall(dumps[-1].group(1)) if dumps else []

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as mp_wait
 
 from . import wire
-from .capture import Capture, waits_point_to_point, where_from_dump
+from .capture import Capture, dump_count, waits_point_to_point, where_from_dump
 from .deadlines import Limits
 from .endings import death_message, stall_message, timeout_message
 
@@ -277,13 +277,23 @@ class SandboxGroup:
         except Exception:
             return -1.0
 
-    def _dump_stacks(self, ranks) -> dict[int, str | None]:
+    def _dump_stacks(self, ranks, wait: float = 3.0) -> dict[int, str | None]:
+        """Where each of ``ranks`` is: SIGUSR1 makes it write its stack (faulthandler), read back
+        from its output. A starved rank writes late (a fixed 0.4 s lost one of four on a loaded
+        CI machine): wait until every rank's new dump is in and has stopped growing, ``wait`` s at most."""
+        before = {r: dump_count(self.captures[r].raw_tail()) for r in ranks}
         for r in ranks:
             try:
                 os.kill(self.pids[r], signal.SIGUSR1)
             except OSError:
-                pass
-        time.sleep(0.4)
+                before.pop(r)
+        deadline, last = time.monotonic() + wait, None
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            tails = {r: self.captures[r].raw_tail() for r in ranks}
+            if all(dump_count(tails[r]) > n for r, n in before.items()) and tails == last:
+                break
+            last = tails
         tails = {r: self.captures[r].raw_tail() for r in ranks}
         self._p2p_wait = any(waits_point_to_point(t) for t in tails.values())
         return {r: where_from_dump(t) for r, t in tails.items()}

@@ -72,9 +72,13 @@ def predict(args) -> dict:
 
     cores = os.cpu_count() or 1
     flops = parse_amount(args.flops, "--flops", COUNTS, "2e9") if args.flops else matmul_flops(min(1.0, cores / 8))
-    where = Cluster("emulated", 2, 4, 8e9, parse_amount(args.intra_bw, "--intra_bw", BYTES, "2GB/s"),
-                    parse_amount(args.inter_bw, "--inter_bw", BYTES, "1gbit"), flops,
-                    measure_host().bytes_per_s, intra_latency_s=5e-5, inter_latency_s=3e-4)
+    intra = parse_amount(args.intra_bw, "--intra_bw", BYTES, "2GB/s")
+    if args.one_node:  # the 8 ranks on one machine's loopback (where no network namespace can be made)
+        where = Cluster("one node", 1, 8, 8e9, intra, intra, flops, measure_host().bytes_per_s,
+                        intra_latency_s=5e-5, inter_latency_s=5e-5)
+    else:
+        where = Cluster("emulated", 2, 4, 8e9, intra, parse_amount(args.inter_bw, "--inter_bw", BYTES, "1gbit"), flops,
+                        measure_host().bytes_per_s, intra_latency_s=5e-5, inter_latency_s=3e-4)
     shape = model_shape("tiny")
     work = composed.Workload(SEQ, GLOBAL_BATCH, "fp32")
     rows = []
@@ -136,7 +140,13 @@ def _measure_one(mesh: tuple, data: Path, out: Path, args) -> dict:
                "--data_dir", str(data), "--max_seq_length", str(SEQ), "--global_batch_size", str(GLOBAL_BATCH),
                "--max_steps", str(args.steps), "--do_train", "--dropout", "0", "--num_threads", "1",
                "--no_progress", "--output_dir", str(out), *layout_flags(*mesh)]
-    result = emulated.run(command, nodes=2, ranks_per_node=4, rate=args.rate, timeout=args.timeout)
+    if args.one_node:  # 8 local ranks, loopback between all of them (no `ip`, or no root, on this machine)
+        import subprocess
+
+        done = subprocess.run([*command, "--world_size", "8", "--spawn"], timeout=args.timeout)
+        result = {"returncodes": [done.returncode], "traffic": None}
+    else:
+        result = emulated.run(command, nodes=2, ranks_per_node=4, rate=args.rate, timeout=args.timeout)
     label = layout_of(*mesh).label()
     if any(code != 0 for code in result["returncodes"]):
         raise KitError(f"{label}: run_glue failed on the emulated cluster (return codes {result['returncodes']}); "
@@ -189,15 +199,19 @@ def main(argv=None) -> int:
     pr.add_argument("--intra_bw", default="2GB/s", help="loopback inside a node (default %(default)s)")
     pr.add_argument("--inter_bw", default="1gbit", help="the shaped link between nodes (default %(default)s)")
     pr.add_argument("--out", default=str(HERE / "emulated_predicted.json"))
+    pr.add_argument("--one_node", action="store_true", help="price 8 ranks on one node (loopback only), as measure --one_node runs them")
     me = sub.add_parser("measure")
     me.add_argument("--rate", default="1gbit", help="the shaped link between the 2 nodes (default %(default)s)")
     me.add_argument("--steps", type=int, default=8, help="training steps a layout (default %(default)s)")
     me.add_argument("--only", action="append", help="measure only this layout, dp,tp,pp,cp (repeatable; default: all)")
     me.add_argument("--timeout", type=float, default=900, help="seconds a layout may take (default %(default)s)")
     me.add_argument("--out", default=str(HERE / "emulated_measured.json"))
+    me.add_argument("--one_node", action="store_true", help="8 local ranks on this machine's loopback, no emulated "
+                    "nodes (a machine where `ip netns` is missing; the planner priced with predict --one_node)")
     co = sub.add_parser("compare")
     co.add_argument("predicted")
     co.add_argument("measured")
+    co.add_argument("--md", default=str(HERE / "emulated.md"), help="where the table goes (default %(default)s)")
     args = p.parse_args(argv)
     try:
         if args.verb == "compare":
@@ -207,7 +221,7 @@ def main(argv=None) -> int:
             lines.append(f"\nSpearman {result['spearman']:.2f}; pick {result['pick']} "
                          f"{result['pick_over_best']:+.1%} against the measured best: {'pass' if result['passes'] else 'FAIL'}")
             print("\n".join(lines))
-            (HERE / "emulated.md").write_text("\n".join(lines) + "\n")
+            Path(args.md).write_text("\n".join(lines) + "\n")
             return 0 if result["passes"] else 1
         result = predict(args) if args.verb == "predict" else measure(args)
     except KitError as exc:
