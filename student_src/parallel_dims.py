@@ -128,7 +128,11 @@ Cases the checks test
   group per axis;
 * ``sync_composed_grads`` with planted per-rank gradients on 8 ranks (DP 2 x CP 2 x TP 2, EP 2, a
   sequence-parallel parameter and experts) and on 4 ranks (PP 2 x DP 2, PP outermost): the sums and
-  averages above, and parameters without a gradient left without one.
+  averages above, and parameters without a gradient left without one;
+* end to end, the tiny BERT on 8 ranks as DP 2 x CP 2 x TP 2 (ring attention) and as DP 4 x TP 2, as the kit
+  runs it: your groups, your Tasks 10 and 11 cutting the model on ``groups["tp"]`` and ``groups["cp"]``, each
+  replica reading the rows of its ``data_shard``, your ``sync_composed_grads`` after every backward, a few SGD
+  steps with dropout 0: every step's loss and the trained model equal single-node training's.
 """
 
 from __future__ import annotations

@@ -921,32 +921,35 @@ ZOO.update({
 })
 
 
+#: the tiny BERT end to end on 8 ranks (checks/task14_bert.py): every fault of the groups or the sync shows there too
+BERT_14 = {"14.tiny_bert_two_layouts_8_ranks"}
 TASK_14 = {"14.public_coords_and_groups", "14.layout_random_degrees_and_orders", "14.groups_8_ranks",
-           "14.composed_sync_8_ranks", "14.composed_sync_pp_4_ranks"}
+           "14.composed_sync_8_ranks", "14.composed_sync_pp_4_ranks", *BERT_14}
 ALL_OF["14"] = TASK_14
 LAYOUT_14 = {"14.public_coords_and_groups", "14.layout_random_degrees_and_orders", "14.groups_8_ranks"}
 ZOO.update({
-    # the grid's digits read innermost first: TP outermost, DP innermost (every order's first axis the fastest)
+    # the grid's digits read innermost first: TP outermost, DP innermost (every order's first axis the fastest): the
+    # losses still match (a consistent relabelling of the grid), the weights each rank holds are another TP rank's
     "14_tp_outermost_instead_of_innermost": ("parallel_dims", "14", _solution_with(
         "parallel_dims", "coords_to_rank", ("for axis in order:", "for axis in reversed(order):"))
         + "\n\n" + _solution_with("parallel_dims", "rank_to_coords",
                                   ("for axis in reversed(order):", "for axis in order:")),
-        LAYOUT_14, "innermost"),
+        LAYOUT_14 | BERT_14, "innermost"),
     # the default order itself with TP outermost (the functions right for any order they are given; redefined after
     # it, so that their order=ORDER defaults are the new one, as in a file that spelled ORDER so from the start)
     "14_order_constant_tp_outermost": ("parallel_dims", "14", 'ORDER = ("tp", "dp", "pp", "cp")\n\n' + "\n\n".join(
         _solution_with("parallel_dims", name) for name in ("mesh_degrees", "coords_to_rank", "rank_to_coords",
                                                            "axis_ranks", "build_axis_groups", "data_shard", "loss_rank")),
-        {"14.public_coords_and_groups", "14.groups_8_ranks"}, "TP innermost"),
+        {"14.public_coords_and_groups", "14.groups_8_ranks", *BERT_14}, "TP innermost"),
     "14_dp_groups_built_across_tp_peers": ("parallel_dims", "14", _solution_with(
         "parallel_dims", "axis_ranks", ('values, along = range(full[axis]), axis',
                                         'values, along = range(full[axis]), ("tp" if axis == "dp" else axis)')),
-        LAYOUT_14, "other coordinates"),
+        LAYOUT_14 | BERT_14, "other coordinates"),
     "14_gradients_averaged_over_the_tp_group_as_well": ("parallel_dims", "14", _solution_with(
         "parallel_dims", "sync_composed_grads", ("    if full[\"cp\"] > 1:",
                                                  "    sync.allreduce_average(model, group=groups[\"tp\"])\n"
                                                  "    if full[\"cp\"] > 1:")),
-        {"14.composed_sync_8_ranks"}, "averaging over TP"),
+        {"14.composed_sync_8_ranks", *BERT_14}, "averaging over TP"),
     "14_experts_averaged_like_everything_else": ("parallel_dims", "14", _solution_with(
         "parallel_dims", "sync_composed_grads", ('if full["ep"] > 1:', 'if False:')),
         {"14.composed_sync_8_ranks", "14.composed_sync_pp_4_ranks"}, "averaged over its replicas only"),
@@ -954,7 +957,7 @@ ZOO.update({
     "14_ranks_create_groups_in_different_orders": ("parallel_dims", "14", _solution_with(
         "parallel_dims", "build_axis_groups",
         ("for ranks in members:", "for ranks in sorted(members, key=lambda g: rank not in g):")),
-        {"14.public_coords_and_groups", "14.groups_8_ranks"}, "create their groups in different orders"),
+        {"14.public_coords_and_groups", "14.groups_8_ranks", *BERT_14}, "create their groups in different orders"),
     "14_loss_read_on_the_first_stage": ("parallel_dims", "14", _solution_with(
         "parallel_dims", "loss_rank", ('"pp": full["pp"] - 1', '"pp": 0')),
         {"14.layout_random_degrees_and_orders"}, "last stage"),
