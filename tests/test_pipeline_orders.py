@@ -13,27 +13,7 @@ from autograder.checks import task9_zb
 from student_src import pipeline as solution
 from student_src.kit.demo.pipeline import predicted_bubble
 from student_src.kit.parallel.pipeline.memory import pipeline_held
-
-
-def simulate(orders, p: int, v: int, cost: dict) -> float:
-    """The step's span: ``orders[r]`` lists (kind, micro-batch, chunk) for rank r; chunk c of rank r is
-    model chunk c * p + r; ``cost[kind]`` the length of one pass of a whole stage (a chunk: 1/v)."""
-    last, done, clock, at = p * v - 1, {}, [0.0] * p, [0] * p
-    while any(at[r] < len(orders[r]) for r in range(p)):
-        moved = False
-        for r in range(p):
-            if at[r] == len(orders[r]):
-                continue
-            kind, i, c = orders[r][at[r]]
-            g = c * p + r
-            needs = {"F": [("F", g - 1, i)] if g else [],
-                     "B": [("F", g, i)] + ([("B", g + 1, i)] if g < last else []),
-                     "W": [("B", g, i)]}[kind]
-            if all(n in done for n in needs):
-                clock[r] = max([clock[r]] + [done[n] for n in needs]) + cost[kind] / v
-                done[kind, g, i], at[r], moved = clock[r], at[r] + 1, True
-        assert moved, f"the orders deadlock: ranks wait at {[orders[r][at[r]] for r in range(p) if at[r] < len(orders[r])]}"
-    return max(clock)
+from student_src.kit.parallel.pipeline.simulate import simulate
 
 
 def _bubble(span: float, m: int) -> float:
@@ -44,7 +24,7 @@ def _bubble(span: float, m: int) -> float:
 def test_zb_h1_bubble_is_its_formula_a_third_of_1f1bs_at_1f1bs_peak_memory(p, m):
     one = [[(k, i, 0) for k, i in solution.schedule_order("1f1b", s, p, m)] for s in range(p)]
     zb = [[(k, i, 0) for k, i in solution.schedule_order("zb-h1", s, p, m)] for s in range(p)]
-    span_1f1b, span_zb = simulate(one, p, 1, {"F": 1, "B": 2}), simulate(zb, p, 1, {"F": 1, "B": 1, "W": 1})
+    span_1f1b, span_zb = simulate(one, p, 1, {"F": 1, "B": 2}).span, simulate(zb, p, 1, {"F": 1, "B": 1, "W": 1}).span
     assert _bubble(span_1f1b, m) == pytest.approx(predicted_bubble(p, m, "1f1b"))
     assert _bubble(span_zb, m) == pytest.approx(predicted_bubble(p, m, "zb-h1"))
     assert span_zb - 3 * m == pytest.approx((span_1f1b - 3 * m) / 3)  # the idle time: a third of 1F1B's
@@ -60,7 +40,7 @@ def test_zb_h1_bubble_is_its_formula_a_third_of_1f1bs_at_1f1bs_peak_memory(p, m)
 @pytest.mark.parametrize("p, m, v", [(2, 4, 2), (4, 8, 2), (4, 16, 2), (2, 8, 3), (3, 6, 3)])
 def test_interleaved_bubble_is_p_minus_1_over_v_m_plus_p_minus_1(p, m, v):
     orders = [solution.interleaved_order(r, p, m, v) for r in range(p)]
-    span = simulate(orders, p, v, {"F": 1, "B": 2})
+    span = simulate(orders, p, v, {"F": 1, "B": 2}).span
     assert _bubble(span, m) == pytest.approx(predicted_bubble(p, m, "interleaved", v))
     for r, order in enumerate(orders):
         assert sorted(order) == sorted((k, i, c) for k in "FB" for i in range(m) for c in range(v))

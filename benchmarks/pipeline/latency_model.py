@@ -1,12 +1,13 @@
 """How far a fixed wait per received pass lifts each schedule's measured bubble over its formula (issue 47
 item 3): the model behind ``--pad_ms 60`` in ``bubble.py`` (README, "What the interleaved gap was").
 
-Each rank runs the solution's order (``schedule_order``, ``interleaved_order``); a pass starts when its rank is
-free and its inputs exist (F after the previous chunk's F, B after its own F and the next chunk's B), as in
-``tests/test_pipeline_orders.py``, and a pass that receives (every one but the first chunk's F and the last
-chunk's B) starts ``delay`` ms later: the receive posted when the pass is due, which waits a gloo round trip
-(``recv_latency.py``) and the Python around it. F takes U ms, a backward 2U (a chunk 1/v of it). The bubble is
-``bubble.py``'s: 1 - busy / span per stage, span from the first pass's start to the last one's end, averaged.
+Each rank runs the solution's order (``schedule_order``, ``interleaved_order``) in the kit's pipeline simulator
+(``student_src/kit/parallel/pipeline/simulate.py``, also ``tests/test_pipeline_orders.py``'s): a pass starts when
+its rank is free and its inputs exist (F after the previous chunk's F, B after its own F and the next chunk's B),
+and a pass that receives (every one but the first chunk's F and the last chunk's B) starts ``delay`` ms later: the
+receive posted when the pass is due, which waits a gloo round trip (``recv_latency.py``) and the Python around it.
+F takes U ms, a backward 2U (a chunk 1/v of it). The bubble is ``bubble.py``'s: 1 - busy / span per stage, span
+from the first pass's start to the last one's end, averaged.
 With no delay every order gives its formula exactly; the table prints the points above it.
 
     .venv/bin/python benchmarks/pipeline/latency_model.py --pad_ms 20 60 --delay_ms 0.3 0.5 1.0
@@ -23,33 +24,16 @@ sys.path.insert(0, str(ROOT))
 
 from student_src import pipeline as P  # noqa: E402
 from student_src.kit.demo.pipeline import predicted_bubble  # noqa: E402
+from student_src.kit.parallel.pipeline.simulate import simulate  # noqa: E402
 
 
 def modelled_bubble(orders, p: int, v: int, pad: float, delay: float) -> float:
     """``bubble.py``'s measured bubble of ``orders`` (per rank: (kind, micro-batch, chunk)) with F = ``pad``,
-    B = 2 ``pad`` per stage and ``delay`` before every pass that receives."""
-    last, done, clock, at, busy, first = p * v - 1, {}, [0.0] * p, [0] * p, [0.0] * p, [None] * p
-    cost = {"F": pad / v, "B": 2 * pad / v}
-    while any(at[r] < len(orders[r]) for r in range(p)):
-        moved = False
-        for r in range(p):
-            if at[r] == len(orders[r]):
-                continue
-            kind, i, c = orders[r][at[r]]
-            g = c * p + r
-            remote = [("F", g - 1, i)] if kind == "F" and g else [("B", g + 1, i)] if kind == "B" and g < last else []
-            needs = remote + ([("F", g, i)] if kind == "B" else [])
-            if not all(n in done for n in needs):
-                continue
-            start = max([clock[r]] + [done[n] for n in needs]) + (delay if remote else 0.0)
-            first[r] = start if first[r] is None else first[r]
-            clock[r] = start + cost[kind]
-            busy[r] += cost[kind]
-            done[kind, g, i], at[r], moved = clock[r], at[r] + 1, True
-        if not moved:
-            raise SystemExit(f"the orders deadlock at {[orders[r][at[r]] for r in range(p) if at[r] < len(orders[r])]}")
-    span = max(clock) - min(first)
-    return sum(1 - b / span for b in busy) / p
+    B = 2 ``pad`` per stage and ``delay`` before every pass that receives (the kit's pipeline simulator)."""
+    try:
+        return simulate(orders, p, v, {"F": pad, "B": 2 * pad}, delay).bubble()
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def orders_of(schedule: str, p: int, m: int, v: int) -> list:
