@@ -186,7 +186,7 @@ def grade(submission_path, tasks: set[str] | None = None, settings: Settings | N
         speed = deadlines.Speed(costs["calibration_cpu_s"])  # timed while the sandbox starts
         if speed.thread is not None:
             _HELPERS.append(speed.thread)
-        sub = Submission(submission_path, workdir)
+        sub = Submission(submission_path, workdir, kit=pools.kit)  # a warm server's copy serves every grading
         results.header = sub.describe()
         plan = []  # (check, source, skip_message)
         for c in checks:

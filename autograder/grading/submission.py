@@ -162,9 +162,12 @@ def find_sources(root: Path, max_depth: int = 6) -> list[Source]:
 class Submission:
     """A submission unpacked (if needed) into ``workdir`` with per-source workspaces."""
 
-    def __init__(self, path: str | os.PathLike, workdir: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, workdir: str | os.PathLike, kit: Path | None = None):
+        """``kit``: a trusted kit copy already made (``trusted_kit_copy``; a warm sandbox's, shared by the
+        gradings it serves); None makes one in ``workdir`` when the first workspace needs it."""
         self.given = Path(path)
         self.workdir = Path(workdir)
+        self.kit = kit
         if not self.given.exists():
             raise SubmissionError(f"{self.given} does not exist")
         if self.given.is_file():
@@ -219,7 +222,7 @@ class Submission:
         dst.mkdir(parents=True)
         if source is not None:
             _copy_student_files(source.path, dst)
-        kit = trusted_kit_copy(self.workdir)
+        kit = self.kit or trusted_kit_copy(self.workdir)
         shutil.copy2(kit / "__init__.py", dst / "__init__.py")
         shutil.copytree(kit / "kit", dst / "kit")
         shutil.copytree(kit / "__pycache__", dst / "__pycache__")
