@@ -67,10 +67,10 @@ def test_task7_accumulated_equals_task1_and_meters_k_reduce_scatters(small_rte, 
     (about twice a plain step's at K = 2, where the other tasks send about the same)."""
     single = train_tiny(small_rte, tmp_path / "one", "1", steps=2)
     acc = train_tiny(small_rte, tmp_path / "acc", "7", "--gradient_accumulation_steps", "2", "--measure_traffic",
-                     world_size=2, steps=2)
+                     world_size=2, steps=2, private_loopback=True)
     _close(acc["losses"], single["losses"])
     plain = train_tiny(small_rte, tmp_path / "plain", "7", "--per_device_train_batch_size", "4",
-                       "--measure_traffic", world_size=2, steps=2)
+                       "--measure_traffic", world_size=2, steps=2, private_loopback=True)
     a, p = acc["traffic"], plain["traffic"]
     assert 0.97 < a["ratio"] < 1.03 and 0.97 < p["ratio"] < 1.03, (a, p)  # measured = modelled, both runs
     assert 1.8 < a["measured_bytes_per_iter"] / p["measured_bytes_per_iter"] < 2.05, (a, p)
@@ -96,10 +96,10 @@ def test_recompute_full_equals_no_recompute_with_dropout(small_rte, tmp_path):
 def test_ranks_accumulated_equal_task1_and_sync_once(small_rte, tmp_path, task):
     single = train_tiny(small_rte, tmp_path / "one", "1", steps=2)  # global batch 16
     acc = train_tiny(small_rte, tmp_path / "acc", task, "--gradient_accumulation_steps", "2", "--measure_traffic",
-                     world_size=2, steps=2)  # 2 ranks x 4 rows x 2 micro-steps
+                     world_size=2, steps=2, private_loopback=True)  # 2 ranks x 4 rows x 2 micro-steps
     _close(acc["losses"], single["losses"])
     plain = train_tiny(small_rte, tmp_path / "plain", task, "--per_device_train_batch_size", "4",
-                       "--measure_traffic", world_size=2, steps=2)
+                       "--measure_traffic", world_size=2, steps=2, private_loopback=True)
     # one sync per optimizer step: the bytes of a step that saw twice the rows are those of one sync
     measured, once = acc["traffic"]["measured_bytes_per_iter"], plain["traffic"]["measured_bytes_per_iter"]
     assert measured < 1.3 * once, (measured, once)
