@@ -322,7 +322,7 @@ _ROWS = (
          ("coords_to_rank", "rank_to_coords", "axis_ranks", "build_axis_groups", "data_shard", "loss_rank",
           "sync_composed_grads"),
          "14_parallel_dims", color="#98df8a", collectives=frozenset({"all_reduce"}), extra_credit=True, sync="composed",
-         needs_tasks=("1", "2", "2b", "6", "7", "9", "10", "11", "12"),
+         needs_tasks=("1", "2", "2b", "6", "7", "9", "10", "11", "12"), checks_build_bert=True,
          built=("the parallelisms composed on one N-D grid: coordinates <-> rank in one order (TP innermost), "
                 "every axis's process groups created by every rank in the same order, which ranks share a data "
                 "shard, which rank reads the loss, and the composed gradient sync (DP average, CP sum, TP's "
