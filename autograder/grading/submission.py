@@ -218,11 +218,10 @@ class Submission:
             return self._workspaces[label]
         ws = self.workdir / f"ws-{label}"
         dst = ws / "student_src"
-        trusted = trusted_student_src()
         dst.mkdir(parents=True)
         if source is not None:
             _copy_student_files(source.path, dst)
-        kit = self.kit or trusted_kit_copy(self.workdir)
+        kit = self.kit or trusted_kit_copy(self.workdir)  # raises SubmissionError where the grader has no kit
         shutil.copy2(kit / "__init__.py", dst / "__init__.py")
         shutil.copytree(kit / "kit", dst / "kit")
         shutil.copytree(kit / "__pycache__", dst / "__pycache__")

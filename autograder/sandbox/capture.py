@@ -73,7 +73,12 @@ class Capture:
             return bytes(self.tail[-self.TAIL:] or self.head).decode("utf-8", "replace")
 
 
-_DUMP_RE = re.compile(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):\n(  File .*\n)*", re.M)
+#: a faulthandler dump's header line: one per thread ("Current thread 0x..." for the dumping one, "Thread 0x..."
+#: for the others), or "Stack" where faulthandler prints no thread; the one spelling the patterns below build on
+_HEADER = r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):"
+_HEADER_RE = re.compile(rf"^{_HEADER}$", re.M)
+#: a whole dump (header and frames), with its frames as group 1
+_DUMP_RE = re.compile(rf"{_HEADER}\n((?:  File .*\n?)*)", re.M)
 _FRAME_RE = re.compile(r'  File "([^"]+)", line (\d+) in (\S+)')
 
 
@@ -102,16 +107,13 @@ def _p2p(frames) -> str:
 P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "wait")
 
 
-_HEADER_RE = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$|^Stack \(most recent call first\):$", re.M)
-
-
 def dump_count(text: str) -> int:
     """How many faulthandler dumps ``text`` holds (the current thread's header counts one per dump)."""
     return sum(1 for m in _HEADER_RE.finditer(text) if not m.group(0).startswith("Thread "))
 
 
 def _frames(text: str) -> list:
-    dumps = list(re.finditer(r"(?:(?:Current thread|Thread) 0x[0-9a-f]+ |Stack )\(most recent call first\):\n((?:  File .*\n?)*)", text))
+    dumps = list(_DUMP_RE.finditer(text))
     return _FRAME_RE.findall(dumps[-1].group(1)) if dumps else []
 
 

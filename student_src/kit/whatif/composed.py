@@ -25,8 +25,9 @@ cluster (``shapes.py``). The planner (``plan.py``) evaluates many; each axis div
   ``cp_attention="allgather"`` its all-gathers and reduce-scatters); EP the all-to-alls
   (``parallel/expert/traffic.uniform_layer_bytes``: a uniform router); PP a micro-batch's hidden states
   across each boundary and their gradient back (``/ tp``: each TP rank sends its sequence chunk); DP the
-  gradients' reduce-scatter and the parameters' all-gather (ZeRO 1/2; an all_reduce for ZeRO-0; ZeRO-3
-  also gathers the parameters for each micro-batch's forward and backward). Ring collectives: an
+  gradients' reduce-scatter and the parameters' all-gather (ZeRO 1/2; an all_reduce for ZeRO-0; ZeRO-2/3 keep
+  1/n of the gradients, so they reduce-scatter each micro-batch's; ZeRO-3 also gathers the parameters for
+  each micro-batch's forward and backward). Ring collectives: an
   all_reduce sends ``2 (n - 1) / n`` of the bytes, a reduce-scatter or all-gather half that.
 * **the step**: a micro-batch's forward on the busiest stage is its FLOPs (``2`` per parameter a token
   meets, ``4 s h`` per layer for attention, PaLM's count) ``/ (tp cp)`` at ``compute_efficiency`` of the
@@ -395,11 +396,14 @@ def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
     link = links["dpcp"]
     rs = _ring_half_s(link, grads, n) + _ring_half_s(links["dp"], expert_params * prec.grad_bytes, n_e)
     ag = _ring_half_s(link, weights, n) + _ring_half_s(links["dp"], expert_params * prec.param_bytes, n_e)
+    syncs = m if L.zero >= 2 else 1  # accumulation_model's "every_micro_step": whole gradients are ZeRO-1's memory
     if L.zero == 0:
         dp_exposed = max(0.0, 2 * rs - b)
     else:
-        dp_exposed = max(0.0, rs - b) + max(0.0, ag - f)
+        dp_exposed = syncs * max(0.0, rs - b) + max(0.0, ag - f)
     dp_bytes = (2 * (n - 1) / n * grads if n > 1 else 0.0) + (2 * (n_e - 1) / n_e * expert_params * prec.grad_bytes if n_e > 1 else 0.0)
+    dp_bytes += (syncs - 1) * (((n - 1) / n * grads if n > 1 else 0.0)
+                               + ((n_e - 1) / n_e * expert_params * prec.grad_bytes if n_e > 1 else 0.0))
     if L.zero == 3 and n > 1:  # every micro-batch gathers the weights for forward and again for backward
         dp_exposed += m * (max(0.0, ag - f) + max(0.0, ag - b))
         dp_bytes += 2 * m * (n - 1) / n * weights
