@@ -43,7 +43,7 @@ cluster (``shapes.py``). The planner (``plan.py``) evaluates many; each axis div
   inside each stage: interleaving ``v`` virtual stages is ``m v`` chunks of ``1 / v`` of a stage, so the
   bubble is ``(pp - 1) / v`` of a micro-batch's work. Its time with the PP link free is compute + exposed
   in-stage communication + the bubble; the rest is PP's. DP's reduce-scatter overlaps the last
-  micro-batch's backward and its all-gather the next step's first forward (Megatron's overlapped grad
+  micro-batch's backward (ZeRO-2/3: each micro-batch's its own) and its all-gather the next step's first forward (Megatron's overlapped grad
   reduce and param gather): only what exceeds them is exposed. The optimizer reads and writes 28 bytes
   per parameter it owns at the GPU's memory bandwidth.
 * **MFU**: the model's FLOPs (``6`` per parameter and token plus attention's ``12 L s h``, recomputation
@@ -401,9 +401,8 @@ def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
         dp_exposed = max(0.0, 2 * rs - b)
     else:
         dp_exposed = syncs * max(0.0, rs - b) + max(0.0, ag - f)
-    dp_bytes = (2 * (n - 1) / n * grads if n > 1 else 0.0) + (2 * (n_e - 1) / n_e * expert_params * prec.grad_bytes if n_e > 1 else 0.0)
-    dp_bytes += (syncs - 1) * (((n - 1) / n * grads if n > 1 else 0.0)
-                               + ((n_e - 1) / n_e * expert_params * prec.grad_bytes if n_e > 1 else 0.0))
+    rs_bytes = ((n - 1) / n * grads if n > 1 else 0.0) + ((n_e - 1) / n_e * expert_params * prec.grad_bytes if n_e > 1 else 0.0)
+    dp_bytes = (1 + syncs) * rs_bytes  # the all-gather (or ZeRO-0's all_reduce's second half) moves as much again
     if L.zero == 3 and n > 1:  # every micro-batch gathers the weights for forward and again for backward
         dp_exposed += m * (max(0.0, ag - f) + max(0.0, ag - b))
         dp_bytes += 2 * m * (n - 1) / n * weights

@@ -93,9 +93,9 @@ def variants(shape, work: Workload, dp: int, tp: int, pp: int, cp: int, ep: int)
 
 
 def zero_stages(evaluate):
-    """``evaluate(zero)`` for ZeRO 0, 1, 2, 3 as far as needed: ZeRO-2 steps as fast as ZeRO-1 in the model
-    (a reduce-scatter and an all-gather either way) and ZeRO-3 only adds gathers, so the first of 1-3 that
-    fits ends the search (ZeRO-0's all_reduce overlaps differently: always tried)."""
+    """``evaluate(zero)`` for ZeRO 0, 1, 2, 3 as far as needed: ZeRO-2 steps no faster than ZeRO-1 in the model
+    (the same collectives, and a reduce-scatter for every micro-batch) and ZeRO-3 only adds gathers, so the first
+    of 1-3 that fits ends the search (ZeRO-0's all_reduce overlaps differently: always tried)."""
     out = []
     for zero in range(4):
         r = evaluate(zero)
