@@ -2,6 +2,7 @@
 each axis divides what it divides, the bubble and the bytes per axis follow their formulas, nothing listed
 exceeds memory, the command line's defaults are the README's, bad input gets one line, and the published
 Llama 3 405B layout against the planner's ranking (benchmarks/composition/README.md)."""
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -177,6 +178,22 @@ def test_sharded_gradients_are_reduce_scattered_every_micro_batch():
     assert one[1]["micro_batches"] == 1 and one[2]["bytes_by_axis"] == one[1]["bytes_by_axis"]
 
 
+def test_a_sync_cut_into_calls_pays_each_calls_ring_rounds():
+    """``Layout.sync_calls``: the kit's Task 2b sends one all_reduce per parameter tensor; each further call pays
+    its ring's 2 (n - 1) latencies (ZeRO-0) and moves no more bytes. Exposed where the sync outlasts the backward
+    (a message slower than any backward here, and 70B's DP 16 on InfiniBand); DP 1 has no calls to pay for."""
+    slow = dataclasses.replace(cluster("h100", nodes=4), intra_latency_s=1.0, inter_latency_s=1.0)
+    one, many = (C.step(L70, slow, C.Layout(dp=32, zero=0, sync_calls=k), WORK) for k in (1, 41))
+    assert many["bytes_by_axis"] == one["bytes_by_axis"]
+    assert many["comm_s_by_axis"]["dp"] - one["comm_s_by_axis"]["dp"] == pytest.approx(40 * 2 * 31 * 1.0, rel=1e-9)
+    fast = cluster("h100", nodes=4)
+    real = [C.step(L70, fast, C.Layout(dp=16, tp=2, zero=0, sync_calls=k), WORK)["total_s"] for k in (1, 41)]
+    assert real[1] - real[0] == pytest.approx(40 * 2 * 15 * fast.inter_latency_s, rel=1e-6)  # 12 ms on InfiniBand
+    alone = [C.step(L70, slow, C.Layout(tp=8, pp=4, zero=0, sync_calls=k), WORK)["total_s"] for k in (1, 41)]
+    assert alone[0] == alone[1]
+    assert "the sync's calls must be at least 1" in C.check(L70, fast, C.Layout(dp=32, sync_calls=0), WORK)
+
+
 def test_nothing_listed_exceeds_memory_and_what_does_is_refused():
     small = plan("llama-3-70b", "h100", nodes=4, seq_len=4096, global_batch=64, memory_bytes=60e9)
     assert small["layouts"] and small["infeasible"] > 0
@@ -328,6 +345,13 @@ def test_the_emulated_validation_compares_rank_order_and_the_pick():
     shape, work = model_shape("tiny"), C.Workload(ve.SEQ, ve.GLOBAL_BATCH, "fp32")
     where = cluster("h100", nodes=2, gpus_per_node=4)
     assert len(ve.LAYOUTS) >= 5 and all(C.check(shape, where, ve.layout_of(*m), work) == "" for m in ve.LAYOUTS)
+    # the kit's Task 2b sync: one call per parameter tensor of the busiest stage (the first, with the embeddings)
+    from student_src.kit.core.models import load_model
+
+    tensors = list(load_model("tiny").named_parameters())
+    assert ve.layout_of(8, 1, 1, 1).sync_calls == len(tensors)
+    first_stage = [n for n, _ in tensors if ".embeddings." in n or ".layer.0." in n]  # tiny's 2 layers over 2 stages
+    assert ve.layout_of(4, 1, 2, 1).sync_calls == len(first_stage)
     # and its measure half asks run_glue --task 14 for that very grid
     from student_src.kit.core.config import parse_config
     from student_src.kit.parallel.composed import dims_of

@@ -53,6 +53,16 @@ def test_the_sync_cpu_term_follows_each_tasks_reference_sync():
     assert measure_host(nbytes=2 ** 20, n=2, repeats=3).bytes_per_s > 1e8
 
 
+def test_a_message_costs_what_small_all_reduces_among_local_ranks_take():
+    """``host.measure_message_s``: real gloo ranks, a one-float all_reduce's time over its ring's messages:
+    more than nothing, far less than a second; one rank has no message to time."""
+    from student_src.kit.whatif.host import measure_message_s
+
+    assert 1e-7 < measure_message_s(2, calls=20, timeout=60) < 0.1
+    with pytest.raises(KitError, match="at least 2 ranks"):
+        measure_message_s(1)
+
+
 def test_zero1_and_fsdp_have_their_own_collectives_and_a_sharded_optimizer():
     """Task 6 adds a broadcast of every weight to 2b's all_reduces; Task 7 gathers the sharded
     weights (Linear weights twice) and reduce-scatters their gradients (an all_reduce on gloo,

@@ -3,7 +3,7 @@ kit's ``tiny`` BERT on the emulated cluster (2 nodes x 4 ranks, a ``tc``-shaped 
 
 Three verbs, so each half can run as soon as what it needs exists:
 
-    python benchmarks/composition/validate_emulated.py predict [--inter_bw 1gbit --flops F --out predicted.json]
+    python benchmarks/composition/validate_emulated.py predict [--inter_bw 1gbit --flops F --message_s S --out predicted.json]
     sudo .venv/bin/python benchmarks/composition/validate_emulated.py measure --out measured.json
     python benchmarks/composition/validate_emulated.py compare predicted.json measured.json
 
@@ -11,7 +11,9 @@ Three verbs, so each half can run as soon as what it needs exists:
   on a cluster described as this machine is: 2 nodes of 4 ranks, the ranks' compute a one-thread fp32
   matmul rate times their share of the cores (measured here unless ``--flops``; ``--compute_efficiency 1``:
   the rate is already what the code reaches), the memory speed ``whatif/host.measure_host`` measures (the
-  optimizer), loopback inside a node, the shaped link between the nodes.
+  optimizer), a message's cost ``whatif/host.measure_message_s`` measures (unless ``--message_s``), loopback
+  inside a node, the shaped link between the nodes; each DP sync one all_reduce per parameter tensor of the
+  busiest stage, as the kit's Task 2b sends them (``grad_tensors``, ``Layout.sync_calls``).
 * ``measure`` trains each layout with ``run_glue --task 14`` (the composed training runs of issue 45 item 2)
   on 2 emulated nodes of 4 ranks each (``cluster run --ranks_per_node 4``, root) and records the trainer's
   mean time per iteration: on a quiet machine only (the ranks share its cores).
@@ -23,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,27 +62,47 @@ def matmul_flops(threads_share: float, n: int = 512, repeats: int = 5) -> float:
     return 2 * n ** 3 / best * threads_share
 
 
+@lru_cache(maxsize=None)
+def grad_tensors(pp: int) -> int:
+    """The parameter tensors ``tiny``'s busiest stage holds (the first: the embeddings and its layers, or the
+    last: its layers, the pooler and the classifier): Task 14's DP and CP syncs (the solution's Tasks 2b and 11)
+    send one all_reduce for each, ``composed.Layout.sync_calls``. TP cuts tensors, it does not add any."""
+    from student_src.kit.core.models import load_model
+
+    names = [name for name, _ in load_model("tiny").named_parameters()]
+    layer = {name: int(re.search(r"\.layer\.(\d+)\.", name).group(1)) for name in names if ".layer." in name}
+    layers = max(layer.values()) + 1
+    first, last = composed.stage_layers(model_shape("tiny"), pp)
+    head = [n for n in names if n not in layer and ".embeddings." not in n]
+    stage0 = [n for n in names if (layer[n] < first if n in layer else ".embeddings." in n)]
+    final = head + [n for n in layer if layer[n] >= layers - last]
+    return len(names) if pp == 1 else max(len(stage0), len(final))
+
+
 def layout_of(dp: int, tp: int, pp: int, cp: int) -> composed.Layout:
-    """Task 14's runs: plain DP averaging (ZeRO 0), the global batch in ``MICRO_BATCHES`` micro-batches with PP,
-    TP's embeddings whole (the kit's default, no ``--vocab_parallel``)."""
+    """Task 14's runs: plain DP averaging (ZeRO 0) one all_reduce per parameter tensor, the global batch in
+    ``MICRO_BATCHES`` micro-batches with PP, TP's embeddings whole (the kit's default, no ``--vocab_parallel``)."""
     micro = GLOBAL_BATCH // dp // (MICRO_BATCHES if pp > 1 else 1)
-    return composed.Layout(dp, tp, pp, cp, zero=0, micro_batch=micro, vocab_parallel=False)
+    return composed.Layout(dp, tp, pp, cp, zero=0, micro_batch=micro, vocab_parallel=False,
+                           sync_calls=grad_tensors(pp))
 
 
 def predict(args) -> dict:
     import os
 
-    from student_src.kit.whatif.host import measure_host
+    from student_src.kit.whatif.host import measure_host, measure_message_s
 
     cores = os.cpu_count() or 1
     flops = parse_amount(args.flops, "--flops", COUNTS, "2e9") if args.flops else matmul_flops(min(1.0, cores / 8))
     intra = parse_amount(args.intra_bw, "--intra_bw", BYTES, "2GB/s")
+    # a message's cost: 8 ranks sharing the cores, a one-float all_reduce's time over its ring's 2 x 7 messages
+    message = float(args.message_s) if args.message_s else measure_message_s(8)
     if args.one_node:  # the 8 ranks on one machine's loopback (where no network namespace can be made)
         where = Cluster("one node", 1, 8, 8e9, intra, intra, flops, measure_host().bytes_per_s,
-                        intra_latency_s=5e-5, inter_latency_s=5e-5)
+                        intra_latency_s=message, inter_latency_s=message)
     else:
         where = Cluster("emulated", 2, 4, 8e9, intra, parse_amount(args.inter_bw, "--inter_bw", BYTES, "1gbit"), flops,
-                        measure_host().bytes_per_s, intra_latency_s=5e-5, inter_latency_s=3e-4)
+                        measure_host().bytes_per_s, intra_latency_s=message, inter_latency_s=message)
     shape = model_shape("tiny")
     work = composed.Workload(SEQ, GLOBAL_BATCH, "fp32")
     rows = []
@@ -87,6 +111,7 @@ def predict(args) -> dict:
         if not r["feasible"]:
             raise KitError(f"{mesh}: {r['why']}")
         rows.append({"mesh": list(mesh), "label": r["label"], "predicted_s": r["total_s"], "compute_s": r["compute_s"],
+                     "sync_calls": r["layout"]["sync_calls"], "comm_s_by_axis": r["comm_s_by_axis"],
                      "exposed_comm_s": r["exposed_comm_s"], "bubble_s": r["bubble_s"], "bytes_by_axis": r["bytes_by_axis"]})
     return {"cluster": vars(where), "seq": SEQ, "global_batch": GLOBAL_BATCH, "rows": rows}
 
@@ -198,6 +223,7 @@ def main(argv=None) -> int:
     pr.add_argument("--flops", help="a rank's FLOP/s (default: measured here)")
     pr.add_argument("--intra_bw", default="2GB/s", help="loopback inside a node (default %(default)s)")
     pr.add_argument("--inter_bw", default="1gbit", help="the shaped link between nodes (default %(default)s)")
+    pr.add_argument("--message_s", help="seconds a message costs (default: measured here, 8 ranks' small all_reduces)")
     pr.add_argument("--out", default=str(HERE / "emulated_predicted.json"))
     pr.add_argument("--one_node", action="store_true", help="price 8 ranks on one node (loopback only), as measure --one_node runs them")
     me = sub.add_parser("measure")

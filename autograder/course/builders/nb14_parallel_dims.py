@@ -126,8 +126,8 @@ why. Meta trained it as TP 8 × CP 1 × PP 16 × DP 128 at 38-43% MFU: compare.
                 "nodes if TP were outermost with TP 8 × DP 2?",
                 "TP sends two all_reduces of the activations per layer, forward and backward, on the critical path of "
                 "every layer: it needs the fastest link, NVLink inside a node, so its ranks must be neighbours (TP "
-                "innermost: ranks 0-7 of a node). DP sends the gradients once a step and overlaps them with the "
-                "backward, so it tolerates the slower network between nodes. With TP outermost, a TP group would take "
+                "innermost: ranks 0-7 of a node). DP sends the gradients once a step (once a micro-batch with ZeRO-2) and "
+                "overlaps them with the backward, so it tolerates the slower network between nodes. With TP outermost, a TP group would take "
                 "ranks 0, 2, 4, ..., 14: half of them on the other node, and every layer's all_reduce would cross the "
                 "network, several times slower, while DP's pairs of neighbours would waste NVLink on a once-a-step "
                 "sync.")
@@ -145,8 +145,10 @@ why. Meta trained it as TP 8 × CP 1 × PP 16 × DP 128 at 38-43% MFU: compare.
                 "405B model's weights and AdamW state do not fit in 8 GPUs' memory, so the layers are cut further by "
                 "PP across nodes (point to point, little traffic, but a bubble of (p - 1) / (m + p - 1) of the step, "
                 "divided by the virtual stages of an interleaved schedule, small with many micro-batches); the rest, "
-                "DP, reads different data and syncs gradients once a step over the network, overlapped with the "
-                "backward (ZeRO shards the optimizer state over it). Memory decides TP x PP, the batch and the bubble "
+                "DP, reads different data and syncs gradients over the network, overlapped with the backward: once a "
+                "step with ZeRO-1 (whole gradients accumulate over the micro-batches), once a micro-batch with ZeRO-2, "
+                "whose 1/n gradient shard cannot hold the other shards' parts (each reduce-scatter hides behind that "
+                "micro-batch's backward; ZeRO shards the optimizer state over DP). Memory decides TP x PP, the batch and the bubble "
                 "decide the micro-batches, and DP takes the remaining GPUs. Layouts within a few percent of each "
                 "other are ties for a model this coarse: the planner prefers the simplest, Meta also weighed what "
                 "it does not model (failures, memory fragmentation, the 128k-token stage that needed CP 16).")

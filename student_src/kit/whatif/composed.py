@@ -109,7 +109,9 @@ class Layout:
     ``vocab_parallel``: TP cuts the embeddings and the head too (Megatron's; the kit's Task 10 with
     ``--vocab_parallel``), else every TP rank holds them whole; ``cp_attention``: CP as ring attention
     (blocks overlapped with attention, Megatron's) or ``allgather`` (K and V gathered before attention, dK
-    and dV reduce-scattered after, exposed: the Llama 3 paper's CP, §3.3.2)."""
+    and dV reduce-scattered after, exposed: the Llama 3 paper's CP, §3.3.2); ``sync_calls``: the collectives
+    a rank's gradient sync is cut into, each paying its ring's latencies (1: one fused bucket, the planner's;
+    the kit's Tasks 2b and 14 send one per parameter tensor: the busiest stage's tensors)."""
     dp: int = 1
     tp: int = 1
     pp: int = 1
@@ -121,6 +123,7 @@ class Layout:
     recompute: str = "none"
     vocab_parallel: bool = True
     cp_attention: str = "ring"
+    sync_calls: int = 1
 
     @property
     def gpus(self) -> int:
@@ -159,8 +162,8 @@ def check(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload) -
         ParallelDims(cluster.gpus, L.dp, L.pp, L.cp, L.tp, L.ep)
     except KitError as exc:
         return str(exc)
-    if min(L.micro_batch, L.virtual) < 1:
-        return "the micro-batch and the virtual stages must be at least 1"
+    if min(L.micro_batch, L.virtual, L.sync_calls) < 1:
+        return "the micro-batch, the virtual stages and the sync's calls must be at least 1"
     if shape.heads % L.tp:
         return f"TP {L.tp} does not divide the {shape.heads} attention heads"
     if L.pp > shape.layers:
@@ -396,6 +399,8 @@ def step(shape: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
     link = links["dpcp"]
     rs = _ring_half_s(link, grads, n) + _ring_half_s(links["dp"], expert_params * prec.grad_bytes, n_e)
     ag = _ring_half_s(link, weights, n) + _ring_half_s(links["dp"], expert_params * prec.param_bytes, n_e)
+    per_call = (L.sync_calls - 1) * (n - 1) * link.latency_s  # each further call its ring's rounds (ZeRO-0: twice)
+    rs, ag = rs + per_call, ag + per_call
     syncs = m if L.zero >= 2 else 1  # accumulation_model's "every_micro_step": whole gradients are ZeRO-1's memory
     if L.zero == 0:
         dp_exposed = max(0.0, 2 * rs - b)

@@ -3,6 +3,8 @@ backward and the optimizer outside any collective, and how fast one core moves i
 
 ``scaling.iteration`` adds ``sync_cpu_bytes / HostModel.bytes_per_s`` to every iteration it
 predicts (benchmarks/scaling: without it the model missed 6 of 9 validation rows at load 12).
+``measure_message_s`` times what one message of a collective costs when several ranks share the
+host's cores (benchmarks/composition (a): the composed model's latency per message there).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Sequence
 import torch
 
 from student_src.kit import tasks as task_table
+from student_src.kit.errors import KitError
 
 #: bytes of memory traffic per second one core reaches on the sync's pattern (fresh tensors,
 #: stack, sum, divide): ``measure_host`` on the idle 2-core development machine gave 10-15 GB/s
@@ -59,3 +62,29 @@ def sync_cpu_bytes(task: str, n: int, tensor_nbytes: Sequence[int], clip: bool =
     if clip:
         passes += 3 / n if row.traffic == "fsdp" else 3
     return passes * total
+
+
+def _small_all_reduces(ctx, calls: int) -> float:
+    """One rank's seconds per all_reduce of a single float (after 10 to warm up)."""
+    import torch.distributed as dist
+
+    x = torch.zeros(1)
+    for _ in range(10):
+        dist.all_reduce(x)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        dist.all_reduce(x)
+    return (time.perf_counter() - t0) / calls
+
+
+def measure_message_s(ranks: int = 8, calls: int = 200, timeout: float = 120.0) -> float:
+    """Seconds one message of a collective costs on this host with ``ranks`` local gloo ranks sharing its
+    cores: they all_reduce a single float ``calls`` times; a call is a ring's ``2 (ranks - 1)`` messages,
+    each waiting for its peer to be scheduled, so the median rank's time per call over that count. The
+    bytes are nothing: what is left is the cost per message that a model of bytes over bandwidth omits."""
+    from student_src.kit.ranks.launch import launch  # a measurement, not the model: only this call starts ranks
+
+    if ranks < 2:
+        raise KitError(f"a message needs at least 2 ranks, got {ranks}")
+    per_call = launch(_small_all_reduces, ranks, args=(calls,), timeout=timeout, threads_per_rank=1)
+    return statistics.median(per_call) / (2 * (ranks - 1))
