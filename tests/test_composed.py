@@ -31,7 +31,8 @@ def _same_losses(single, metrics, what):
 
 @pytest.mark.parametrize("what, world, flags", [
     ("CP 2 x TP 2 x DP 2", 8, ("--cp_size", "2", "--tp_size", "2")),
-    ("PP 2 x TP 2 x DP 2", 8, ("--pipeline_stages", "2", "--tp_size", "2", "--micro_batches", "2")),
+    # with the timeline of its second step (recording changes no number: the losses still equal Task 1's)
+    ("PP 2 x TP 2 x DP 2", 8, ("--pipeline_stages", "2", "--tp_size", "2", "--micro_batches", "2", "--timeline", "1")),
     # the 4-D run (about 80 s on 2 cores): each stage's ranks cut the sequence too (composed_stage.py)
     ("PP 2 x CP 2 x TP 2 x DP 2", 16, ("--pipeline_stages", "2", "--cp_size", "2", "--tp_size", "2",
                                        "--micro_batches", "2")),
@@ -43,6 +44,22 @@ def test_a_composed_layout_trains_like_task_1(single_node, small_rte, tmp_path, 
     ranks = metrics["rank_losses"]
     # TP peers see the same rows; the second replica (dp outermost: the world's second half) others
     assert ranks[0] == ranks[1] and ranks[0] != ranks[world // 2]
+    if "--timeline" in flags:
+        _timeline_per_axis(metrics["timeline"], world)
+
+
+def _timeline_per_axis(events, world):
+    """``--timeline`` on a grid: every rank's stage has forward, backward and optimizer events, and each
+    communication event names its axis: TP's all_reduces, the stages' sends and receives on PP, the
+    gradient average on DP; a grid of PP 2 x TP 2 x DP 2 (rank = (dp * 2 + pp) * 2 + tp)."""
+    for rank in range(world):
+        mine = [e for e in events if e["rank"] == rank]
+        assert {"forward", "backward", "optimizer", "comm"} <= {e["kind"] for e in mine}, (rank, mine[:5])
+        axes = {e.get("axis") for e in mine if e["kind"] == "comm"}
+        assert {"tp", "pp", "dp"} <= axes, (rank, axes)
+        sends = {e["axis"] for e in mine if e["name"] in ("send", "recv")}
+        assert sends == {"pp"}, (rank, sends)
+        assert all(e["end"] >= e["start"] >= 0 for e in mine)
 
 
 MOE = ("--model_name_or_path", "tiny-moe", "--aux_loss_coef", "0", "--capacity_factor", "0")  # no drop, no aux loss
@@ -128,7 +145,7 @@ def test_tp_times_fsdp_trains_like_task_1(single_node, small_rte, tmp_path):
     (("--tp_size", "2", "--ep_size", "2", "--model_name_or_path", "tiny-moe"), "--ep_size with --tp_size is not"),
     (("--tp_size", "3"), "--tp_size 3 does not divide --world_size 8"),
     (("--tp_size", "2", "--ep_size", "8", "--model_name_or_path", "tiny-moe"), "--ep_size 8 does not divide the 4 ranks"),
-    (("--tp_size", "2", "--timeline", "2"), "without --timeline"),
+    (("--tp_size", "2", "--torch_tp"), "without --torch_tp"),
     (("--pipeline_stages", "2", "--dp_shard", "fsdp"), "--dp_shard fsdp is composed with --tp_size only"),
     (("--pipeline_stages", "2", "--ep_size", "2", "--model_name_or_path", "tiny-moe"), "pass --aux_loss_coef 0"),
 ])

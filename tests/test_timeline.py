@@ -97,3 +97,16 @@ def test_report_without_task1_or_timelines_draws_neither(runs, tmp_path):
 
     written = write_report(only, tmp_path / "report")
     assert not any(k.startswith("timeline_") or k == "speedup.png" for k in written)
+
+
+def test_a_grids_communication_is_coloured_by_its_axis(tmp_path):
+    """Task 14's events name their axis (``"axis"``): the drawing colours each by it and lists the axes present in
+    its legend instead of one communication colour (events made up here; the run's own are test_composed's)."""
+    from student_src.kit.plots import timeline as tl
+
+    events = [{"rank": r, "iteration": 2, "kind": k, "name": k, "start": s, "end": s + 0.1, **extra}
+              for r in (0, 1) for k, s, extra in (("forward", 0.0, {}), ("comm", 0.1, {"axis": "tp"}),
+                                                  ("backward", 0.2, {}), ("comm", 0.3, {"axis": "dp"}))]
+    assert [k for k, _ in tl.legend_keys(events)] == ["forward", "backward", "optimizer", "comm DP", "comm TP"]
+    assert [k for k, _ in tl.legend_keys([e for e in events if "axis" not in e])][-1] == "comm"
+    assert tl.plot_timeline(events, tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"

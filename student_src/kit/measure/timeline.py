@@ -13,7 +13,12 @@ kit's own events, with no profiler:
   an event; torch DDP's buckets (Task 3) run in C++, so a
   communication hook that does what DDP does by default (average with one all_reduce per
   bucket) times them;
-* optimizer: the optimizer's step pre- and post-hooks.
+* optimizer: the optimizer's step pre- and post-hooks;
+* a grid of parallelisms (Task 14): forward and the gradients are timed on the module the task trains
+  (a pipeline's stage), blocking ``send``/``recv`` (the pipeline's) are events too, and every
+  communication event names its axis (``"axis"``: tp, cp, pp, dp, ep, from the call's group or peer).
+  The non-blocking ``isend``/``irecv`` of ring attention are not: their time shows inside forward
+  and backward, which they overlap.
 
 Rank 0 gathers every rank's events after training into ``metrics.json`` (``timeline``) and
 the mean compute split into ``compute`` (what ``whatif.py`` predicts from). Times are
@@ -32,21 +37,26 @@ import torch.distributed.distributed_c10d as c10d
 
 WRAPPED = ("all_reduce", "gather", "scatter", "broadcast", "all_gather", "reduce_scatter", "reduce",
            # Task 7's FSDP: torch 2.13's names, and the older ones they replace
-           "all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor")
+           "all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor",
+           "send", "recv")  # a pipeline's stages (Task 14)
 KINDS = ("forward", "backward", "comm", "optimizer", "step")
 
 
-def recorder_for(cfg, ctx, model, base_model, optimizer) -> Optional["TimelineRecorder"]:
-    """The recorder ``--timeline N`` asks for, or None."""
+def recorder_for(cfg, ctx, model, base_model, optimizer, module=None, axis_of=None) -> Optional["TimelineRecorder"]:
+    """The recorder ``--timeline N`` asks for, or None (``module``, ``axis_of``: ``TaskSetup.timeline``'s)."""
     count = getattr(cfg, "timeline", 0) or 0
-    return TimelineRecorder(model, base_model, optimizer, count, rank=ctx.rank) if count > 0 else None
+    return TimelineRecorder(model, base_model, optimizer, count, rank=ctx.rank, module=module,
+                            axis_of=axis_of) if count > 0 else None
 
 
 class TimelineRecorder:
     """Records events of iterations ``first .. first + count - 1`` (1-based) on this rank."""
 
-    def __init__(self, model, base_model, optimizer, count: int, first: int = 2, rank: int = 0):
-        self.model, self.base_model, self.optimizer = model, base_model, optimizer
+    def __init__(self, model, base_model, optimizer, count: int, first: int = 2, rank: int = 0, module=None,
+                 axis_of=None):
+        self.model, self.optimizer = model, optimizer
+        self.base_model = module if module is not None else base_model  # what forward and the gradients are timed on
+        self.axis_of = axis_of  # (name, args, kwargs) -> the grid's axis of a call, or None
         self.first, self.last, self.rank = first, first + count - 1, rank
         self.events: list[dict] = []
         self.grad_ready: list[list[float]] = []
@@ -83,9 +93,9 @@ class TimelineRecorder:
         self._handles = []
 
     # ---------------------------------------------------------------- hooks
-    def _add(self, kind: str, name: str, start: float, end: float) -> None:
+    def _add(self, kind: str, name: str, start: float, end: float, axis: str | None = None) -> None:
         self.events.append({"rank": self.rank, "iteration": self._iteration, "kind": kind, "name": name,
-                            "start": start, "end": end})
+                            "start": start, "end": end, **({"axis": axis} if axis else {})})
 
     def _hook_model(self) -> None:
         def fwd_pre(*_):
@@ -156,23 +166,35 @@ class TimelineRecorder:
             setattr(dist, name, original)
         self._originals = {}
 
+    def _axis(self, name, args, kwargs) -> str | None:
+        """The event's axis label, or None; a call whose arguments the label cannot read is still made (it is
+        only a label: the collective itself says what is wrong with its arguments)."""
+        if self.axis_of is None:
+            return None
+        try:
+            return self.axis_of(name, args, kwargs)
+        except (TypeError, ValueError, RuntimeError, KeyError, IndexError):
+            return "other"
+
     def _timed(self, name, original):
         recorder = self
 
         def wrapper(*args, **kwargs):
+            axis = recorder._axis(name, args, kwargs)
             start = time.time()
             work = original(*args, **kwargs)
             iteration = recorder._iteration
             if kwargs.get("async_op") and work is not None:
                 def done(_f):
                     recorder.events.append({"rank": recorder.rank, "iteration": iteration, "kind": "comm",
-                                            "name": name, "start": start, "end": time.time()})
+                                            "name": name, "start": start, "end": time.time(),
+                                            **({"axis": axis} if axis else {})})
                 try:
                     work.get_future().add_done_callback(done)
                 except RuntimeError:  # gloo's reduce_scatter_single has no future: its launch is what we see
-                    recorder._add("comm", name, start, time.time())
+                    recorder._add("comm", name, start, time.time(), axis)
             else:
-                recorder._add("comm", name, start, time.time())
+                recorder._add("comm", name, start, time.time(), axis)
             return work
 
         return wrapper

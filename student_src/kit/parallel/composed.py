@@ -21,7 +21,9 @@ Not a parallelism room of its own: it composes the rooms (``pipeline/``, ``tenso
 * evaluation on the whole model, refilled from every rank's part;
 * checkpoints: each rank its own part of the grid, resumed on the same grid only (``composed_checkpoint.py``);
 * ``--measure_traffic``: the bytes per axis, the model's (``composed_traffic.py``) against the rank's calls
-  (``composed_counter.py``); the memory meter's prediction per rank (``composed_memory.py``).
+  (``composed_counter.py``); the memory meter's prediction per rank (``composed_memory.py``);
+* ``--timeline N``: forward and backward timed on the module this rank trains (its stage), each collective
+  and blocking send named by its axis (``AxisCounter.axis_of_call``; ``measure/timeline.py``).
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def validate(cfg) -> None:
         cp = dims.cp
         if cp > 1 and cfg.max_seq_length % cp:
             raise KitError(f"--max_seq_length {cfg.max_seq_length} does not divide by the context-parallel size {cp}")
-    for flag, given in (("--timeline", cfg.timeline), ("--fp16", cfg.fp16),
+    for flag, given in (("--fp16", cfg.fp16),
                         ("--torch_sharding", cfg.torch_sharding), ("--torch_tp", cfg.torch_tp),
                         ("--torch_pipelining", cfg.torch_pipelining), ("--sequence_parallel", cfg.sequence_parallel),
                         ("--vocab_parallel", cfg.vocab_parallel)):
@@ -147,6 +149,7 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
     built = cm.build(model, dims, groups, members["cp"], cfg)
     clip = cm.clip_fn(built, dims, groups)
     counter = AxisCounter(dims, ctx.rank) if cfg.measure_traffic else None
+    axis_of = AxisCounter(dims, ctx.rank).axis_of_call  # --timeline: each call's event names its axis
 
     def counted(step):
         """``step`` with this rank's bytes per axis counted (``--measure_traffic``, ``composed_counter.py``)."""
@@ -185,7 +188,8 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
                 "traffic": ct.traffic_of(dims, cfg, built, None, counter, ctx.rank, lent.parameter_groups) if counter else None,
                 "memory": {"predict": composed_memory.predictor(model, built, dims, cfg)},
                 "optimizer": optimizer(built.inner if built.fsdp is not None else trained),
-                "before_eval": lambda: cm.refill(model, built, dims, groups), "data": (coords["dp"], dims.dp)}
+                "before_eval": lambda: cm.refill(model, built, dims, groups), "data": (coords["dp"], dims.dp),
+                "timeline": {"module": trained, "axis_of": axis_of}}
     build = student_api.function(tasks.for_function("build_stage").id, "build_stage")
     pipeline_step = student_api.function(tasks.for_function("pipeline_step").id, "pipeline_step")
     stages = [build(built.inner, s, dims.pp) for s in range(dims.pp)]  # every rank cuts alike: who owns what
@@ -202,6 +206,6 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
     return {"model": stage, "sync_gradients": None, "optimizer": optimizer(stage), "train_step": counted(step),
             "traffic": ct.traffic_of(dims, cfg, built, stages, counter, ctx.rank, lent.parameter_groups) if counter else None,
             "memory": {"predict": composed_memory.predictor(model, built, dims, cfg)},
-            "before_eval": lambda: cm.refill(model, built, dims, groups),
+            "before_eval": lambda: cm.refill(model, built, dims, groups), "timeline": {"module": stage, "axis_of": axis_of},
             "whole_batch": f"{cfg.micro_batches} micro-batches through {dims.pp} stages ({cfg.schedule}) on "
                            f"the grid {dims.describe()}"}

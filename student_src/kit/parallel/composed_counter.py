@@ -101,6 +101,23 @@ class AxisCounter:
         differ = [a for a in ("dp", "pp", "cp", "tp") if mine[a] != theirs[a]]
         self._add(differ[0] if len(differ) == 1 else "other", _nbytes(tensor))
 
+    def axis_of_call(self, name: str, args: tuple, kwargs: dict) -> str | None:
+        """The axis a call of ``torch.distributed.<name>`` runs on (``--timeline``'s events): its group's, or for
+        a ``send`` or ``recv`` the one coordinate in which the peer (a global rank) differs; None where the call
+        says neither."""
+        if name in ("send", "recv", "isend", "irecv"):
+            peer = args[1] if len(args) > 1 else kwargs.get("dst", kwargs.get("src"))
+            if peer is None:
+                return None
+            mine, theirs = self.dims.coords(self.rank), self.dims.coords(int(peer))
+            differ = [a for a in ("dp", "pp", "cp", "tp") if mine[a] != theirs[a]]
+            return differ[0] if len(differ) == 1 else "other"
+        read = _COLLECTIVES.get(name)
+        if read is None:
+            return None
+        op, _tensor, group = read(*args, **kwargs)[:3]
+        return self._group_axis(group, op)[0]
+
     @contextlib.contextmanager
     def counting(self):
         """Wrap the counted functions of ``torch.distributed`` for the block, and put them back."""

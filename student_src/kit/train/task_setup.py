@@ -66,6 +66,8 @@ class TaskSetup:
     memory: dict | None = None            # the memory meter's watch() keywords (a pipeline: its prediction, activations)
     whole_batch: str | None = None        # every rank loads the whole batch, as one process does (a pipeline's
                                           # stages); the words the run's first line adds
+    timeline: dict | None = None          # --timeline: {"module": whose forward and gradients are timed, when not
+                                          # the model's; "axis_of": (name, args, kwargs) -> the axis a call runs on}
 
 
 def _function_sync(fn):

@@ -274,7 +274,7 @@ def _prepare(cfg, ctx, model, train_ds, dev_ds, log, history, precision: Precisi
         log(micro_step_line(task, k))
     scheduler = make_scheduler(setup.optimizer, cfg, total_steps)
     meter = _traffic_meter(cfg, ctx)
-    recorder = recorder_for(cfg, ctx, setup.model, model, setup.optimizer)  # --timeline N
+    recorder = recorder_for(cfg, ctx, setup.model, model, setup.optimizer, **(setup.timeline or {}))  # --timeline N
     train_step = setup.train_step or student_api.train_step()
     if k > 1:  # the student's accumulation_step (Task 13) in place of train_step: one sync per optimizer step
         train_step = accumulation.make_step(student_api.named("accumulation_step"), k)
