@@ -190,6 +190,17 @@ def test_equivalence_judge_accepts_exact_and_rejects_just_past_its_tolerance(ref
         R.judge_equivalence(short, secrets, "2a")
 
 
+def test_a_shorter_reference_judges_runs_of_its_own_length(reference):
+    """A check that trains fewer steps (Task 14's 8-rank BERT: 2) hands the judge its own reference: the losses
+    it expects are that reference's, the same steps as the longer run's first ones."""
+    secrets, ref = reference
+    two = R.single_node(secrets, 2)
+    assert two["losses"] == ref["losses"][:2]
+    R.judge_equivalence(_payloads(two), secrets, "14", ref=two)
+    with pytest.raises(CheckFailure, match="rank 0 did not report its 2 losses"):
+        R.judge_equivalence(_payloads(ref), secrets, "14", ref=two)
+
+
 def test_single_node_reference_is_the_ranks_rows_together(reference):
     """One rank with every row of the global batch trains exactly like the reference; other
     secrets give other rows, hence other losses (the reference depends on every rank's data)."""

@@ -6,8 +6,10 @@ sequence over ``groups["cp"]``, the kit's order), each replica training the rows
 its ``sync_composed_grads`` after every backward; SGD steps, dropout 0. The mean loss over the ranks at every
 step and each rank's loss on a probe batch after the steps equal single-node training's
 (``references.judge_equivalence``, 1e-4), and every encoder weight each rank holds equals the matching TP
-slice of single-node training's (1e-5 + 1e-4 relative): the loss of a fresh classifier barely moves in 3
-steps, the encoder's weights do (gradients averaged over TP as well pass the losses, not the weights).
+slice of single-node training's (1e-5 + 1e-4 relative): the loss of a fresh classifier barely moves in its
+``STEPS`` steps, the encoder's weights do (gradients averaged over TP as well pass the losses, not the weights).
+Two steps, not the other tasks' three: the first loss judges the forward, the second and the weights the sync
+(8 ranks on 2 cores: each step of the two layouts costs about 0.3 s of grading, issue 45's budget).
 
 * ``tiny_bert_two_layouts_8_ranks``: DP 2 x CP 2 x TP 2 with ring attention (every axis at once), then DP 4 x
   TP 2 (the replicas' average over four, nothing along TP), by the same ranks.
@@ -30,6 +32,8 @@ from autograder.registry import CheckFailure, define_check
 from .task14_sync import HANG, NEEDS as SYNC_NEEDS
 
 TASK = shared.TASK
+#: training steps of each layout: step 1's loss is the forward's, step 2's loss and the weights after it the sync's
+STEPS = 2
 #: the student files the run reaches: the sync's, and Tasks 10's and 11's cuts
 NEEDS = (*SYNC_NEEDS, "tensor_parallel", "context_parallel_attn")
 FIRST_HINT = ("the first step's loss depends on the forward only: the groups build_axis_groups gave each cut (TP "
@@ -71,7 +75,7 @@ def composed_run(ctx, degrees: dict, attention: str, model, shares) -> dict:
     opt = references.sgd(trained.parameters())
     sync = lambda m: pd.sync_composed_grads(m, groups, dict(degrees))  # noqa: E731
     losses = []
-    for step in range(references.STEPS):
+    for step in range(STEPS):
         batch = {k: torch.cat([shares[step][r][k] for r in rows]) for k in shares[step][0]}
         losses.append(references.trusted_step(trained, batch, opt, sync=sync).item())
     base = getattr(trained, "model", model)
@@ -92,7 +96,7 @@ def tp_slice(name: str, whole: torch.Tensor, t: int, size: int) -> torch.Tensor:
 
 def single_node_encoder(secrets) -> tuple[dict, dict]:
     """``references.single_node``'s run and its encoder's parameters after the steps."""
-    ref = references.single_node(secrets)
+    ref = references.single_node(secrets, STEPS)
     return ref, {n: p.detach() for n, p in ref["model"].named_parameters() if ".encoder." in n}
 
 
@@ -115,7 +119,7 @@ def judge_run(payloads, secrets, degrees: dict, ref: dict, want: dict) -> None:
                 raise CheckFailure(f"{what}: rank {r} holds TP rank {held[0]}'s slice of {name}; in the kit's grid rank "
                                    f"{r} is TP rank {t} (TP innermost: ranks 2k and 2k + 1 form a TP group, in that "
                                    "order): rank_to_coords / axis_ranks, and the groups build_axis_groups makes from them")
-            raise CheckFailure(f"{what}: the losses match single-node training, but after {references.STEPS} steps "
+            raise CheckFailure(f"{what}: the losses match single-node training, but after {STEPS} steps "
                                f"rank {r}'s {name} (TP rank {t}) is off by {(g - w).abs().max().item():.2e} against "
                                f"the matching slice of single-node training's: {LATER_HINT}")
 
@@ -133,7 +137,7 @@ def tiny_bert_layouts(ctx):
     import copy
 
     shares = [ctx.all_gather_object(references.rank_batch(ctx.secret, step, ctx.world_size))
-              for step in range(references.STEPS)]
+              for step in range(STEPS)]
     model = references.tiny_model()
     return [composed_run(ctx, degrees, attention, copy.deepcopy(model), shares) for degrees, attention in LAYOUTS]
 

@@ -83,15 +83,15 @@ def probe_loss(model, probe) -> float:
     return loss
 
 
-def single_node(secrets: list[int]) -> dict:
-    """The single-process reference (grader's process): every rank's rows, one model. ``"model"``: the model
-    after the steps, ``"initial"``: its parameters before them (a judge that compares parameters, Task 11's)."""
+def single_node(secrets: list[int], steps: int = STEPS) -> dict:
+    """The single-process reference (grader's process): every rank's rows, one model, ``steps`` steps. ``"model"``:
+    the model after them, ``"initial"``: its parameters before them (a judge that compares parameters, Task 11's)."""
     world = len(secrets)
     model = tiny_model()
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
-    for step in range(STEPS):
+    for step in range(steps):
         parts = [rank_batch(s, step, world) for s in secrets]
         losses.append(trusted_step(model, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, opt).item())
     return {"losses": losses, "probe": probe_loss(model, probe_batch()), "model": model, "initial": initial}
@@ -134,13 +134,15 @@ def judge_equivalence(payloads, secrets, what: str, hint: str = LATER_HINT, firs
                       ref: dict | None = None) -> None:
     """Every rank's losses and probe loss against single-node training's. ``hint`` / ``first_hint``: what a loss
     that differs after the first step / at the first step says (each task's own words: a task that sums its
-    gradients must not be told to average them); ``ref``: ``single_node(secrets)`` when the caller has it."""
+    gradients must not be told to average them); ``ref``: ``single_node(secrets)`` when the caller has it (its
+    steps are the run's: a check may train fewer than ``STEPS``)."""
     from autograder.registry import CheckFailure
 
     world = len(payloads)
+    steps = len(ref["losses"]) if ref else STEPS
     for r, p in enumerate(payloads):
-        if not isinstance(p, dict) or len(p.get("losses") or []) != STEPS:
-            raise CheckFailure(f"{what}: rank {r} did not report its {STEPS} losses")
+        if not isinstance(p, dict) or len(p.get("losses") or []) != steps:
+            raise CheckFailure(f"{what}: rank {r} did not report its {steps} losses")
     ref = ref or single_node(secrets)
     for step, want in enumerate(ref["losses"]):
         got = sum(float(p["losses"][step]) for p in payloads) / world
@@ -151,5 +153,5 @@ def judge_equivalence(payloads, secrets, what: str, hint: str = LATER_HINT, firs
                 + (hint if step else first_hint))
     for r, p in enumerate(payloads):
         if not margins.within(abs(float(p["probe"]) - ref["probe"]), TOL, "probe"):
-            raise CheckFailure(f"{what}: after {STEPS} steps rank {r}'s model gives loss {p['probe']:.6f} on a "
+            raise CheckFailure(f"{what}: after {steps} steps rank {r}'s model gives loss {p['probe']:.6f} on a "
                                f"probe batch, single-node training gives {ref['probe']:.6f}: the replicas drifted apart")
