@@ -55,7 +55,7 @@ class TimelineRecorder:
     def __init__(self, model, base_model, optimizer, count: int, first: int = 2, rank: int = 0, module=None,
                  axis_of=None):
         self.model, self.optimizer = model, optimizer
-        self.base_model = module if module is not None else base_model  # what forward and the gradients are timed on
+        self.timed = module if module is not None else base_model  # what forward and the gradients are timed on
         self.axis_of = axis_of  # (name, args, kwargs) -> the grid's axis of a call, or None
         self.first, self.last, self.rank = first, first + count - 1, rank
         self.events: list[dict] = []
@@ -120,12 +120,12 @@ class TimelineRecorder:
             if self._on and "optimizer" in self._open:
                 self._add("optimizer", "optimizer", self._open.pop("optimizer"), time.time())
 
-        self._handles += [self.base_model.register_forward_pre_hook(fwd_pre),
-                          self.base_model.register_forward_hook(fwd_post),
+        self._handles += [self.timed.register_forward_pre_hook(fwd_pre),
+                          self.timed.register_forward_hook(fwd_post),
                           self.optimizer.register_step_pre_hook(opt_pre),
                           self.optimizer.register_step_post_hook(opt_post)]
         self._handles += [p.register_post_accumulate_grad_hook(grad_ready)
-                          for p in self.base_model.parameters() if p.requires_grad]
+                          for p in self.timed.parameters() if p.requires_grad]
 
     def _hook_ddp(self) -> None:
         """Task 3: time torch DDP's buckets with a hook that averages like DDP's default."""

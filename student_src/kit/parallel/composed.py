@@ -149,7 +149,8 @@ def setup(cfg: TrainConfig, model, ctx, task, fn, lent: Lent) -> dict:
     built = cm.build(model, dims, groups, members["cp"], cfg)
     clip = cm.clip_fn(built, dims, groups)
     counter = AxisCounter(dims, ctx.rank) if cfg.measure_traffic else None
-    axis_of = AxisCounter(dims, ctx.rank).axis_of_call  # --timeline: each call's event names its axis
+    # --timeline: each call's event names its axis (the counter's reading of groups and peers)
+    axis_of = (counter or AxisCounter(dims, ctx.rank)).axis_of_call if cfg.timeline else None
 
     def counted(step):
         """``step`` with this rank's bytes per axis counted (``--measure_traffic``, ``composed_counter.py``)."""

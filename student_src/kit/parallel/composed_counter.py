@@ -94,12 +94,16 @@ class AxisCounter:
         nbytes = extra if op == "reduce_scatter" and tensor is None else _nbytes(tensor)
         self._add(axis, collective_traffic(op, nbytes, n).sent[me])
 
+    def _peer_axis(self, peer: int) -> str:
+        """The one coordinate in which this rank and the global rank ``peer`` differ ("other" if not one)."""
+        mine, theirs = self.dims.coords(self.rank), self.dims.coords(int(peer))
+        differ = [a for a in ("dp", "pp", "cp", "tp") if mine[a] != theirs[a]]
+        return differ[0] if len(differ) == 1 else "other"
+
     def _send(self, tensor, peer) -> None:
         """A send to the global rank ``peer`` (``dst`` names a global rank, with or without a group): filed under
         the one coordinate in which the two ranks differ."""
-        mine, theirs = self.dims.coords(self.rank), self.dims.coords(peer)
-        differ = [a for a in ("dp", "pp", "cp", "tp") if mine[a] != theirs[a]]
-        self._add(differ[0] if len(differ) == 1 else "other", _nbytes(tensor))
+        self._add(self._peer_axis(peer), _nbytes(tensor))
 
     def axis_of_call(self, name: str, args: tuple, kwargs: dict) -> str | None:
         """The axis a call of ``torch.distributed.<name>`` runs on (``--timeline``'s events): its group's, or for
@@ -107,11 +111,7 @@ class AxisCounter:
         says neither."""
         if name in ("send", "recv", "isend", "irecv"):
             peer = args[1] if len(args) > 1 else kwargs.get("dst", kwargs.get("src"))
-            if peer is None:
-                return None
-            mine, theirs = self.dims.coords(self.rank), self.dims.coords(int(peer))
-            differ = [a for a in ("dp", "pp", "cp", "tp") if mine[a] != theirs[a]]
-            return differ[0] if len(differ) == 1 else "other"
+            return None if peer is None else self._peer_axis(peer)
         read = _COLLECTIVES.get(name)
         if read is None:
             return None
