@@ -958,6 +958,15 @@ ZOO.update({
         "parallel_dims", "build_axis_groups",
         ("for ranks in members:", "for ranks in sorted(members, key=lambda g: rank not in g):")),
         {"14.public_coords_and_groups", "14.groups_8_ranks", *BERT_14}, "create their groups in different orders"),
+    # a sync that remembers it ran (a flag, a buffer kept from the first call): right once, stale after; the tiny
+    # BERT trains one step, the planted-gradient checks call the sync twice
+    "14_sync_runs_on_its_first_call_only": ("parallel_dims", "14", _solution_with(
+        "parallel_dims", "sync_composed_grads", ("    full, _ = mesh_degrees(degrees)\n",
+                                                 "    full, _ = mesh_degrees(degrees)\n"
+                                                 "    if getattr(model, \"_synced_once\", False):\n"
+                                                 "        return\n"
+                                                 "    model._synced_once = True\n")),
+        {"14.composed_sync_8_ranks", "14.composed_sync_pp_4_ranks"}, "sync call 2"),
     "14_loss_read_on_the_first_stage": ("parallel_dims", "14", _solution_with(
         "parallel_dims", "loss_rank", ('"pp": full["pp"] - 1', '"pp": 0')),
         {"14.layout_random_degrees_and_orders"}, "last stage"),

@@ -3,13 +3,14 @@ the submission's functions end to end, as ``run_glue --task 14`` uses them (``st
 composed.py``): the groups of its ``build_axis_groups``, every encoder layer cut by its Task 10
 ``parallelize_bert_layer`` on ``groups["tp"]`` (after its Task 11 ``parallelize_bert_for_context`` cut the
 sequence over ``groups["cp"]``, the kit's order), each replica training the rows of its ``data_shard``, and
-its ``sync_composed_grads`` after every backward; SGD steps, dropout 0. The mean loss over the ranks at every
-step and each rank's loss on a probe batch after the steps equal single-node training's
-(``references.judge_equivalence``, 1e-4), and every encoder weight each rank holds equals the matching TP
-slice of single-node training's (1e-5 + 1e-4 relative): the loss of a fresh classifier barely moves in its
-``STEPS`` steps, the encoder's weights do (gradients averaged over TP as well pass the losses, not the weights).
-Two steps, not the other tasks' three: the first loss judges the forward, the second and the weights the sync
-(8 ranks on 2 cores: each step of the two layouts costs about 0.3 s of grading, issue 45's budget).
+its ``sync_composed_grads`` after the backward; one SGD step, dropout 0. Judged in the order the faults
+show: the mean loss over the ranks (the forward: cuts, groups, shards), then every encoder weight each rank
+holds after the step against the matching TP slice of single-node training's (1e-5 + 1e-4 relative: the
+sync, named per weight; gradients averaged over TP as well barely move the loss of a fresh classifier, not
+the weights), then each rank's loss on a probe batch (``references.judge_losses`` / ``judge_probe``, 1e-4).
+One step, not the other tasks' three: the weights after it judge the sync as a second step's loss would
+(8 ranks on 2 cores: each step of the two layouts costs about 0.5 s of grading, issue 45's budget); a sync
+that goes wrong only when called again is ``task14_sync``'s, which syncs twice with planted gradients.
 
 * ``tiny_bert_two_layouts_8_ranks``: DP 2 x CP 2 x TP 2 with ring attention (every axis at once), then DP 4 x
   TP 2 (the replicas' average over four, nothing along TP), by the same ranks.
@@ -32,14 +33,14 @@ from autograder.registry import CheckFailure, define_check
 from .task14_sync import HANG, NEEDS as SYNC_NEEDS
 
 TASK = shared.TASK
-#: training steps of each layout: step 1's loss is the forward's, step 2's loss and the weights after it the sync's
-STEPS = 2
+#: training steps of each layout: the step's loss is the forward's, the weights and the probe after it the sync's
+STEPS = 1
 #: the student files the run reaches: the sync's, and Tasks 10's and 11's cuts
 NEEDS = (*SYNC_NEEDS, "tensor_parallel", "context_parallel_attn")
 FIRST_HINT = ("the first step's loss depends on the forward only: the groups build_axis_groups gave each cut (TP "
               "innermost: ranks 2k and 2k + 1 share a TP group), the rows each replica reads (data_shard: its DP "
               "coordinate), Task 10's and Task 11's cuts on groups['tp'] and groups['cp']?")
-LATER_HINT = ("the forward matches (step 1), the update does not: sync_composed_grads sums over CP (Task 11's sync), "
+LATER_HINT = ("the forward matches (the loss), the update does not: sync_composed_grads sums over CP (Task 11's sync), "
               "averages over DP (your 2b on groups['dp']) and sends nothing along TP without sequence parallelism "
               "(averaging over TP mixes different shards of one weight)")
 PROMISE = ("the tiny BERT on 8 ranks as DP 2 x CP 2 x TP 2 (ring attention) and as DP 4 x TP 2",)
@@ -103,7 +104,7 @@ def single_node_encoder(secrets) -> tuple[dict, dict]:
 def judge_run(payloads, secrets, degrees: dict, ref: dict, want: dict) -> None:
     """One layout's payloads (one per rank) against single-node training (``ref``, its encoder ``want``)."""
     what = f"the tiny BERT as {grid.describe(degrees, shared.AXES)}"
-    references.judge_equivalence(payloads, secrets, what, hint=LATER_HINT, first_hint=FIRST_HINT, ref=ref)
+    references.judge_losses(payloads, secrets, what, hint=LATER_HINT, first_hint=FIRST_HINT, ref=ref)
     size = degrees.get("tp", 1)
     for r, p in enumerate(payloads):
         got, t = p.get("encoder") or {}, grid.ref_coords(r, degrees, shared.AXES)["tp"]
@@ -119,9 +120,10 @@ def judge_run(payloads, secrets, degrees: dict, ref: dict, want: dict) -> None:
                 raise CheckFailure(f"{what}: rank {r} holds TP rank {held[0]}'s slice of {name}; in the kit's grid rank "
                                    f"{r} is TP rank {t} (TP innermost: ranks 2k and 2k + 1 form a TP group, in that "
                                    "order): rank_to_coords / axis_ranks, and the groups build_axis_groups makes from them")
-            raise CheckFailure(f"{what}: the losses match single-node training, but after {STEPS} steps "
+            raise CheckFailure(f"{what}: the losses match single-node training, but after {STEPS} step{'s' if STEPS > 1 else ''} "
                                f"rank {r}'s {name} (TP rank {t}) is off by {(g - w).abs().max().item():.2e} against "
                                f"the matching slice of single-node training's: {LATER_HINT}")
+    references.judge_probe(payloads, what, ref, hint=LATER_HINT)
 
 
 #: the two layouts, run one after the other by the same 8 ranks (one fork, one model built, one reference: 8-rank

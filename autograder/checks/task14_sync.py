@@ -5,9 +5,11 @@ weight, a LayerNorm-like weight marked ``sequence_parallel``, an expert's weight
 name) and a frozen weight (no gradient). Each gradient is drawn from the rank's secret
 (``fixtures.rank_grad``), the grader builds the groups of every axis itself (``dist.new_group`` in one
 order on every rank, its own grid: ``checks/task14.py``) and calls the student's
-``sync_composed_grads``. The judge recomputes every rank's gradients from the secrets: the marked
-weight summed over TP, everything summed over CP, then averaged over DP; the expert averaged over its
-replicas (``edp``) and divided by ``ep``; the frozen one still None.
+``sync_composed_grads``, twice, with fresh gradients planted before the second call (a sync that keeps
+state between calls, a buffer added to instead of overwritten, a group cached wrongly, shows only then;
+the tiny-BERT check trains one step). The judge recomputes every rank's gradients from the secrets: the
+marked weight summed over TP, everything summed over CP, then averaged over DP; the expert averaged over
+its replicas (``edp``) and divided by ``ep``; the frozen one still None.
 
 * ``composed_sync_8_ranks``: DP 2 x CP 2 x TP 2 with EP 2, the default order. Averaging over the TP
   group as well, CP averaged instead of summed, experts averaged over all of DP: each fails here;
@@ -29,6 +31,8 @@ from autograder.public import task14 as shared
 from autograder.registry import CheckFailure, define_check
 
 TASK = shared.TASK
+#: how many times each check calls the sync, each time on freshly planted gradients
+CALLS = 2
 #: the student files the sync reaches: Task 14's module and the Tasks 2b, 10, 11, 12 modules it calls
 NEEDS = ("parallel_dims", "sync", "tensor_parallel_sequence", "context_parallel", "expert_parallel")
 SHAPES = {"dense.weight": (3, 4), "norm.weight": (4,), "moe.experts.0.dense_in.weight": (2, 3), "frozen.weight": (2,)}
@@ -40,8 +44,14 @@ def names(stage: int) -> dict:
     return {part: f"stage{stage}.{part}" for part in SHAPES}
 
 
+def planted(secret: int, name: str, call: int) -> torch.Tensor:
+    """The gradient of ``name`` the rank holding ``secret`` has before sync call ``call`` (0, 1, ...)."""
+    return fixtures.rank_grad(secret, name if call == 0 else f"{name}#call{call}", SHAPES[name.split(".", 1)[1]],
+                              torch.float64)
+
+
 def build(stage: int, secret: int) -> torch.nn.Module:
-    """This rank's stage: every weight but the frozen one with a planted float64 gradient."""
+    """This rank's stage: every weight but the frozen one with a planted float64 gradient (call 0's)."""
     model = torch.nn.Module()
     for part, name in names(stage).items():
         holder = model
@@ -54,7 +64,7 @@ def build(stage: int, secret: int) -> torch.nn.Module:
         if part == "norm.weight":
             p.sequence_parallel = True
         if p.requires_grad:
-            p.grad = fixtures.rank_grad(secret, name, SHAPES[part], torch.float64)
+            p.grad = planted(secret, name, 0)
         holder.register_parameter(leaf, p)
     return model
 
@@ -70,13 +80,20 @@ def run_sync(ctx, degrees: dict, order) -> dict:
                 groups[axis] = made[tuple(ranks)]
     stage = grid.ref_coords(ctx.rank, degrees, order)["pp"]
     model = build(stage, ctx.secret)
-    with ctx.spy() as spy:
-        mod.sync_composed_grads(model, groups, dict(degrees))
-    return {"grads": {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()},
-            "calls": spy.names()}
+    grads, calls = [], []
+    for call in range(CALLS):
+        if call:  # fresh gradients in fresh tensors, as a new backward leaves them
+            for n, p in model.named_parameters():
+                if p.grad is not None:
+                    p.grad = planted(ctx.secret, n, call)
+        with ctx.spy() as spy:
+            mod.sync_composed_grads(model, groups, dict(degrees))
+        grads.append({n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()})
+        calls.extend(spy.names())
+    return {"grads": grads, "calls": calls}
 
 
-def expected(rank: int, secrets, degrees: dict, order) -> dict:
+def expected(rank: int, secrets, degrees: dict, order, call: int = 0) -> dict:
     d = grid.full(degrees)
     stage = grid.ref_coords(rank, degrees, order)["pp"]
 
@@ -94,7 +111,7 @@ def expected(rank: int, secrets, degrees: dict, order) -> dict:
             ranks, divide = over("cp", grid.ref_axis("dp", rank, degrees, order)), d["dp"]
         if part == "norm.weight":
             ranks = over("tp", ranks)
-        out[name] = sum(fixtures.rank_grad(secrets[q], name, SHAPES[part], torch.float64) for q in ranks) / divide
+        out[name] = sum(planted(secrets[q], name, call) for q in ranks) / divide
     return out
 
 
@@ -106,8 +123,12 @@ def judge_sync(payloads, secrets, degrees: dict, order) -> None:
         if odd:
             raise CheckFailure(f"{what}: rank {r}'s sync called {odd}; the composed sync runs your Tasks' all_reduces "
                                "only (2b's average, 10's and 11's sums)")
-        for name, want in expected(r, secrets, degrees, order).items():
-            got = p["grads"].get(name)
+        if not isinstance(p.get("grads"), list) or len(p["grads"]) != CALLS:
+            raise CheckFailure(f"{what}: rank {r} did not report its gradients after the {CALLS} sync calls")
+        for call, name, want in ((c, n, w) for c in range(CALLS)
+                                 for n, w in expected(r, secrets, degrees, order, c).items()):
+            got = p["grads"][call].get(name)
+            when = "" if call == 0 else f" (sync call {call + 1}, on fresh gradients: keep no state between calls)"
             if want is None:
                 if got is not None:
                     raise CheckFailure(f"{what}: rank {r}'s {name} had no gradient and has one after the sync; skip "
@@ -115,11 +136,11 @@ def judge_sync(payloads, secrets, degrees: dict, order) -> None:
                 continue
             if got is None or tuple(got.shape) != tuple(want.shape):
                 raise CheckFailure(f"{what}: rank {r}'s {name}.grad is "
-                                   f"{'None' if got is None else tuple(got.shape)} after the sync")
+                                   f"{'None' if got is None else tuple(got.shape)} after the sync{when}")
             if not torch.allclose(got.double(), want, rtol=1e-10, atol=1e-12):
                 err = (got.double() - want).abs().max().item()
-                raise CheckFailure(f"{what}: rank {r}'s {name}.grad differs from the global batch's by {err:.2e}: "
-                                   + _hint(name))
+                raise CheckFailure(f"{what}: rank {r}'s {name}.grad differs from the global batch's by {err:.2e}"
+                                   f"{when}: " + _hint(name))
 
 
 def _hint(name: str) -> str:

@@ -136,6 +136,13 @@ def judge_equivalence(payloads, secrets, what: str, hint: str = LATER_HINT, firs
     that differs after the first step / at the first step says (each task's own words: a task that sums its
     gradients must not be told to average them); ``ref``: ``single_node(secrets)`` when the caller has it (its
     steps are the run's: a check may train fewer than ``STEPS``)."""
+    ref = judge_losses(payloads, secrets, what, hint, first_hint, ref)
+    judge_probe(payloads, what, ref, hint)
+
+
+def judge_losses(payloads, secrets, what: str, hint: str = LATER_HINT, first_hint: str = FIRST_HINT,
+                 ref: dict | None = None) -> dict:
+    """``judge_equivalence``'s first half: the mean loss over the ranks at every step. Returns the reference."""
     from autograder.registry import CheckFailure
 
     world = len(payloads)
@@ -151,7 +158,17 @@ def judge_equivalence(payloads, secrets, what: str, hint: str = LATER_HINT, firs
                 f"{what}: at step {step + 1} the mean loss over the {world} ranks is {got:.6f} but single-node "
                 f"training on the same global batch gives {want:.6f} (tolerance {TOL:g}); "
                 + (hint if step else first_hint))
+    return ref
+
+
+def judge_probe(payloads, what: str, ref: dict, hint: str = LATER_HINT) -> None:
+    """``judge_equivalence``'s second half: every rank's model after the steps on the probe batch. The losses
+    matched, so a probe that differs is the update (``hint``)."""
+    from autograder.registry import CheckFailure
+
+    steps = len(ref["losses"])
     for r, p in enumerate(payloads):
         if not margins.within(abs(float(p["probe"]) - ref["probe"]), TOL, "probe"):
             raise CheckFailure(f"{what}: after {steps} steps rank {r}'s model gives loss {p['probe']:.6f} on a "
-                               f"probe batch, single-node training gives {ref['probe']:.6f}: the replicas drifted apart")
+                               f"probe batch, single-node training gives {ref['probe']:.6f}: the replicas drifted "
+                               f"apart; {hint}")
