@@ -75,3 +75,23 @@ def test_lookup():
     assert [t.id for t in tasks.for_module("sync")] == ["2a", "2b"]
     assert tasks.order("2b") < tasks.order("3") < tasks.order("nope")
     assert tasks.spoken(["3"]) == "3" and tasks.spoken(["1", "2"]) == "1 or 2"
+
+
+@pytest.mark.parametrize("task_id", tasks.ids(lambda t: not t.trains))
+def test_a_task_that_does_not_train_says_how_its_work_is_run(task_id, capsys, tmp_path):
+    """``run_glue --task 13`` (or 0, 2, 4, 8) is what a newcomer types: the answer names the task and how its work
+    runs instead, on the command line and in a --config file alike, and the example it gives is a valid run."""
+    import json
+    import re
+    import shlex
+
+    with pytest.raises(SystemExit):
+        parse_config(["--task", task_id])
+    said = capsys.readouterr().err
+    assert f"Task {task_id} (" in said and "is not a run of its own" in said, said
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"task": task_id}))
+    with pytest.raises(KitError, match=f"Task {task_id} .* is not a run of its own"):
+        parse_config(["--config", str(config)])
+    for example in re.findall(r"`(--task [^`]*)`", tasks.get(task_id).runs_as):
+        assert parse_config(shlex.split(example)).task != task_id  # a training task's flags, accepted as written

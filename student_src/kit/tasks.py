@@ -141,6 +141,8 @@ class Task:
                                        # ranks (Task 0's init_distributed has a kit fallback: no run needs it); for a
                                        # task that does not train, the tasks its notebook runs (4: 2b's, 8: 3's). A
                                        # course that sets a task sets these too (`autograder release --tasks`)
+    runs_as: str = ""                # a task that does not train (``sync`` None): how its work is run instead, the
+                                     # answer to ``run_glue --task <id>`` (``not_a_run``)
 
     @property
     def trains(self) -> bool:
@@ -190,12 +192,15 @@ _ROWS = (
     Task("0", "process group and warm-up collectives", "collectives",
          ("init_distributed", "ring_pass", "broadcast_from_root", "all_reduce_sum", "gather_to_root", "scatter_from_root"),
          "0_collectives", graded_from=("task0", "task1", "task2a", "task2b", "task3"),
+         runs_as=("its collectives run on local ranks in notebook 0_collectives and in its checks "
+                  "(`python -m autograder grade student_src --tasks 0`)"),
          built="set up the process group; warm-up collectives (ring send/recv, broadcast, all_reduce, gather/scatter)"),
     Task("1", "single node", "train", ("train_step",), "1_single_node", color="#444444", sync="none", export=True,
          memory="replicated",
          built="one training step (forward, backward, clip, step)"),
     Task("2", "non-overlapping data shards", "partition", ("build_train_loader",), "2a_gather_scatter",
          graded_from=("task2", "task2a", "task2b", "task3"),
+         runs_as="its loader feeds every data-parallel run, e.g. `--task 2b --world_size 2 --spawn`",
          built="non-overlapping data shards"),
     Task("2a", "gather/scatter", "sync", ("gather_scatter_average",), "2a_gather_scatter", color="#1f77b4",
          sync="function", collectives=frozenset({"gather", "scatter", "barrier"}), must_call=frozenset({"gather", "scatter"}),
@@ -212,6 +217,8 @@ _ROWS = (
     Task("4", "traffic: what is communicated, and how many bytes", "profiling",
          ("tensor_nbytes", "expected_allreduce_bytes", "CommLog"), "4_traffic", graded_from=("task4", "task2b"),
          needs_tasks=("1", "2", "2b"),
+         runs_as="it measures a data-parallel run: add --measure_traffic, e.g. `--task 2b --world_size 2 --spawn "
+                 "--measure_traffic`",
          built="predict the bytes of every all_reduce; compare with the NIC"),
     Task("5", "bucketed overlap (advanced)", "bucketed", ("BucketedDDP", "assign_buckets"), "5_bucketed",
          color="#9467bd", sync="bucketed", extra_credit=True, traffic="ring_buckets", memory="replicated",
@@ -240,6 +247,8 @@ _ROWS = (
     Task("8", "training that survives a lost node: what to save", "resume",
          ("capture_training_state", "restore_training_state"), "8_fault_tolerance", color="#8c564b",
          extra_credit=True, graded_from=("task8", "task3", "task2b", "task2a", "task1"), needs_tasks=("1", "2", "3"),
+         runs_as=("its functions save and restore every training run: add --save_every N, then run again with "
+                  "--resume auto, e.g. `--task 3 --world_size 2 --spawn --save_every 10 --output_dir runs/task3`"),
          built="what a checkpoint must hold for an exact resume after a lost node"),
     # Task 9 is advanced, extra credit like Task 7. Its stages talk point to point only; its notebook also runs the
     # student's pipeline_step on local ranks itself, timed (kit/demo/pipeline.py).
@@ -308,6 +317,9 @@ _ROWS = (
     Task("13", "memory levers: gradient accumulation and activation recomputation", "recompute",
          ("accumulation_step", "RecomputeFunction", "apply_recompute"), "13_memory_levers", color="#aec7e8",
          extra_credit=True, needs_tasks=("1", "2"), checks_build_bert=True,
+         runs_as=("its two levers are flags of the training tasks, --gradient_accumulation_steps K and --recompute "
+                  "full|every:k|selective (`--help` says which tasks take each), e.g. `--task 3 --world_size 2 "
+                  "--spawn --gradient_accumulation_steps 4 --recompute full`"),
          built=("the two memory levers: gradient accumulation (`--gradient_accumulation_steps K`, Hugging Face's "
                 "meaning: your `accumulation_step` syncs once per optimizer step, every backward but the last under "
                 "`no_sync`) and activation recomputation (`--recompute full\\|every:k\\|selective`: your "
@@ -339,6 +351,15 @@ def get(task_id) -> Task:
     if key not in TASKS:
         raise ValueError(f"unknown task {task_id!r}; choose one of {', '.join(TASKS)}")
     return TASKS[key]
+
+
+def not_a_run(task_id) -> str | None:
+    """What ``run_glue --task <task_id>`` says for a task of the table that does not train (None for one that
+    does, or an id that is not in the table): the task and how its work is run instead."""
+    task = TASKS.get(str(task_id).strip().lower().removeprefix("task"))
+    if task is None or task.trains:
+        return None
+    return f"Task {task.id} ({task.title}) is not a run of its own: {task.runs_as or 'see its notebook, ' + task.notebook}"
 
 
 def ids(where=None) -> list[str]:

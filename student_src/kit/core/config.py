@@ -131,6 +131,15 @@ class TrainConfig:
         return asdict(self)
 
 
+def _task_id(value: str) -> str:
+    """``--task``'s value; a task of the table that does not train says how its work is run instead (argparse
+    applies this before it checks the choices)."""
+    said = tasks.not_a_run(value)
+    if said:
+        raise argparse.ArgumentTypeError(said)
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m student_src.run_glue",
@@ -138,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
         f"Tasks {'/'.join(tasks.ids(lambda t: t.distributed))} data-parallel (--spawn for local ranks, or the multi-node flags).",
     )
     g = p.add_argument_group("task")
-    g.add_argument("--task", choices=tasks.ids(lambda t: t.trains), help="which assignment task to run (default 1)")
+    g.add_argument("--task", type=_task_id, choices=tasks.ids(lambda t: t.trains),
+                   help="which assignment task to run (default 1)")
     g.add_argument("--config", help="JSON file of flag values; command-line flags win")
 
     g = p.add_argument_group("model and data (the original run_glue.py flags)")
@@ -314,6 +324,8 @@ def validate(cfg: TrainConfig) -> None:
     """Catch inconsistent flags before anything starts, each with a one-line fix."""
     cfg.task = str(cfg.task)
     runnable = tasks.ids(lambda t: t.trains)
+    if tasks.not_a_run(cfg.task):
+        raise KitError(tasks.not_a_run(cfg.task))
     if cfg.task not in runnable:
         raise KitError(f"unknown --task {cfg.task!r}; choose one of {', '.join(runnable)}")
     task = tasks.get(cfg.task)
