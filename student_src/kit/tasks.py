@@ -192,8 +192,8 @@ _ROWS = (
     Task("0", "process group and warm-up collectives", "collectives",
          ("init_distributed", "ring_pass", "broadcast_from_root", "all_reduce_sum", "gather_to_root", "scatter_from_root"),
          "0_collectives", graded_from=("task0", "task1", "task2a", "task2b", "task3"),
-         runs_as=("its collectives run on local ranks in notebook 0_collectives and in its checks "
-                  "(`python -m autograder grade student_src --tasks 0`)"),
+         runs_as=("its collectives run on local ranks in notebook 0_collectives and in its checks (make test in "
+                  "the students' repository)"),
          built="set up the process group; warm-up collectives (ring send/recv, broadcast, all_reduce, gather/scatter)"),
     Task("1", "single node", "train", ("train_step",), "1_single_node", color="#444444", sync="none", export=True,
          memory="replicated",
